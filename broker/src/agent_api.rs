@@ -1,0 +1,198 @@
+//! The agent protocol under `/agent/v1` (shapes and rules in `switchyard_protocol::agent`):
+//! enrolment, heartbeats that renew a node's lease, the work long-poll, and events (started,
+//! log chunks, finished) checked against the lease that the reporting agent holds.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{FromRequestParts, Query, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::routing::{get, post};
+use serde::Deserialize;
+use std::time::Duration;
+use switchyard_core::NodeId;
+use switchyard_protocol::agent::{
+    EventBatch, EventBatchResponse, Heartbeat, HeartbeatResponse, Lease, RegisterRequest,
+    RegisterResponse, WorkResponse,
+};
+
+use crate::app::App;
+use crate::auth::{AGENT_TOKEN_PREFIX, bearer, hash_token, new_token};
+use crate::clock;
+use crate::error::ApiError;
+use crate::json::ApiJson;
+use crate::scheduler::SchedulerEvent;
+use crate::store::{NewNode, NodeRecord, RegisterRefusal};
+
+pub fn router() -> Router<App> {
+    Router::new()
+        .route("/register", post(register))
+        .route("/heartbeat", post(heartbeat))
+        .route("/work", get(work))
+        .route("/events", post(events))
+}
+
+/// The agent making a request, authenticated by its agent token.
+pub struct AgentCaller(pub NodeRecord);
+
+impl FromRequestParts<App> for AgentCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<AgentCaller, ApiError> {
+        let token = bearer(parts).ok_or(ApiError::Unauthorized)?;
+        if !token.starts_with(AGENT_TOKEN_PREFIX) {
+            return Err(ApiError::Unauthorized);
+        }
+        match app.store.node_by_token_hash(&hash_token(token)).await? {
+            Some(node) if !node.revoked => Ok(AgentCaller(node)),
+            _ => Err(ApiError::Unauthorized),
+        }
+    }
+}
+
+async fn register(
+    State(app): State<App>,
+    ApiJson(req): ApiJson<RegisterRequest>,
+) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
+    if req.inventory.gpus.is_empty() {
+        return Err(ApiError::invalid("inventory.gpus", "an agent needs at least one GPU"));
+    }
+    let agent_token = new_token(AGENT_TOKEN_PREFIX);
+    let agent_id = uuid::Uuid::now_v7();
+    let hostname: String = req.hostname.chars().take(128).collect();
+    let inventory_json = serde_json::to_string(&req.inventory)
+        .map_err(|e| ApiError::Internal(format!("inventory: {e}")))?;
+    let node = NewNode {
+        id: NodeId(format!("{}-{}", sanitize(&hostname), &agent_id.simple().to_string()[24..])),
+        token_hash: hash_token(&agent_token),
+        hostname,
+        gpus_total: req.inventory.gpus.len() as u32,
+        inventory_json,
+    };
+    let node = match app
+        .store
+        .register_node(&hash_token(&req.enrolment_token), node, clock::now())
+        .await?
+    {
+        Ok(node) => node,
+        Err(refusal) => {
+            let why = match refusal {
+                RegisterRefusal::UnknownToken => "unknown enrolment token",
+                RegisterRefusal::AlreadyUsed => "enrolment token already used",
+                RegisterRefusal::Expired => "enrolment token expired",
+            };
+            return Err(ApiError::Forbidden(why.into()));
+        }
+    };
+    tracing::info!(node.id = %node.id, pool.id = %node.pool, gpus = node.gpus_total, "agent registered");
+    app.scheduler.send(SchedulerEvent::NodesChanged);
+    Ok((
+        StatusCode::CREATED,
+        Json(RegisterResponse {
+            agent_id,
+            node_id: node.id.to_string(),
+            pool: node.pool.to_string(),
+            agent_token,
+            heartbeat_interval_s: app.config.heartbeat_interval_s,
+            lease_ttl_s: app.config.lease_ttl_s,
+        }),
+    ))
+}
+
+fn sanitize(s: &str) -> String {
+    let cleaned: String = s
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+        .take(40)
+        .collect();
+    if cleaned.is_empty() { "node".into() } else { cleaned }
+}
+
+async fn heartbeat(
+    State(app): State<App>,
+    AgentCaller(node): AgentCaller,
+    ApiJson(hb): ApiJson<Heartbeat>,
+) -> Result<Json<HeartbeatResponse>, ApiError> {
+    let came_back = app.store.heartbeat(&node.id, &hb.inventory, clock::now()).await?;
+    if came_back {
+        tracing::info!(node.id = %node.id, "node is back");
+        app.scheduler.send(SchedulerEvent::NodesChanged);
+    }
+    let mut stop = app.store.stops_for_node(&node.id).await?;
+    for s in app.store.stale_attempts(&node.id, &hb.running).await? {
+        if !stop.contains(&s) {
+            stop.push(s);
+        }
+    }
+    Ok(Json(HeartbeatResponse {
+        stop,
+        drain: node.draining,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkParams {
+    wait_s: Option<u64>,
+}
+
+/// Long-poll: answers at once when there are leases or stops for this node, otherwise when
+/// some arrive, or after `wait_s` (at most 60) with nothing.
+async fn work(
+    State(app): State<App>,
+    AgentCaller(node): AgentCaller,
+    Query(params): Query<WorkParams>,
+) -> Result<Json<WorkResponse>, ApiError> {
+    let wait = Duration::from_secs(params.wait_s.unwrap_or(25).min(60));
+    let deadline = tokio::time::Instant::now() + wait;
+    let waker = app.agents.get(&node.id);
+    loop {
+        let notified = waker.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let leases = app.store.leases_for_node(&node.id).await?;
+        let stop = app.store.stops_for_node(&node.id).await?;
+        if !leases.is_empty() || !stop.is_empty() || node.draining {
+            let leases = leases
+                .into_iter()
+                .map(|l| Lease {
+                    attempt: switchyard_protocol::agent::AttemptRef {
+                        job_id: l.job.0,
+                        attempt_id: l.attempt.0,
+                        epoch: l.epoch,
+                    },
+                    command: l.spec.command.clone(),
+                    env: crate::convert::lease_env(&l.spec),
+                    gpus: l.gpus,
+                    grace_s: app.config.grace_s,
+                })
+                .collect();
+            return Ok(Json(WorkResponse { leases, stop }));
+        }
+        tokio::select! {
+            _ = &mut notified => continue,
+            _ = tokio::time::sleep_until(deadline) => return Ok(Json(WorkResponse::default())),
+        }
+    }
+}
+
+async fn events(
+    State(app): State<App>,
+    AgentCaller(node): AgentCaller,
+    ApiJson(batch): ApiJson<EventBatch>,
+) -> Result<Json<EventBatchResponse>, ApiError> {
+    if batch.events.len() > 10_000 {
+        return Err(ApiError::invalid("events", "at most 10000 events per batch"));
+    }
+    let (results, ended) = app
+        .store
+        .apply_events(&node.id, &batch.events, clock::now())
+        .await?;
+    for e in &ended {
+        tracing::info!(job.id = %e.job, node.id = %e.node, state = e.final_state.as_str(), "job finished");
+    }
+    if !ended.is_empty() {
+        app.scheduler.send(SchedulerEvent::AttemptsEnded(ended));
+    }
+    Ok(Json(EventBatchResponse { results }))
+}

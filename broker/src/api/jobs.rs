@@ -1,0 +1,318 @@
+//! `/api/v1/jobs`: submit, list, read, cancel, logs and the placement explanation.
+//! Handlers validate, store and notify the scheduler; they never place anything.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use switchyard_core::{JobId, JobState, check_satisfiable};
+use switchyard_protocol::api::{
+    ErrorBody, JobList, JobSpec, JobView, LogPage, PlacementExplanation, Role,
+};
+use utoipa::IntoParams;
+use uuid::Uuid;
+
+use crate::app::App;
+use crate::auth::Caller;
+use crate::clock;
+use crate::convert;
+use crate::error::ApiError;
+use crate::json::ApiJson;
+use crate::scheduler::SchedulerEvent;
+use crate::store::{CancelOutcome, JobFilter, JobRecord, NewJob};
+
+/// Submit a job.
+#[utoipa::path(post, path = "/jobs", tag = "jobs", request_body = JobSpec,
+    responses(
+        (status = 201, description = "Accepted and stored", body = JobView),
+        (status = 400, description = "Malformed or invalid field", body = ErrorBody),
+        (status = 401, description = "No or bad token", body = ErrorBody),
+        (status = 403, description = "Not allowed for this role or team", body = ErrorBody),
+        (status = 422, description = "No pool can ever run it", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn submit(
+    State(app): State<App>,
+    caller: Caller,
+    ApiJson(spec): ApiJson<JobSpec>,
+) -> Result<(StatusCode, Json<JobView>), ApiError> {
+    caller.require(&[Role::Admin, Role::Developer])?;
+    if let Some(team) = caller.team_scope() {
+        if team != spec.team {
+            return Err(ApiError::Forbidden(format!(
+                "this token submits for team {team:?} only"
+            )));
+        }
+    }
+    let now = clock::now();
+    let core_spec = convert::job_spec(&spec, now)?;
+    let pools = app.store.pools().await?;
+    check_satisfiable(&pools, &core_spec).map_err(|u| ApiError::unprocessable(u.field, u.message))?;
+    if let Some(data) = &core_spec.data {
+        let regions = app.store.regions().await?;
+        if !regions.iter().any(|r| r.id == data.region) {
+            return Err(ApiError::unprocessable(
+                "data.region",
+                format!("unknown region {}", data.region),
+            ));
+        }
+    }
+    let id = JobId(Uuid::now_v7());
+    let spec_json = serde_json::to_string(&spec)
+        .map_err(|e| ApiError::Internal(format!("serialising a spec: {e}")))?;
+    let job = NewJob {
+        id,
+        spec: core_spec,
+        spec_json,
+        submitted_at: now,
+    };
+    app.store.insert_job(&job).await?;
+    let record = JobRecord {
+        id,
+        spec: job.spec,
+        spec_json: job.spec_json,
+        state: JobState::Queued,
+        submitted_at: now,
+        started_at: None,
+        finished_at: None,
+        exit_code: None,
+        reason: None,
+        cancel_requested: false,
+        attempts: 0,
+        version: 0,
+        explanation_json: None,
+        placement: None,
+    };
+    let view = convert::job_view(&record)?;
+    tracing::info!(job.id = %id, job.team = %record.spec.team, gpus = record.spec.resources.gpus, "job submitted");
+    app.scheduler
+        .send(SchedulerEvent::JobSubmitted(Box::new(record)));
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// Only jobs in this state.
+    state: Option<String>,
+    /// Only this team's jobs (developers always see only their own team).
+    team: Option<String>,
+    /// Only jobs with this exact name.
+    name: Option<String>,
+    /// Page size, 1 to 500 (default 50).
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// List jobs, newest first.
+#[utoipa::path(get, path = "/jobs", tag = "jobs", params(ListParams),
+    responses(
+        (status = 200, body = JobList),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(app): State<App>,
+    caller: Caller,
+    params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<JobList>, ApiError> {
+    let Query(params) = params.map_err(|e| ApiError::BadRequest {
+        code: "invalid_query",
+        field: None,
+        message: e.body_text(),
+    })?;
+    let limit = params.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::invalid("limit", "must be between 1 and 500"));
+    }
+    let state = match params.state.as_deref() {
+        None => None,
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            ApiError::invalid("state", format!("unknown state {s:?}"))
+        })?),
+    };
+    let before = match params.cursor.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(JobId(
+            Uuid::parse_str(c).map_err(|_| ApiError::invalid("cursor", "not a cursor from this API"))?,
+        )),
+    };
+    let team = match (caller.team_scope(), params.team) {
+        (Some(own), Some(asked)) if own != asked => {
+            // A developer asking for another team sees nothing, as if it had no jobs.
+            return Ok(Json(JobList {
+                jobs: Vec::new(),
+                next_cursor: None,
+            }));
+        }
+        (Some(own), _) => Some(own.to_string()),
+        (None, asked) => asked,
+    };
+    let filter = JobFilter {
+        team,
+        state,
+        name: params.name,
+        before,
+        limit,
+    };
+    let records = app.store.list_jobs(&filter).await?;
+    let next_cursor = (records.len() as i64 == limit)
+        .then(|| records.last().map(|r| r.id.to_string()))
+        .flatten();
+    let jobs = records
+        .iter()
+        .map(convert::job_view)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(JobList { jobs, next_cursor }))
+}
+
+fn parse_id(id: &str) -> Result<JobId, ApiError> {
+    Uuid::parse_str(id)
+        .map(JobId)
+        .map_err(|_| ApiError::NotFound(format!("job {id}")))
+}
+
+/// Loads a job the caller may see; others' jobs are reported as absent.
+async fn visible_job(app: &App, caller: &Caller, id: &str) -> Result<JobRecord, ApiError> {
+    let id = parse_id(id)?;
+    match app.store.job(id).await? {
+        Some(job) if caller.can_see_team(&job.spec.team) => Ok(job),
+        _ => Err(ApiError::NotFound(format!("job {id}"))),
+    }
+}
+
+/// Read one job.
+#[utoipa::path(get, path = "/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses((status = 200, body = JobView), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn get(
+    State(app): State<App>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let job = visible_job(&app, &caller, &id).await?;
+    Ok(Json(convert::job_view(&job)?))
+}
+
+/// Cancel a job. Waiting jobs are cancelled at once; running ones are stopped (SIGTERM, grace,
+/// SIGKILL) and become `cancelled` when their agent reports.
+#[utoipa::path(post, path = "/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses(
+        (status = 202, description = "Cancelled or stopping", body = JobView),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Already finished", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn cancel(
+    State(app): State<App>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<JobView>), ApiError> {
+    let job = visible_job(&app, &caller, &id).await?;
+    caller.require(&[Role::Admin, Role::Developer])?;
+    match app.store.cancel_job(job.id, clock::now()).await? {
+        CancelOutcome::NotFound => return Err(ApiError::NotFound(format!("job {id}"))),
+        CancelOutcome::AlreadyFinished(state) => {
+            return Err(ApiError::Conflict(format!(
+                "job {id} already finished ({})",
+                state.as_str()
+            )));
+        }
+        CancelOutcome::Cancelled => {
+            app.scheduler.send(SchedulerEvent::JobRemoved(job.id));
+            if let Some(p) = &job.placement {
+                // A lease may have been handed out: tell the agent it is withdrawn, and free
+                // the GPUs it held.
+                app.scheduler
+                    .send(SchedulerEvent::AttemptsEnded(vec![crate::store::EndedAttempt {
+                        attempt: p.attempt,
+                        job: job.id,
+                        node: p.node.clone(),
+                        final_state: JobState::Cancelled,
+                    }]));
+                app.agents.wake(&p.node);
+            }
+        }
+        CancelOutcome::Stopping { node } => app.agents.wake(&node),
+    }
+    tracing::info!(job.id = %job.id, "job cancel requested");
+    let job = visible_job(&app, &caller, &id).await?;
+    Ok((StatusCode::ACCEPTED, Json(convert::job_view(&job)?)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct LogParams {
+    /// Return entries after this offset (`next_after` of the previous page).
+    after: Option<i64>,
+    /// At most this many entries (default 1000, max 10000).
+    limit: Option<i64>,
+}
+
+/// Read a job's output (stdout, stderr and agent messages), in order.
+#[utoipa::path(get, path = "/jobs/{id}/logs", tag = "jobs",
+    params(("id" = String, Path, description = "Job id"), LogParams),
+    responses((status = 200, body = LogPage), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn logs(
+    State(app): State<App>,
+    caller: Caller,
+    Path(id): Path<String>,
+    params: Result<Query<LogParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<LogPage>, ApiError> {
+    let Query(params) = params.map_err(|e| ApiError::BadRequest {
+        code: "invalid_query",
+        field: None,
+        message: e.body_text(),
+    })?;
+    let limit = params.limit.unwrap_or(1000);
+    if !(1..=10_000).contains(&limit) {
+        return Err(ApiError::invalid("limit", "must be between 1 and 10000"));
+    }
+    let after = params.after.unwrap_or(0);
+    // Read the state first: if the job had finished before the read, every entry is in.
+    let job = visible_job(&app, &caller, &id).await?;
+    let records = app.store.logs(job.id, after, limit).await?;
+    let next_after = records.last().map_or(after, |r| r.offset);
+    let complete = job.state.is_terminal() && (records.len() as i64) < limit;
+    Ok(Json(LogPage {
+        job_id: job.id.0,
+        entries: records.iter().map(convert::log_entry).collect(),
+        next_after,
+        complete,
+    }))
+}
+
+/// Why the job went where it went, or why it waits: every candidate pool with its estimated
+/// start, finish and cost, and what ruled it out.
+#[utoipa::path(get, path = "/jobs/{id}/placement", tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, body = PlacementExplanation),
+        (status = 404, description = "Unknown job, or not planned yet", body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn placement(
+    State(app): State<App>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<PlacementExplanation>, ApiError> {
+    let job = visible_job(&app, &caller, &id).await?;
+    if let Some(e) = app.scheduler.explanation(job.id) {
+        return Ok(Json(convert::explanation_view(&e)));
+    }
+    match job.explanation_json.as_deref() {
+        Some(text) => {
+            let e: switchyard_core::Explanation = serde_json::from_str(text)
+                .map_err(|e| ApiError::Internal(format!("stored explanation unreadable: {e}")))?;
+            Ok(Json(convert::explanation_view(&e)))
+        }
+        None => Err(ApiError::NotFound(format!(
+            "placement of job {id} (not planned yet)"
+        ))),
+    }
+}

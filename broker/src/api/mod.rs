@@ -1,0 +1,115 @@
+//! The HTTP surface: every route in one place. REST under `/api/v1` (documented in
+//! `/openapi.json`, generated from the handlers), the agent protocol under `/agent/v1`, probes,
+//! and the console at `/`.
+
+pub mod catalogue;
+pub mod jobs;
+pub mod tokens;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use switchyard_protocol::api::Health;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::agent_api;
+use crate::app::App;
+use crate::error::ApiError;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Switchyard", description = "Multi-cloud GPU federation broker: REST API."),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "jobs", description = "Submit, watch and cancel jobs"),
+        (name = "catalogue", description = "Pools and regions with price, latency and capacity"),
+        (name = "auth", description = "API and enrolment tokens"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The REST API and its OpenAPI document, both from the same handler list.
+pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
+    let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(jobs::submit, jobs::list))
+        .routes(routes!(jobs::get))
+        .routes(routes!(jobs::cancel))
+        .routes(routes!(jobs::logs))
+        .routes(routes!(jobs::placement))
+        .routes(routes!(catalogue::pools))
+        .routes(routes!(catalogue::regions))
+        .routes(routes!(tokens::create))
+        .routes(routes!(tokens::create_enrolment))
+        .split_for_parts();
+    doc.servers = Some(vec![utoipa::openapi::Server::new("/api/v1")]);
+    (router, doc)
+}
+
+pub fn router(app: App) -> Router {
+    let (api, doc) = api();
+    let doc_json = serde_json::to_value(&doc).unwrap_or_default();
+    let body_limit = app.config.max_body_bytes;
+    Router::new()
+        .nest("/api/v1", api)
+        .nest("/agent/v1", agent_api::router())
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route(
+            "/openapi.json",
+            get(move || {
+                let doc = doc_json.clone();
+                async move { Json(doc) }
+            }),
+        )
+        .route("/", get(console))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(app)
+}
+
+async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+/// Ready when the database answers.
+async fn readyz(State(app): State<App>) -> impl IntoResponse {
+    match app.store.regions().await {
+        Ok(_) => (
+            StatusCode::OK,
+            Json(Health {
+                status: "ready".into(),
+            }),
+        )
+            .into_response(),
+        Err(e) => ApiError::Unavailable(format!("database: {e}")).into_response(),
+    }
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(format!("route {}", uri.path()))
+}
+
+async fn console() -> Html<&'static str> {
+    Html(include_str!("../../../web/index.html"))
+}

@@ -1,0 +1,239 @@
+//! `App`: the config, the store, the scheduler's handle and the agent wake-ups, shared by every
+//! handler as axum state. Built once by [`App::start`], which also seeds the catalogue, makes
+//! sure an admin token exists and starts the scheduler loop.
+
+use anyhow::Context;
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex};
+use switchyard_core::{Money, NodeId, Pool, PoolId, Region, RegionId, Timestamp};
+use switchyard_protocol::api::Role;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::auth::{API_TOKEN_PREFIX, hash_token, new_token};
+use crate::clock;
+use crate::config::Config;
+use crate::scheduler::{self, SchedulerHandle};
+use crate::store::{ApiTokenRecord, SqliteStore, Store};
+
+#[derive(Clone)]
+pub struct App(Arc<AppInner>);
+
+pub struct AppInner {
+    pub config: Config,
+    pub store: Arc<dyn Store>,
+    pub scheduler: SchedulerHandle,
+    pub agents: AgentWakers,
+}
+
+impl Deref for App {
+    type Target = AppInner;
+    fn deref(&self) -> &AppInner {
+        &self.0
+    }
+}
+
+/// Wakes an agent's pending long-poll when there is work or a stop for it.
+#[derive(Default)]
+pub struct AgentWakers(Mutex<HashMap<NodeId, Arc<Notify>>>);
+
+impl AgentWakers {
+    pub fn get(&self, node: &NodeId) -> Arc<Notify> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(node.clone()).or_default().clone()
+    }
+
+    pub fn wake(&self, node: &NodeId) {
+        self.get(node).notify_one();
+    }
+}
+
+/// What [`App::start`] leaves running.
+pub struct Running {
+    pub app: App,
+    pub scheduler: JoinHandle<()>,
+    /// The admin token, when this start created it (first start).
+    pub created_admin_token: Option<String>,
+}
+
+impl App {
+    pub async fn start(config: Config) -> anyhow::Result<Running> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+        let url = config.database_url();
+        let store: Arc<dyn Store> = if url.starts_with("sqlite:") {
+            Arc::new(
+                SqliteStore::open_url(&url)
+                    .await
+                    .with_context(|| format!("opening {url}"))?,
+            )
+        } else {
+            anyhow::bail!("unsupported database URL {url:?} (this build supports sqlite://)");
+        };
+        seed_catalogue(store.as_ref(), &config).await?;
+        let created_admin_token = ensure_admin_token(store.as_ref(), &config).await?;
+        let agents = AgentWakers::default();
+        let (handle, worker) = scheduler::channel();
+        let app = App(Arc::new(AppInner {
+            config,
+            store,
+            scheduler: handle,
+            agents,
+        }));
+        let scheduler = tokio::spawn(worker.run(app.clone()));
+        Ok(Running {
+            app,
+            scheduler,
+            created_admin_token,
+        })
+    }
+}
+
+/// Writes the configured regions and pools and the chosen catalogue regions to the store.
+async fn seed_catalogue(store: &dyn Store, config: &Config) -> anyhow::Result<()> {
+    let now = clock::now();
+    for (region, pools) in catalogue_from_config(config, now)? {
+        store.upsert_region(&region).await?;
+        for pool in pools {
+            store.upsert_pool(&pool).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The regions and pools a config describes: its own (on-prem) ones, then the chosen regions
+/// of the bundled cloud price catalogue.
+pub fn catalogue_from_config(
+    config: &Config,
+    now: Timestamp,
+) -> anyhow::Result<Vec<(Region, Vec<Pool>)>> {
+    let mut out = Vec::new();
+    for r in &config.regions {
+        let (provider, code) = r
+            .id
+            .split_once(':')
+            .with_context(|| format!("region id {:?} must be provider:code", r.id))?;
+        let region = Region {
+            id: RegionId(r.id.clone()),
+            provider: provider.to_string(),
+            code: code.to_string(),
+            latitude: r.latitude,
+            longitude: r.longitude,
+            egress_per_gb: Money::from_dollars(r.egress_per_gb_usd)
+                .context("egress_per_gb_usd out of range")?,
+            latency_ms: r.latency_ms,
+            ingress_gbps: r.ingress_gbps,
+        };
+        let pools = config
+            .pools
+            .iter()
+            .filter(|p| p.region == r.id)
+            .map(|p| {
+                let per_gpu = Money::from_dollars(p.price_per_gpu_hour_usd)
+                    .with_context(|| format!("pool {}: price out of range", p.id))?;
+                Ok(Pool {
+                    id: PoolId(p.id.clone()),
+                    region: region.id.clone(),
+                    provider: provider.to_string(),
+                    instance_type: p.id.rsplit('/').next().unwrap_or(&p.id).to_string(),
+                    gpu_model: switchyard_core::gpu_model::normalize(
+                        &p.gpu_model,
+                        Some(p.gpu_memory_gb),
+                    ),
+                    gpus_per_node: p.gpus_per_node,
+                    gpu_memory_gb: p.gpu_memory_gb,
+                    vcpus: p.vcpus,
+                    memory_gb: p.memory_gb,
+                    on_demand_per_hour: per_gpu.saturating_mul(i64::from(p.gpus_per_node)),
+                    spot_per_hour: None,
+                    node_limit: p.node_limit,
+                    launchable: p.launchable,
+                    boot_time_s: p.boot_time_s,
+                    price_updated_at: now,
+                    recent_capacity_failures: 0,
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        out.push((region, pools));
+    }
+    if !config.catalogue_regions.is_empty() {
+        let catalogue = switchyard_providers::Catalogue::bundled()
+            .context("reading the bundled price catalogue")?;
+        for c in &config.catalogue_regions {
+            let (provider, code) = c
+                .id
+                .split_once(':')
+                .with_context(|| format!("catalogue region {:?} must be provider:code", c.id))?;
+            let region = Region {
+                id: RegionId(c.id.clone()),
+                provider: provider.to_string(),
+                code: code.to_string(),
+                latitude: None,
+                longitude: None,
+                egress_per_gb: Money::from_dollars(c.egress_per_gb_usd)
+                    .context("egress_per_gb_usd out of range")?,
+                latency_ms: c.latency_ms,
+                ingress_gbps: default_ingress(),
+            };
+            let pools: Vec<Pool> = catalogue
+                .entries()
+                .iter()
+                .filter(|e| e.provider == provider && e.region == code)
+                .filter(|e| c.instance_types.is_empty() || c.instance_types.contains(&e.instance_type))
+                .map(|e| switchyard_providers::catalogue::pool_from_entry(e, c.boot_time_s, c.node_limit, now))
+                .collect();
+            if pools.is_empty() {
+                anyhow::bail!("the bundled catalogue has no GPU instances for {}", c.id);
+            }
+            out.push((region, pools));
+        }
+    }
+    Ok(out)
+}
+
+fn default_ingress() -> u32 {
+    10
+}
+
+/// Creates the admin token on first start and writes it to `{data_dir}/admin.token` (0600).
+/// Later starts keep the token that file holds, as long as the database knows it.
+async fn ensure_admin_token(store: &dyn Store, config: &Config) -> anyhow::Result<Option<String>> {
+    let path = config.data_dir.join("admin.token");
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        let existing = existing.trim();
+        if let Some(rec) = store.api_token_by_hash(&hash_token(existing)).await? {
+            if rec.role == Role::Admin && !rec.revoked {
+                return Ok(None);
+            }
+        }
+    }
+    let token = new_token(API_TOKEN_PREFIX);
+    store
+        .insert_api_token(&ApiTokenRecord {
+            id: uuid::Uuid::now_v7(),
+            token_hash: hash_token(&token),
+            role: Role::Admin,
+            team: None,
+            name: Some("bootstrap admin".into()),
+            created_at: clock::now(),
+            revoked: false,
+        })
+        .await?;
+    write_secret(&path, &token)?;
+    Ok(Some(token))
+}
+
+fn write_secret(path: &std::path::Path, secret: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(f, "{secret}")?;
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! The broker's one typed configuration: defaults → TOML file → `SWITCHYARD_*` environment →
+//! command-line flags, loaded and validated once in `main`. Nothing else reads the environment.
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where the API, the agent protocol and the console listen.
+    pub listen: SocketAddr,
+    /// The URL agents and the CLI use to reach this broker; defaults to `http://{listen}`.
+    pub public_url: Option<String>,
+    /// Holds the SQLite file and `admin.token`.
+    pub data_dir: PathBuf,
+    /// `sqlite://…`; defaults to `{data_dir}/switchyard.db`.
+    pub database_url: Option<String>,
+    /// How often agents heartbeat.
+    pub heartbeat_interval_s: u64,
+    /// A node that has not heartbeated for this long is lost and its work requeued.
+    pub lease_ttl_s: u64,
+    /// Seconds between SIGTERM and SIGKILL when a job is stopped.
+    pub grace_s: u64,
+    /// How often the scheduler re-plans without being woken.
+    pub scheduler_tick_ms: u64,
+    /// Requests with larger bodies are refused.
+    pub max_body_bytes: usize,
+    /// Whether the planner may ask for new cloud nodes (the burst controller is a later step).
+    pub burst_enabled: bool,
+    /// Regions with capacity the broker does not launch (on-prem) or configures by hand.
+    pub regions: Vec<RegionConfig>,
+    pub pools: Vec<PoolConfig>,
+    /// Cloud regions to offer from the bundled price catalogue, as `provider:code`.
+    pub catalogue_regions: Vec<CatalogueRegion>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegionConfig {
+    /// `provider:code`, e.g. `onprem:sh-dc1`.
+    pub id: String,
+    #[serde(default)]
+    pub latitude: Option<f64>,
+    #[serde(default)]
+    pub longitude: Option<f64>,
+    #[serde(default = "default_latency_ms")]
+    pub latency_ms: u32,
+    #[serde(default)]
+    pub egress_per_gb_usd: f64,
+    #[serde(default = "default_ingress_gbps")]
+    pub ingress_gbps: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// `region/name`, e.g. `onprem:sh-dc1/dgx-h100`.
+    pub id: String,
+    pub region: String,
+    pub gpu_model: String,
+    pub gpus_per_node: u32,
+    pub gpu_memory_gb: u32,
+    #[serde(default)]
+    pub vcpus: u32,
+    #[serde(default)]
+    pub memory_gb: u32,
+    /// On-prem: the internal rate finance charges per GPU-hour.
+    pub price_per_gpu_hour_usd: f64,
+    pub node_limit: u32,
+    #[serde(default)]
+    pub launchable: bool,
+    #[serde(default)]
+    pub boot_time_s: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogueRegion {
+    /// `provider:code` as in the bundled catalogue, e.g. `aws:us-east-1`.
+    pub id: String,
+    /// Instance types to offer; empty means every GPU type the catalogue has there.
+    #[serde(default)]
+    pub instance_types: Vec<String>,
+    #[serde(default = "default_cloud_latency_ms")]
+    pub latency_ms: u32,
+    #[serde(default = "default_egress")]
+    pub egress_per_gb_usd: f64,
+    #[serde(default = "default_node_limit")]
+    pub node_limit: u32,
+    #[serde(default = "default_boot_time_s")]
+    pub boot_time_s: u32,
+}
+
+fn default_latency_ms() -> u32 {
+    5
+}
+fn default_cloud_latency_ms() -> u32 {
+    40
+}
+fn default_ingress_gbps() -> u32 {
+    10
+}
+fn default_egress() -> f64 {
+    0.09
+}
+fn default_node_limit() -> u32 {
+    4
+}
+fn default_boot_time_s() -> u32 {
+    180
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            public_url: None,
+            data_dir: PathBuf::from(".switchyard"),
+            database_url: None,
+            heartbeat_interval_s: 5,
+            lease_ttl_s: 30,
+            grace_s: 10,
+            scheduler_tick_ms: 1000,
+            max_body_bytes: 1024 * 1024,
+            burst_enabled: false,
+            regions: Vec::new(),
+            pools: Vec::new(),
+            catalogue_regions: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file over the defaults.
+    pub fn from_file(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
+    }
+
+    /// Applies `SWITCHYARD_*` variables from `vars` (the process environment in `main`).
+    pub fn apply_env(
+        &mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> anyhow::Result<()> {
+        for (key, value) in vars {
+            let Some(name) = key.strip_prefix("SWITCHYARD_") else {
+                continue;
+            };
+            let bad = |e: &dyn std::fmt::Display| anyhow::anyhow!("{key}={value:?}: {e}");
+            match name {
+                "LISTEN" => self.listen = value.parse().map_err(|e| bad(&e))?,
+                "PUBLIC_URL" => self.public_url = Some(value),
+                "DATA_DIR" => self.data_dir = PathBuf::from(value),
+                "DATABASE_URL" => self.database_url = Some(value),
+                "HEARTBEAT_INTERVAL_S" => {
+                    self.heartbeat_interval_s = value.parse().map_err(|e| bad(&e))?
+                }
+                "LEASE_TTL_S" => self.lease_ttl_s = value.parse().map_err(|e| bad(&e))?,
+                "GRACE_S" => self.grace_s = value.parse().map_err(|e| bad(&e))?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.heartbeat_interval_s == 0 || self.lease_ttl_s <= self.heartbeat_interval_s {
+            bail!(
+                "lease_ttl_s ({}) must be longer than heartbeat_interval_s ({}) and both positive",
+                self.lease_ttl_s,
+                self.heartbeat_interval_s
+            );
+        }
+        if self.max_body_bytes < 1024 {
+            bail!("max_body_bytes must be at least 1024");
+        }
+        for p in &self.pools {
+            if !self.regions.iter().any(|r| r.id == p.region) {
+                bail!("pool {} names region {} which is not configured", p.id, p.region);
+            }
+            if p.gpus_per_node == 0 {
+                bail!("pool {}: gpus_per_node must be positive", p.id);
+            }
+        }
+        for r in &self.regions {
+            if !r.id.contains(':') {
+                bail!("region id {:?} must be provider:code", r.id);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn public_url(&self) -> String {
+        self.public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
+    pub fn database_url(&self) -> String {
+        self.database_url.clone().unwrap_or_else(|| {
+            format!("sqlite://{}", self.data_dir.join("switchyard.db").display())
+        })
+    }
+}

@@ -1,0 +1,326 @@
+//! The edge between wire shapes (`switchyard-protocol`) and domain values (`switchyard-core`):
+//! validation of what users send, and the views they get back. Dollars become micro-dollars
+//! here and only here.
+
+use std::collections::BTreeMap;
+use switchyard_core as core;
+use switchyard_core::{Money, Timestamp};
+use switchyard_protocol::api as wire;
+
+use crate::clock::{from_datetime, to_datetime};
+use crate::error::ApiError;
+use crate::store::{JobRecord, LogRecord};
+
+const MAX_NAME: usize = 128;
+const MAX_ARGS: usize = 1024;
+const MAX_ENV: usize = 256;
+
+fn slug_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Validates a submitted spec (the checks that need no catalogue). `now` rules out deadlines in
+/// the past.
+pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, ApiError> {
+    if spec.name.trim().is_empty() || spec.name.len() > MAX_NAME {
+        return Err(ApiError::invalid("name", "must be 1 to 128 characters"));
+    }
+    if !slug_ok(&spec.team) {
+        return Err(ApiError::invalid(
+            "team",
+            "must be 1 to 64 letters, digits, '-', '_' or '.'",
+        ));
+    }
+    if let Some(p) = &spec.project {
+        if !slug_ok(p) {
+            return Err(ApiError::invalid(
+                "project",
+                "must be 1 to 64 letters, digits, '-', '_' or '.'",
+            ));
+        }
+    }
+    match spec.command.first() {
+        None => return Err(ApiError::invalid("command", "must not be empty")),
+        Some(program) if program.trim().is_empty() => {
+            return Err(ApiError::invalid("command", "the program (first element) is empty"));
+        }
+        _ => {}
+    }
+    if spec.command.len() > MAX_ARGS || spec.command.iter().any(|a| a.contains('\0')) {
+        return Err(ApiError::invalid(
+            "command",
+            "at most 1024 arguments, none containing NUL",
+        ));
+    }
+    if spec.env.len() > MAX_ENV {
+        return Err(ApiError::invalid("env", "at most 256 variables"));
+    }
+    for (k, v) in &spec.env {
+        let valid_key = !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid_key {
+            return Err(ApiError::invalid(
+                format!("env.{k}"),
+                "variable names are letters, digits and '_', not starting with a digit",
+            ));
+        }
+        if k == "CUDA_VISIBLE_DEVICES" {
+            return Err(ApiError::invalid(
+                format!("env.{k}"),
+                "is set by the agent to the GPUs the job was given",
+            ));
+        }
+        if v.contains('\0') {
+            return Err(ApiError::invalid(format!("env.{k}"), "contains NUL"));
+        }
+    }
+    let r = &spec.resources;
+    let gpus = u32::try_from(r.gpus)
+        .ok()
+        .filter(|g| (1..=64).contains(g))
+        .ok_or_else(|| ApiError::invalid("resources.gpus", "must be between 1 and 64"))?;
+    let non_negative = |v: Option<i64>, field: &str| -> Result<u32, ApiError> {
+        match v {
+            None => Ok(0),
+            Some(x) => u32::try_from(x)
+                .map_err(|_| ApiError::invalid(field, "must be a non-negative integer")),
+        }
+    };
+    let nodes = match r.nodes {
+        None => 1,
+        Some(n) if n >= 1 => u32::try_from(n)
+            .map_err(|_| ApiError::invalid("resources.nodes", "too large"))?,
+        Some(_) => return Err(ApiError::invalid("resources.nodes", "must be at least 1")),
+    };
+    if nodes > 1 {
+        return Err(ApiError::unprocessable(
+            "resources.nodes",
+            "multi-node jobs are not supported yet; ask for at most one node",
+        ));
+    }
+    let gpu_models: Vec<String> = r.gpu_models.iter().map(|m| m.trim().to_string()).collect();
+    if gpu_models.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("resources.gpu_models", "empty model name"));
+    }
+    if let Some(rt) = spec.estimated_runtime_s {
+        if rt <= 0 {
+            return Err(ApiError::invalid(
+                "estimated_runtime_s",
+                "must be a positive number of seconds",
+            ));
+        }
+    }
+    let deadline = spec.deadline.map(from_datetime);
+    if let Some(d) = deadline {
+        if d <= now {
+            return Err(ApiError::invalid("deadline", "is in the past"));
+        }
+    }
+    let max_price_per_hour = match spec.max_price_per_hour {
+        None => None,
+        Some(p) => Some(
+            Money::from_dollars(p)
+                .filter(|m| m.micros() > 0)
+                .ok_or_else(|| {
+                    ApiError::invalid("max_price_per_hour", "must be a positive amount of USD")
+                })?,
+        ),
+    };
+    let mut regions = Vec::with_capacity(spec.regions.len());
+    for reg in &spec.regions {
+        match reg.split_once(':') {
+            Some((p, c)) if !p.is_empty() && !c.is_empty() => {
+                regions.push(core::RegionId(reg.clone()))
+            }
+            _ => return Err(ApiError::invalid("regions", format!("{reg:?} is not provider:code"))),
+        }
+    }
+    let data = match &spec.data {
+        None => None,
+        Some(d) => {
+            if !d.region.contains(':') {
+                return Err(ApiError::invalid("data.region", "must be provider:code"));
+            }
+            Some(core::DataLocation {
+                region: core::RegionId(d.region.clone()),
+                size_gb: u32::try_from(d.size_gb)
+                    .map_err(|_| ApiError::invalid("data.size_gb", "must be non-negative"))?,
+            })
+        }
+    };
+    let kind = match spec.kind.unwrap_or(wire::JobKind::Batch) {
+        wire::JobKind::Batch => core::JobKind::Batch,
+        wire::JobKind::Service => core::JobKind::Service,
+    };
+    if spec.max_latency_ms.is_some() && kind != core::JobKind::Service {
+        return Err(ApiError::invalid(
+            "max_latency_ms",
+            "applies only to jobs of kind \"service\"",
+        ));
+    }
+    Ok(core::JobSpec {
+        name: spec.name.trim().to_string(),
+        team: spec.team.clone(),
+        project: spec.project.clone(),
+        command: spec.command.clone(),
+        env: spec.env.clone(),
+        resources: core::Resources {
+            gpus,
+            gpu_models,
+            min_gpu_memory_gb: non_negative(r.min_gpu_memory_gb, "resources.min_gpu_memory_gb")?,
+            cpus: non_negative(r.cpus, "resources.cpus")?,
+            memory_gb: non_negative(r.memory_gb, "resources.memory_gb")?,
+            nodes,
+        },
+        estimated_runtime_s: spec.estimated_runtime_s,
+        deadline,
+        priority: match spec.priority.unwrap_or(wire::Priority::Normal) {
+            wire::Priority::Low => core::Priority::Low,
+            wire::Priority::Normal => core::Priority::Normal,
+            wire::Priority::High => core::Priority::High,
+            wire::Priority::Critical => core::Priority::Critical,
+        },
+        spot: match spec.spot.unwrap_or(wire::SpotRule::Allowed) {
+            wire::SpotRule::Never => core::SpotRule::Never,
+            wire::SpotRule::Allowed => core::SpotRule::Allowed,
+            wire::SpotRule::Preferred => core::SpotRule::Preferred,
+        },
+        max_price_per_hour,
+        regions,
+        data,
+        kind,
+        max_latency_ms: spec.max_latency_ms,
+    })
+}
+
+pub fn job_state(s: core::JobState) -> wire::JobState {
+    match s {
+        core::JobState::Queued => wire::JobState::Queued,
+        core::JobState::Provisioning => wire::JobState::Provisioning,
+        core::JobState::Held => wire::JobState::Held,
+        core::JobState::Placed => wire::JobState::Placed,
+        core::JobState::Running => wire::JobState::Running,
+        core::JobState::Succeeded => wire::JobState::Succeeded,
+        core::JobState::Failed => wire::JobState::Failed,
+        core::JobState::Cancelled => wire::JobState::Cancelled,
+    }
+}
+
+pub fn market_name(m: core::Market) -> &'static str {
+    match m {
+        core::Market::OnDemand => "on_demand",
+        core::Market::Spot => "spot",
+    }
+}
+
+pub fn job_view(job: &JobRecord) -> Result<wire::JobView, ApiError> {
+    let spec: wire::JobSpec = serde_json::from_str(&job.spec_json)
+        .map_err(|e| ApiError::Internal(format!("stored spec of {} unreadable: {e}", job.id)))?;
+    Ok(wire::JobView {
+        id: job.id.0,
+        name: job.spec.name.clone(),
+        team: job.spec.team.clone(),
+        project: job.spec.project.clone(),
+        state: job_state(job.state),
+        priority: spec.priority.unwrap_or(wire::Priority::Normal),
+        kind: spec.kind.unwrap_or(wire::JobKind::Batch),
+        submitted_at: to_datetime(job.submitted_at),
+        started_at: job.started_at.map(to_datetime),
+        finished_at: job.finished_at.map(to_datetime),
+        exit_code: job.exit_code,
+        reason: job.reason.clone(),
+        placement: job.placement.as_ref().map(|p| wire::PlacementView {
+            region: p.region.clone(),
+            pool: p.pool.to_string(),
+            node: p.node.to_string(),
+            gpus: p.gpus.clone(),
+            market: market_name(p.market).to_string(),
+        }),
+        attempts: job.attempts,
+        cancel_requested: job.cancel_requested,
+        spec,
+    })
+}
+
+pub fn explanation_view(e: &core::Explanation) -> wire::PlacementExplanation {
+    wire::PlacementExplanation {
+        job_id: e.job.0,
+        planned_at: to_datetime(e.at),
+        outcome: serde_json::to_value(&e.outcome).unwrap_or(serde_json::Value::Null),
+        candidates: e
+            .candidates
+            .iter()
+            .map(|c| wire::CandidateView {
+                pool: c.pool.to_string(),
+                region: c.region.to_string(),
+                node: c.node.as_ref().map(ToString::to_string),
+                kind: match c.kind {
+                    core::CandidateKind::FreeNow => "free_now",
+                    core::CandidateKind::Wait => "wait",
+                    core::CandidateKind::Launch => "launch",
+                }
+                .to_string(),
+                market: market_name(c.market).to_string(),
+                start: to_datetime(c.start),
+                finish: to_datetime(c.finish),
+                cost_usd: c.cost.as_dollars(),
+                rejected: c
+                    .rejected
+                    .as_ref()
+                    .and_then(|r| serde_json::to_value(r).ok()),
+            })
+            .collect(),
+    }
+}
+
+pub fn log_entry(l: &LogRecord) -> wire::LogEntry {
+    wire::LogEntry {
+        offset: l.offset,
+        attempt: l.attempt_no,
+        stream: match l.stream.as_str() {
+            "stderr" => wire::LogStream::Stderr,
+            "system" => wire::LogStream::System,
+            _ => wire::LogStream::Stdout,
+        },
+        text: l.data.clone(),
+        at: to_datetime(l.at),
+    }
+}
+
+/// Pools with live capacity figures from the nodes that joined them.
+pub fn pool_view(
+    pool: &core::Pool,
+    region: Option<&core::Region>,
+    nodes: u32,
+    gpus_total: u32,
+    gpus_free: u32,
+) -> wire::PoolView {
+    wire::PoolView {
+        id: pool.id.to_string(),
+        provider: pool.provider.clone(),
+        region: pool.region.to_string(),
+        instance_type: pool.instance_type.clone(),
+        gpu_model: pool.gpu_model.clone(),
+        gpu_memory_gb: pool.gpu_memory_gb,
+        gpus_per_node: pool.gpus_per_node,
+        nodes,
+        node_limit: pool.node_limit,
+        launchable: pool.launchable,
+        gpus_total,
+        gpus_free,
+        price_per_gpu_hour: pool.on_demand_per_gpu_hour().as_dollars(),
+        spot_price_per_gpu_hour: pool.spot_per_gpu_hour().map(Money::as_dollars),
+        latency_ms: region.map_or(0, |r| r.latency_ms),
+        boot_time_s: pool.boot_time_s,
+        price_updated_at: to_datetime(pool.price_updated_at),
+    }
+}
+
+/// Environment of a lease: the job's env; the agent adds `CUDA_VISIBLE_DEVICES`.
+pub fn lease_env(spec: &core::JobSpec) -> BTreeMap<String, String> {
+    spec.env.clone()
+}

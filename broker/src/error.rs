@@ -1,0 +1,142 @@
+//! The one place where failures become HTTP. Client errors keep their detail; server errors
+//! become a plain `internal error` and are logged once, here, with their cause.
+//!
+//! Which error where: handlers return [`ApiError`]; the store returns `StoreError` (converted
+//! here); `anyhow` only in `main`, start-up and the CLI.
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use switchyard_protocol::api::{ErrorBody, ErrorDetail};
+
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the request is malformed or a field is invalid.
+    #[error("{message}")]
+    BadRequest {
+        code: &'static str,
+        field: Option<String>,
+        message: String,
+    },
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// 422: well-formed but cannot be satisfied.
+    #[error("{message}")]
+    Unprocessable {
+        field: Option<String>,
+        message: String,
+        details: Option<serde_json::Value>,
+    },
+    #[error("service unavailable: {0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest {
+            code: "invalid_field",
+            field: Some(field.into()),
+            message: message.into(),
+        }
+    }
+
+    pub fn unprocessable(field: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError::Unprocessable {
+            field: Some(field.into()),
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, code),
+            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::Unprocessable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "unsatisfiable"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Store(_) | ApiError::Internal(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        if status.is_server_error() {
+            tracing::error!(error = %self, status = status.as_u16(), "request failed");
+        }
+        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            "internal error".to_string()
+        } else {
+            self.to_string()
+        };
+        let (field, details) = match self {
+            ApiError::BadRequest { field, .. } => (field, None),
+            ApiError::Unprocessable { field, details, .. } => (field, details),
+            _ => (None, None),
+        };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: code.to_string(),
+                message,
+                field,
+                details,
+            },
+        };
+        let mut res = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            res.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        res
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> ApiError {
+        match rejection {
+            JsonRejection::MissingJsonContentType(_) => ApiError::BadRequest {
+                code: "unsupported_media_type",
+                field: None,
+                message: "expected `Content-Type: application/json`".into(),
+            },
+            JsonRejection::BytesRejection(e) => {
+                let too_large = e.status() == StatusCode::PAYLOAD_TOO_LARGE;
+                ApiError::BadRequest {
+                    code: if too_large { "body_too_large" } else { "bad_body" },
+                    field: None,
+                    message: if too_large {
+                        "request body is over the 1 MiB limit".into()
+                    } else {
+                        format!("could not read the body: {e}")
+                    },
+                }
+            }
+            other => ApiError::BadRequest {
+                code: "malformed_json",
+                field: None,
+                message: other.body_text(),
+            },
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! `switchyard`: the broker (`serve`), the all-in-one federation (`up`), the embedded agent
+//! (`agent`), and the client commands.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+use switchyard_broker::{cli, config::Config, server, up};
+use switchyard_protocol::api::Role;
+
+#[derive(Parser, Debug)]
+#[command(name = "switchyard", version, about = "Multi-cloud GPU federation broker")]
+struct Args {
+    /// Broker URL for client commands.
+    #[arg(long, global = true, env = "SWITCHYARD_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// API token for client commands (default: `<data-dir>/admin.token`).
+    #[arg(long, global = true, env = "SWITCHYARD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Log as JSON lines.
+    #[arg(long, global = true)]
+    json_logs: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the whole federation on this machine: broker, SQLite, local agents, priced regions.
+    Up {
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        #[arg(long, default_value = ".switchyard")]
+        data_dir: PathBuf,
+        /// On-prem agents to start (4 simulated H100 each).
+        #[arg(long, default_value_t = 2)]
+        agents: u32,
+        /// Simulated boot time of local cloud instances, in seconds.
+        #[arg(long, default_value_t = 3)]
+        boot_delay: u64,
+    },
+    /// Run the broker alone.
+    Serve {
+        /// TOML configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Listen address, e.g. 127.0.0.1:8080.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        #[arg(long)]
+        database_url: Option<String>,
+    },
+    /// Run an edge agent (the same as the `switchyard-agent` binary).
+    Agent(switchyard_agent::AgentArgs),
+    /// Submit a job from a .toml or .json spec; prints its id.
+    Submit { file: PathBuf },
+    /// List jobs, newest first.
+    Jobs {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        team: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job as JSON.
+    Job { id: String },
+    /// Print a job's output.
+    Logs {
+        id: String,
+        /// Keep printing until the job finishes.
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Cancel a job.
+    Cancel { id: String },
+    /// List pools with price, latency and free GPUs.
+    Pools {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manage API tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCommand {
+    /// Create a token (admin); prints it once.
+    Create {
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        #[arg(long)]
+        team: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum RoleArg {
+    Admin,
+    Finance,
+    Infra,
+    Developer,
+}
+
+impl From<RoleArg> for Role {
+    fn from(r: RoleArg) -> Role {
+        match r {
+            RoleArg::Admin => Role::Admin,
+            RoleArg::Finance => Role::Finance,
+            RoleArg::Infra => Role::Infra,
+            RoleArg::Developer => Role::Developer,
+        }
+    }
+}
+
+fn init_tracing(json: bool, default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let client = |data_dir: PathBuf| -> anyhow::Result<cli::Client> {
+        let token = cli::resolve_token(args.token.clone(), &data_dir)?;
+        cli::Client::new(&args.url, token)
+    };
+    let default_dir = || PathBuf::from(".switchyard");
+    match args.command {
+        Command::Up {
+            port,
+            data_dir,
+            agents,
+            boot_delay,
+        } => {
+            init_tracing(args.json_logs, "warn,switchyard_broker=info");
+            up::run(up::UpOptions {
+                port,
+                data_dir,
+                agents,
+                boot_delay: Duration::from_secs(boot_delay),
+            })
+            .await
+        }
+        Command::Serve {
+            config,
+            listen,
+            data_dir,
+            database_url,
+        } => {
+            init_tracing(args.json_logs, "info");
+            let mut cfg = match config {
+                Some(path) => Config::from_file(&path)?,
+                None => Config::default(),
+            };
+            cfg.apply_env(std::env::vars())?;
+            if let Some(l) = listen {
+                cfg.listen = l;
+            }
+            if let Some(d) = data_dir {
+                cfg.data_dir = d;
+            }
+            if let Some(u) = database_url {
+                cfg.database_url = Some(u);
+            }
+            cfg.validate()?;
+            let listener = tokio::net::TcpListener::bind(cfg.listen)
+                .await
+                .with_context(|| format!("binding {}", cfg.listen))?;
+            let running = switchyard_broker::app::App::start(cfg.clone()).await?;
+            if running.created_admin_token.is_some() {
+                eprintln!(
+                    "admin token written to {}",
+                    cfg.data_dir.join("admin.token").display()
+                );
+            }
+            eprintln!("switchyard listening on {}", cfg.public_url());
+            server::serve(running.app, listener, server::shutdown_signal()).await
+        }
+        Command::Agent(agent_args) => {
+            init_tracing(args.json_logs, "info");
+            switchyard_agent::run(agent_args).await
+        }
+        Command::Submit { file } => cli::submit(&client(default_dir())?, &file).await,
+        Command::Jobs {
+            state,
+            team,
+            limit,
+            json,
+        } => cli::jobs(&client(default_dir())?, state, team, limit, json).await,
+        Command::Job { id } => cli::job(&client(default_dir())?, &id).await,
+        Command::Logs { id, follow } => cli::logs(&client(default_dir())?, &id, follow).await,
+        Command::Cancel { id } => cli::cancel(&client(default_dir())?, &id).await,
+        Command::Pools { json } => cli::pools(&client(default_dir())?, json).await,
+        Command::Token {
+            command: TokenCommand::Create { role, team },
+        } => cli::token_create(&client(default_dir())?, role.into(), team).await,
+    }
+}

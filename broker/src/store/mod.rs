@@ -1,0 +1,105 @@
+//! Persistence. What is stored: regions, pools, tokens (hashed), nodes, jobs, attempts and log
+//! chunks — everything acknowledged to a user or an agent. What is rebuilt at start: the
+//! scheduler's in-memory mirror (from jobs, attempts and nodes) and the latest placement
+//! explanations of waiting jobs.
+//!
+//! The [`Store`] trait is the only way the rest of the broker reaches the database. SQLite is
+//! the embedded default; PostgreSQL (a later issue) is a second implementation with its own
+//! migrations folder, not a rewrite. Each method is one transaction.
+
+mod records;
+mod sqlite;
+
+pub use records::*;
+pub use sqlite::{role_name, SqliteStore};
+
+use async_trait::async_trait;
+use switchyard_core::{JobId, NodeId, Pool, Region, Timestamp};
+use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventResult, Inventory};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    /// A compare-and-swap lost: the caller must re-read and retry.
+    #[error("stale write: {0}")]
+    Stale(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    // Catalogue.
+    async fn upsert_region(&self, region: &Region) -> StoreResult<()>;
+    async fn upsert_pool(&self, pool: &Pool) -> StoreResult<()>;
+    async fn regions(&self) -> StoreResult<Vec<Region>>;
+    async fn pools(&self) -> StoreResult<Vec<Pool>>;
+
+    // API tokens.
+    async fn insert_api_token(&self, token: &ApiTokenRecord) -> StoreResult<()>;
+    async fn api_token_by_hash(&self, hash: &str) -> StoreResult<Option<ApiTokenRecord>>;
+
+    // Enrolment and nodes.
+    async fn insert_enrolment_token(&self, token: &EnrolmentTokenRecord) -> StoreResult<()>;
+    /// Consumes a one-time enrolment token and creates the node in one transaction.
+    async fn register_node(
+        &self,
+        enrolment_hash: &str,
+        node: NewNode,
+        now: Timestamp,
+    ) -> StoreResult<Result<NodeRecord, RegisterRefusal>>;
+    async fn node_by_token_hash(&self, hash: &str) -> StoreResult<Option<NodeRecord>>;
+    async fn nodes(&self) -> StoreResult<Vec<NodeRecord>>;
+    /// Records a heartbeat; returns whether the node was unhealthy before (it came back).
+    async fn heartbeat(
+        &self,
+        node: &NodeId,
+        inventory: &Inventory,
+        now: Timestamp,
+    ) -> StoreResult<bool>;
+    /// Marks nodes whose last heartbeat is older than `before` as lost and requeues their live
+    /// attempts. Returns the lost nodes and the requeued jobs.
+    async fn expire_leases(&self, before: Timestamp, now: Timestamp)
+    -> StoreResult<ExpiredLeases>;
+
+    // Jobs.
+    async fn insert_job(&self, job: &NewJob) -> StoreResult<()>;
+    async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>>;
+    async fn list_jobs(&self, filter: &JobFilter) -> StoreResult<Vec<JobRecord>>;
+    async fn cancel_job(&self, id: JobId, now: Timestamp) -> StoreResult<CancelOutcome>;
+    async fn set_explanation(&self, id: JobId, explanation_json: &str) -> StoreResult<()>;
+
+    // Scheduler.
+    async fn pending_jobs(&self) -> StoreResult<Vec<JobRecord>>;
+    async fn live_attempts(&self) -> StoreResult<Vec<AttemptRecord>>;
+    /// Commits a round's assignments in one transaction, each guarded by the job's version. A
+    /// job changed since it was read fails the whole commit with [`StoreError::Stale`].
+    async fn commit_assignments(&self, assignments: &[NewAttempt], now: Timestamp)
+    -> StoreResult<()>;
+
+    // Agent protocol.
+    async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>>;
+    /// Live attempts on the node whose job was cancelled: the agent must stop them.
+    async fn stops_for_node(&self, node: &NodeId) -> StoreResult<Vec<AttemptRef>>;
+    /// Of the attempts an agent says it runs, those that are not its live lease.
+    async fn stale_attempts(
+        &self,
+        node: &NodeId,
+        running: &[AttemptRef],
+    ) -> StoreResult<Vec<AttemptRef>>;
+    /// Applies agent events in order, in one transaction. Returns one result per event and the
+    /// attempts that ended.
+    async fn apply_events(
+        &self,
+        node: &NodeId,
+        events: &[AgentEvent],
+        now: Timestamp,
+    ) -> StoreResult<(Vec<EventResult>, Vec<EndedAttempt>)>;
+    async fn logs(&self, job: JobId, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>>;
+}
+

@@ -1,0 +1,173 @@
+//! Row shapes the store reads and writes. Domain values where they exist; plain fields where the
+//! row is storage-only.
+
+use switchyard_core::{AttemptId, JobId, JobSpec, JobState, Market, Money, NodeId, PoolId, Timestamp};
+use switchyard_protocol::api::Role;
+use uuid::Uuid;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiTokenRecord {
+    pub id: Uuid,
+    pub token_hash: String,
+    pub role: Role,
+    pub team: Option<String>,
+    pub name: Option<String>,
+    pub created_at: Timestamp,
+    pub revoked: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EnrolmentTokenRecord {
+    pub token_hash: String,
+    pub pool: PoolId,
+    pub created_at: Timestamp,
+    pub expires_at: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewNode {
+    pub id: NodeId,
+    pub token_hash: String,
+    pub hostname: String,
+    pub gpus_total: u32,
+    pub inventory_json: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegisterRefusal {
+    UnknownToken,
+    AlreadyUsed,
+    Expired,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeRecord {
+    pub id: NodeId,
+    pub pool: PoolId,
+    pub hostname: String,
+    pub gpus_total: u32,
+    pub inventory_json: String,
+    pub healthy: bool,
+    pub draining: bool,
+    pub revoked: bool,
+    pub registered_at: Timestamp,
+    pub last_heartbeat: Timestamp,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExpiredLeases {
+    pub nodes: Vec<NodeId>,
+    pub requeued: Vec<JobId>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewJob {
+    pub id: JobId,
+    pub spec: JobSpec,
+    /// The spec exactly as submitted (wire JSON), served back to users.
+    pub spec_json: String,
+    pub submitted_at: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRecord {
+    pub id: JobId,
+    pub spec: JobSpec,
+    pub spec_json: String,
+    pub state: JobState,
+    pub submitted_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    pub exit_code: Option<i32>,
+    pub reason: Option<String>,
+    pub cancel_requested: bool,
+    pub attempts: u32,
+    pub version: i64,
+    pub explanation_json: Option<String>,
+    /// The current or last attempt, with its placement.
+    pub placement: Option<AttemptPlacement>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttemptPlacement {
+    pub attempt: AttemptId,
+    pub node: NodeId,
+    pub pool: PoolId,
+    pub region: String,
+    pub gpus: Vec<u32>,
+    pub market: Market,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobFilter {
+    /// Only this team's jobs (developers always get their own team here).
+    pub team: Option<String>,
+    pub state: Option<JobState>,
+    pub name: Option<String>,
+    /// Jobs with ids below this one (ids are time-ordered; lists are newest first).
+    pub before: Option<JobId>,
+    pub limit: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    NotFound,
+    /// Already finished: nothing to do.
+    AlreadyFinished(JobState),
+    /// Was waiting or not yet started: cancelled now.
+    Cancelled,
+    /// Running: the agent is told to stop it; the job becomes `cancelled` when it reports.
+    Stopping { node: NodeId },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewAttempt {
+    pub id: AttemptId,
+    pub job: JobId,
+    /// The job version the plan was made from (compare-and-swap).
+    pub job_version: i64,
+    pub node: NodeId,
+    pub pool: PoolId,
+    pub gpus: Vec<u32>,
+    pub market: Market,
+    pub estimated_cost: Money,
+    pub expected_end: Timestamp,
+    pub explanation_json: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttemptRecord {
+    pub id: AttemptId,
+    pub job: JobId,
+    pub node: NodeId,
+    pub gpus: Vec<u32>,
+    pub priority: switchyard_core::Priority,
+    pub created_at: Timestamp,
+    pub expected_end: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseRecord {
+    pub job: JobId,
+    pub attempt: AttemptId,
+    pub epoch: u64,
+    pub spec: JobSpec,
+    pub gpus: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndedAttempt {
+    pub attempt: AttemptId,
+    pub job: JobId,
+    pub node: NodeId,
+    pub final_state: JobState,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogRecord {
+    pub offset: i64,
+    pub attempt_no: u32,
+    pub stream: String,
+    pub data: String,
+    pub at: Timestamp,
+}

@@ -1,0 +1,991 @@
+//! The SQLite store: one WAL-mode file in the data directory, migrations from
+//! `migrations/sqlite` embedded in the binary and run at start.
+//!
+//! SQL uses `$N` placeholders, which SQLite and PostgreSQL both accept, so the PostgreSQL store
+//! can share most statement text.
+
+use super::*;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+use switchyard_core::{AttemptId, JobSpec, JobState, Market, Money, NodeId, PoolId, Priority, RegionId};
+use switchyard_protocol::agent::{EventStatus, Stream};
+use switchyard_protocol::api::Role;
+use uuid::Uuid;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and runs migrations.
+    pub async fn open(path: &Path) -> StoreResult<SqliteStore> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        Self::connect(options).await
+    }
+
+    /// Opens a `sqlite:` URL (e.g. `sqlite://path/to/file.db`).
+    pub async fn open_url(url: &str) -> StoreResult<SqliteStore> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        Self::connect(options).await
+    }
+
+    async fn connect(options: SqliteConnectOptions) -> StoreResult<SqliteStore> {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(SqliteStore { pool })
+    }
+}
+
+fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(what.to_string())
+}
+
+fn parse_uuid(s: &str) -> StoreResult<Uuid> {
+    Uuid::parse_str(s).map_err(|e| corrupt(format!("bad uuid {s:?}: {e}")))
+}
+
+fn u32_of(v: i64, what: &str) -> StoreResult<u32> {
+    u32::try_from(v).map_err(|_| corrupt(format!("{what} out of range: {v}")))
+}
+
+fn market_str(m: Market) -> &'static str {
+    match m {
+        Market::OnDemand => "on_demand",
+        Market::Spot => "spot",
+    }
+}
+
+pub(crate) fn parse_market(s: &str) -> StoreResult<Market> {
+    match s {
+        "on_demand" => Ok(Market::OnDemand),
+        "spot" => Ok(Market::Spot),
+        other => Err(corrupt(format!("bad market {other:?}"))),
+    }
+}
+
+pub fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Admin => "admin",
+        Role::Finance => "finance",
+        Role::Infra => "infra",
+        Role::Developer => "developer",
+    }
+}
+
+fn parse_role(s: &str) -> StoreResult<Role> {
+    Ok(match s {
+        "admin" => Role::Admin,
+        "finance" => Role::Finance,
+        "infra" => Role::Infra,
+        "developer" => Role::Developer,
+        other => return Err(corrupt(format!("bad role {other:?}"))),
+    })
+}
+
+fn parse_state(s: &str) -> StoreResult<JobState> {
+    JobState::parse(s).ok_or_else(|| corrupt(format!("bad job state {s:?}")))
+}
+
+fn gpus_json(gpus: &[u32]) -> String {
+    serde_json::to_string(gpus).unwrap_or_else(|_| "[]".into())
+}
+
+fn parse_gpus(s: &str) -> StoreResult<Vec<u32>> {
+    serde_json::from_str(s).map_err(|e| corrupt(format!("bad gpus {s:?}: {e}")))
+}
+
+fn parse_spec(s: &str) -> StoreResult<JobSpec> {
+    serde_json::from_str(s).map_err(|e| corrupt(format!("bad job spec: {e}")))
+}
+
+fn region_from_row(r: &SqliteRow) -> StoreResult<Region> {
+    Ok(Region {
+        id: RegionId(r.try_get("id")?),
+        provider: r.try_get("provider")?,
+        code: r.try_get("code")?,
+        latitude: r.try_get("latitude")?,
+        longitude: r.try_get("longitude")?,
+        egress_per_gb: Money(r.try_get("egress_per_gb_micros")?),
+        latency_ms: u32_of(r.try_get("latency_ms")?, "latency_ms")?,
+        ingress_gbps: u32_of(r.try_get("ingress_gbps")?, "ingress_gbps")?,
+    })
+}
+
+fn pool_from_row(r: &SqliteRow) -> StoreResult<Pool> {
+    Ok(Pool {
+        id: PoolId(r.try_get("id")?),
+        region: RegionId(r.try_get("region_id")?),
+        provider: r.try_get("provider")?,
+        instance_type: r.try_get("instance_type")?,
+        gpu_model: r.try_get("gpu_model")?,
+        gpus_per_node: u32_of(r.try_get("gpus_per_node")?, "gpus_per_node")?,
+        gpu_memory_gb: u32_of(r.try_get("gpu_memory_gb")?, "gpu_memory_gb")?,
+        vcpus: u32_of(r.try_get("vcpus")?, "vcpus")?,
+        memory_gb: u32_of(r.try_get("memory_gb")?, "memory_gb")?,
+        on_demand_per_hour: Money(r.try_get("on_demand_micros")?),
+        spot_per_hour: r.try_get::<Option<i64>, _>("spot_micros")?.map(Money),
+        node_limit: u32_of(r.try_get("node_limit")?, "node_limit")?,
+        launchable: r.try_get("launchable")?,
+        boot_time_s: u32_of(r.try_get("boot_time_s")?, "boot_time_s")?,
+        price_updated_at: Timestamp(r.try_get("price_updated_at")?),
+        recent_capacity_failures: u32_of(
+            r.try_get("recent_capacity_failures")?,
+            "recent_capacity_failures",
+        )?,
+    })
+}
+
+fn node_from_row(r: &SqliteRow) -> StoreResult<NodeRecord> {
+    Ok(NodeRecord {
+        id: NodeId(r.try_get("id")?),
+        pool: PoolId(r.try_get("pool_id")?),
+        hostname: r.try_get("hostname")?,
+        gpus_total: u32_of(r.try_get("gpus_total")?, "gpus_total")?,
+        inventory_json: r.try_get("inventory_json")?,
+        healthy: r.try_get("healthy")?,
+        draining: r.try_get("draining")?,
+        revoked: r.try_get("revoked")?,
+        registered_at: Timestamp(r.try_get("registered_at")?),
+        last_heartbeat: Timestamp(r.try_get("last_heartbeat")?),
+    })
+}
+
+fn job_from_row(r: &SqliteRow) -> StoreResult<JobRecord> {
+    let placement = match r.try_get::<Option<String>, _>("a_id")? {
+        None => None,
+        Some(a_id) => Some(AttemptPlacement {
+            attempt: AttemptId(parse_uuid(&a_id)?),
+            node: NodeId(r.try_get("a_node")?),
+            pool: PoolId(r.try_get("a_pool")?),
+            region: r.try_get::<Option<String>, _>("a_region")?.unwrap_or_default(),
+            gpus: parse_gpus(&r.try_get::<String, _>("a_gpus")?)?,
+            market: parse_market(&r.try_get::<String, _>("a_market")?)?,
+        }),
+    };
+    Ok(JobRecord {
+        id: JobId(parse_uuid(&r.try_get::<String, _>("id")?)?),
+        spec: parse_spec(&r.try_get::<String, _>("core_spec_json")?)?,
+        spec_json: r.try_get("spec_json")?,
+        state: parse_state(&r.try_get::<String, _>("state")?)?,
+        submitted_at: Timestamp(r.try_get("submitted_at")?),
+        started_at: r.try_get::<Option<i64>, _>("started_at")?.map(Timestamp),
+        finished_at: r.try_get::<Option<i64>, _>("finished_at")?.map(Timestamp),
+        exit_code: r
+            .try_get::<Option<i64>, _>("exit_code")?
+            .map(|c| c as i32),
+        reason: r.try_get("reason")?,
+        cancel_requested: r.try_get("cancel_requested")?,
+        attempts: u32_of(r.try_get("attempts")?, "attempts")?,
+        version: r.try_get("version")?,
+        explanation_json: r.try_get("explanation_json")?,
+        placement,
+    })
+}
+
+fn parse_priority(s: &str) -> StoreResult<Priority> {
+    Ok(match s {
+        "low" => Priority::Low,
+        "normal" => Priority::Normal,
+        "high" => Priority::High,
+        "critical" => Priority::Critical,
+        other => return Err(corrupt(format!("bad priority {other:?}"))),
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn upsert_region(&self, region: &Region) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO regions (id, provider, code, latitude, longitude, egress_per_gb_micros, \
+             latency_ms, ingress_gbps) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (id) DO UPDATE SET provider = excluded.provider, code = excluded.code, \
+             latitude = excluded.latitude, longitude = excluded.longitude, \
+             egress_per_gb_micros = excluded.egress_per_gb_micros, \
+             latency_ms = excluded.latency_ms, ingress_gbps = excluded.ingress_gbps",
+        )
+        .bind(region.id.as_str())
+        .bind(&region.provider)
+        .bind(&region.code)
+        .bind(region.latitude)
+        .bind(region.longitude)
+        .bind(region.egress_per_gb.micros())
+        .bind(i64::from(region.latency_ms))
+        .bind(i64::from(region.ingress_gbps))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn upsert_pool(&self, pool: &Pool) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO pools (id, region_id, provider, instance_type, gpu_model, gpus_per_node, \
+             gpu_memory_gb, vcpus, memory_gb, on_demand_micros, spot_micros, node_limit, \
+             launchable, boot_time_s, price_updated_at, recent_capacity_failures) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+             ON CONFLICT (id) DO UPDATE SET region_id = excluded.region_id, \
+             provider = excluded.provider, instance_type = excluded.instance_type, \
+             gpu_model = excluded.gpu_model, gpus_per_node = excluded.gpus_per_node, \
+             gpu_memory_gb = excluded.gpu_memory_gb, vcpus = excluded.vcpus, \
+             memory_gb = excluded.memory_gb, on_demand_micros = excluded.on_demand_micros, \
+             spot_micros = excluded.spot_micros, node_limit = excluded.node_limit, \
+             launchable = excluded.launchable, boot_time_s = excluded.boot_time_s, \
+             price_updated_at = excluded.price_updated_at",
+        )
+        .bind(pool.id.as_str())
+        .bind(pool.region.as_str())
+        .bind(&pool.provider)
+        .bind(&pool.instance_type)
+        .bind(&pool.gpu_model)
+        .bind(i64::from(pool.gpus_per_node))
+        .bind(i64::from(pool.gpu_memory_gb))
+        .bind(i64::from(pool.vcpus))
+        .bind(i64::from(pool.memory_gb))
+        .bind(pool.on_demand_per_hour.micros())
+        .bind(pool.spot_per_hour.map(Money::micros))
+        .bind(i64::from(pool.node_limit))
+        .bind(pool.launchable)
+        .bind(i64::from(pool.boot_time_s))
+        .bind(pool.price_updated_at.millis())
+        .bind(i64::from(pool.recent_capacity_failures))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn regions(&self) -> StoreResult<Vec<Region>> {
+        let rows = sqlx::query("SELECT * FROM regions ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(region_from_row).collect()
+    }
+
+    async fn pools(&self) -> StoreResult<Vec<Pool>> {
+        let rows = sqlx::query("SELECT * FROM pools ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(pool_from_row).collect()
+    }
+
+    async fn insert_api_token(&self, token: &ApiTokenRecord) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO api_tokens (id, token_hash, role, team, name, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(token.id.to_string())
+        .bind(&token.token_hash)
+        .bind(role_name(token.role))
+        .bind(&token.team)
+        .bind(&token.name)
+        .bind(token.created_at.millis())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn api_token_by_hash(&self, hash: &str) -> StoreResult<Option<ApiTokenRecord>> {
+        let row = sqlx::query("SELECT * FROM api_tokens WHERE token_hash = $1")
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| {
+            Ok(ApiTokenRecord {
+                id: parse_uuid(&r.try_get::<String, _>("id")?)?,
+                token_hash: r.try_get("token_hash")?,
+                role: parse_role(&r.try_get::<String, _>("role")?)?,
+                team: r.try_get("team")?,
+                name: r.try_get("name")?,
+                created_at: Timestamp(r.try_get("created_at")?),
+                revoked: r.try_get::<Option<i64>, _>("revoked_at")?.is_some(),
+            })
+        })
+        .transpose()
+    }
+
+    async fn insert_enrolment_token(&self, token: &EnrolmentTokenRecord) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO enrolment_tokens (token_hash, pool_id, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&token.token_hash)
+        .bind(token.pool.as_str())
+        .bind(token.created_at.millis())
+        .bind(token.expires_at.millis())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn register_node(
+        &self,
+        enrolment_hash: &str,
+        node: NewNode,
+        now: Timestamp,
+    ) -> StoreResult<Result<NodeRecord, RegisterRefusal>> {
+        let mut tx = self.pool.begin().await?;
+        let Some(row) = sqlx::query("SELECT * FROM enrolment_tokens WHERE token_hash = $1")
+            .bind(enrolment_hash)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(Err(RegisterRefusal::UnknownToken));
+        };
+        if row.try_get::<Option<i64>, _>("used_at")?.is_some() {
+            return Ok(Err(RegisterRefusal::AlreadyUsed));
+        }
+        if row.try_get::<i64, _>("expires_at")? < now.millis() {
+            return Ok(Err(RegisterRefusal::Expired));
+        }
+        let pool_id: String = row.try_get("pool_id")?;
+        let used = sqlx::query(
+            "UPDATE enrolment_tokens SET used_at = $1, node_id = $2 \
+             WHERE token_hash = $3 AND used_at IS NULL",
+        )
+        .bind(now.millis())
+        .bind(node.id.as_str())
+        .bind(enrolment_hash)
+        .execute(&mut *tx)
+        .await?;
+        if used.rows_affected() != 1 {
+            return Ok(Err(RegisterRefusal::AlreadyUsed));
+        }
+        sqlx::query(
+            "INSERT INTO nodes (id, pool_id, token_hash, hostname, gpus_total, inventory_json, \
+             healthy, registered_at, last_heartbeat) VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $7)",
+        )
+        .bind(node.id.as_str())
+        .bind(&pool_id)
+        .bind(&node.token_hash)
+        .bind(&node.hostname)
+        .bind(i64::from(node.gpus_total))
+        .bind(&node.inventory_json)
+        .bind(now.millis())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Ok(NodeRecord {
+            id: node.id,
+            pool: PoolId(pool_id),
+            hostname: node.hostname,
+            gpus_total: node.gpus_total,
+            inventory_json: node.inventory_json,
+            healthy: true,
+            draining: false,
+            revoked: false,
+            registered_at: now,
+            last_heartbeat: now,
+        }))
+    }
+
+    async fn node_by_token_hash(&self, hash: &str) -> StoreResult<Option<NodeRecord>> {
+        let row = sqlx::query("SELECT * FROM nodes WHERE token_hash = $1")
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(node_from_row).transpose()
+    }
+
+    async fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
+        let rows = sqlx::query("SELECT * FROM nodes WHERE revoked = 0 ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(node_from_row).collect()
+    }
+
+    async fn heartbeat(
+        &self,
+        node: &NodeId,
+        inventory: &Inventory,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        let inventory_json =
+            serde_json::to_string(inventory).map_err(|e| corrupt(format!("inventory: {e}")))?;
+        let mut tx = self.pool.begin().await?;
+        let was_healthy: Option<bool> = sqlx::query_scalar("SELECT healthy FROM nodes WHERE id = $1")
+            .bind(node.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE nodes SET last_heartbeat = $1, inventory_json = $2, healthy = 1 WHERE id = $3",
+        )
+        .bind(now.millis())
+        .bind(&inventory_json)
+        .bind(node.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(was_healthy == Some(false))
+    }
+
+    async fn expire_leases(
+        &self,
+        before: Timestamp,
+        now: Timestamp,
+    ) -> StoreResult<ExpiredLeases> {
+        let mut tx = self.pool.begin().await?;
+        let lost: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM nodes WHERE healthy = 1 AND revoked = 0 AND last_heartbeat < $1",
+        )
+        .bind(before.millis())
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut out = ExpiredLeases::default();
+        for node in lost {
+            sqlx::query("UPDATE nodes SET healthy = 0 WHERE id = $1")
+                .bind(&node)
+                .execute(&mut *tx)
+                .await?;
+            let attempts = sqlx::query(
+                "SELECT id, job_id FROM attempts WHERE node_id = $1 \
+                 AND state IN ('assigned', 'running')",
+            )
+            .bind(&node)
+            .fetch_all(&mut *tx)
+            .await?;
+            for a in attempts {
+                let attempt_id: String = a.try_get("id")?;
+                let job_id: String = a.try_get("job_id")?;
+                sqlx::query(
+                    "UPDATE attempts SET state = 'lost', finished_at = $1, \
+                     error = 'node lost: no heartbeat within the lease TTL' WHERE id = $2",
+                )
+                .bind(now.millis())
+                .bind(&attempt_id)
+                .execute(&mut *tx)
+                .await?;
+                // A cancelled job whose node vanished is simply cancelled; others go back to
+                // the queue to run again elsewhere.
+                sqlx::query(
+                    "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
+                     ELSE 'queued' END, \
+                     finished_at = CASE WHEN cancel_requested = 1 THEN $1 ELSE NULL END, \
+                     reason = 'node lost; requeued', version = version + 1 \
+                     WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running')",
+                )
+                .bind(now.millis())
+                .bind(&job_id)
+                .bind(&attempt_id)
+                .execute(&mut *tx)
+                .await?;
+                out.requeued.push(JobId(parse_uuid(&job_id)?));
+            }
+            out.nodes.push(NodeId(node));
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn insert_job(&self, job: &NewJob) -> StoreResult<()> {
+        let core_spec =
+            serde_json::to_string(&job.spec).map_err(|e| corrupt(format!("spec: {e}")))?;
+        sqlx::query(
+            "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
+             core_spec_json, submitted_at, deadline) \
+             VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(job.id.to_string())
+        .bind(&job.spec.team)
+        .bind(&job.spec.project)
+        .bind(&job.spec.name)
+        .bind(job.spec.priority.as_str())
+        .bind(match job.spec.kind {
+            switchyard_core::JobKind::Batch => "batch",
+            switchyard_core::JobKind::Service => "service",
+        })
+        .bind(&job.spec_json)
+        .bind(&core_spec)
+        .bind(job.submitted_at.millis())
+        .bind(job.spec.deadline.map(Timestamp::millis))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
+        let sql = sql_job_by_id();
+        let row = sqlx::query(sql)
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> StoreResult<Vec<JobRecord>> {
+        let rows = sqlx::query(sql_list_jobs())
+            .bind(&filter.team)
+            .bind(filter.state.map(JobState::as_str))
+            .bind(&filter.name)
+            .bind(filter.before.map(|b| b.to_string()))
+            .bind(filter.limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn cancel_job(&self, id: JobId, now: Timestamp) -> StoreResult<CancelOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let Some(row) = sqlx::query("SELECT state, current_attempt FROM jobs WHERE id = $1")
+            .bind(id.to_string())
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        let state = parse_state(&row.try_get::<String, _>("state")?)?;
+        let current: Option<String> = row.try_get("current_attempt")?;
+        let outcome = if state.is_terminal() {
+            CancelOutcome::AlreadyFinished(state)
+        } else if state == JobState::Running {
+            let node: Option<String> = match &current {
+                Some(a) => {
+                    sqlx::query_scalar("SELECT node_id FROM attempts WHERE id = $1")
+                        .bind(a)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                }
+                None => None,
+            };
+            sqlx::query(
+                "UPDATE jobs SET cancel_requested = 1, version = version + 1 WHERE id = $1",
+            )
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+            match node {
+                Some(n) => CancelOutcome::Stopping { node: NodeId(n) },
+                None => return Err(corrupt(format!("running job {id} has no attempt"))),
+            }
+        } else {
+            // Waiting, or placed but not yet started: nothing runs, cancel at once. A lease
+            // delivered but not yet started is withdrawn; if the agent starts it anyway, its
+            // report is rejected and it stops.
+            if let Some(a) = &current {
+                sqlx::query(
+                    "UPDATE attempts SET state = 'cancelled', finished_at = $1 \
+                     WHERE id = $2 AND state = 'assigned'",
+                )
+                .bind(now.millis())
+                .bind(a)
+                .execute(&mut *tx)
+                .await?;
+            }
+            sqlx::query(
+                "UPDATE jobs SET state = 'cancelled', cancel_requested = 1, finished_at = $1, \
+                 reason = 'cancelled by user', version = version + 1 WHERE id = $2",
+            )
+            .bind(now.millis())
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+            CancelOutcome::Cancelled
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn set_explanation(&self, id: JobId, explanation_json: &str) -> StoreResult<()> {
+        sqlx::query("UPDATE jobs SET explanation_json = $1 WHERE id = $2")
+            .bind(explanation_json)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn pending_jobs(&self) -> StoreResult<Vec<JobRecord>> {
+        let rows = sqlx::query(sql_pending_jobs())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn live_attempts(&self) -> StoreResult<Vec<AttemptRecord>> {
+        let rows = sqlx::query(
+            "SELECT a.id, a.job_id, a.node_id, a.gpus_json, a.created_at, \
+             a.expected_end, j.priority FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.state IN ('assigned', 'running') ORDER BY a.id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let priority: String = r.try_get("priority")?;
+                Ok(AttemptRecord {
+                    id: AttemptId(parse_uuid(&r.try_get::<String, _>("id")?)?),
+                    job: JobId(parse_uuid(&r.try_get::<String, _>("job_id")?)?),
+                    node: NodeId(r.try_get("node_id")?),
+                    gpus: parse_gpus(&r.try_get::<String, _>("gpus_json")?)?,
+                    priority: parse_priority(&priority)?,
+                    created_at: Timestamp(r.try_get("created_at")?),
+                    expected_end: Timestamp(r.try_get("expected_end")?),
+                })
+            })
+            .collect()
+    }
+
+    async fn commit_assignments(
+        &self,
+        assignments: &[NewAttempt],
+        now: Timestamp,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        for a in assignments {
+            let updated = sqlx::query(
+                "UPDATE jobs SET state = 'placed', attempts = attempts + 1, current_attempt = $1, \
+                 explanation_json = $2, reason = NULL, version = version + 1 \
+                 WHERE id = $3 AND version = $4 AND state IN ('queued', 'provisioning', 'held')",
+            )
+            .bind(a.id.to_string())
+            .bind(&a.explanation_json)
+            .bind(a.job.to_string())
+            .bind(a.job_version)
+            .execute(&mut *tx)
+            .await?;
+            if updated.rows_affected() != 1 {
+                return Err(StoreError::Stale(format!("job {} changed since planning", a.job)));
+            }
+            let attempt_no: i64 = sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = $1")
+                .bind(a.job.to_string())
+                .fetch_one(&mut *tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO attempts (id, job_id, attempt_no, node_id, pool_id, epoch, gpus_json, \
+                 market, state, estimated_cost_micros, expected_end, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $3, $6, $7, 'assigned', $8, $9, $10)",
+            )
+            .bind(a.id.to_string())
+            .bind(a.job.to_string())
+            .bind(attempt_no)
+            .bind(a.node.as_str())
+            .bind(a.pool.as_str())
+            .bind(gpus_json(&a.gpus))
+            .bind(market_str(a.market))
+            .bind(a.estimated_cost.micros())
+            .bind(a.expected_end.millis())
+            .bind(now.millis())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>> {
+        let rows = sqlx::query(
+            "SELECT a.id, a.job_id, a.epoch, a.gpus_json, j.core_spec_json FROM attempts a \
+             JOIN jobs j ON j.id = a.job_id \
+             WHERE a.node_id = $1 AND a.state = 'assigned' AND j.cancel_requested = 0 \
+             ORDER BY a.created_at, a.id",
+        )
+        .bind(node.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LeaseRecord {
+                    attempt: AttemptId(parse_uuid(&r.try_get::<String, _>("id")?)?),
+                    job: JobId(parse_uuid(&r.try_get::<String, _>("job_id")?)?),
+                    epoch: r.try_get::<i64, _>("epoch")? as u64,
+                    gpus: parse_gpus(&r.try_get::<String, _>("gpus_json")?)?,
+                    spec: parse_spec(&r.try_get::<String, _>("core_spec_json")?)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn stops_for_node(&self, node: &NodeId) -> StoreResult<Vec<AttemptRef>> {
+        let rows = sqlx::query(
+            "SELECT a.id, a.job_id, a.epoch FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.node_id = $1 AND a.state = 'running' AND j.cancel_requested = 1",
+        )
+        .bind(node.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(attempt_ref_from_row).collect()
+    }
+
+    async fn stale_attempts(
+        &self,
+        node: &NodeId,
+        running: &[AttemptRef],
+    ) -> StoreResult<Vec<AttemptRef>> {
+        let mut stale = Vec::new();
+        for r in running {
+            let live: Option<i64> = sqlx::query_scalar(
+                "SELECT 1 FROM attempts WHERE id = $1 AND job_id = $2 AND node_id = $3 \
+                 AND epoch = $4 AND state IN ('assigned', 'running')",
+            )
+            .bind(r.attempt_id.to_string())
+            .bind(r.job_id.to_string())
+            .bind(node.as_str())
+            .bind(r.epoch as i64)
+            .fetch_optional(&self.pool)
+            .await?;
+            if live.is_none() {
+                stale.push(r.clone());
+            }
+        }
+        Ok(stale)
+    }
+
+    async fn apply_events(
+        &self,
+        node: &NodeId,
+        events: &[AgentEvent],
+        now: Timestamp,
+    ) -> StoreResult<(Vec<EventResult>, Vec<EndedAttempt>)> {
+        let mut tx = self.pool.begin().await?;
+        let mut results = Vec::with_capacity(events.len());
+        let mut ended = Vec::new();
+        for event in events {
+            let attempt = match event {
+                AgentEvent::Started { attempt, .. }
+                | AgentEvent::Log { attempt, .. }
+                | AgentEvent::Finished { attempt, .. } => attempt,
+            };
+            let row = sqlx::query(
+                "SELECT a.state, a.attempt_no, j.cancel_requested FROM attempts a \
+                 JOIN jobs j ON j.id = a.job_id \
+                 WHERE a.id = $1 AND a.job_id = $2 AND a.node_id = $3 AND a.epoch = $4",
+            )
+            .bind(attempt.attempt_id.to_string())
+            .bind(attempt.job_id.to_string())
+            .bind(node.as_str())
+            .bind(attempt.epoch as i64)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(row) = row else {
+                results.push(rejected("not a lease of this agent"));
+                continue;
+            };
+            let state: String = row.try_get("state")?;
+            let attempt_no: i64 = row.try_get("attempt_no")?;
+            let cancel_requested: bool = row.try_get("cancel_requested")?;
+            let result = match event {
+                AgentEvent::Started { .. } => match state.as_str() {
+                    "assigned" => {
+                        sqlx::query(
+                            "UPDATE attempts SET state = 'running', started_at = $1 WHERE id = $2",
+                        )
+                        .bind(now.millis())
+                        .bind(attempt.attempt_id.to_string())
+                        .execute(&mut *tx)
+                        .await?;
+                        sqlx::query(
+                            "UPDATE jobs SET state = 'running', started_at = $1, \
+                             version = version + 1 WHERE id = $2 AND current_attempt = $3",
+                        )
+                        .bind(now.millis())
+                        .bind(attempt.job_id.to_string())
+                        .bind(attempt.attempt_id.to_string())
+                        .execute(&mut *tx)
+                        .await?;
+                        accepted()
+                    }
+                    "running" | "finished" => duplicate(),
+                    _ => rejected("the lease was withdrawn"),
+                },
+                AgentEvent::Log {
+                    seq, stream, data, ..
+                } => {
+                    if matches!(state.as_str(), "assigned" | "running" | "finished") {
+                        let inserted = sqlx::query(
+                            "INSERT INTO log_chunks (job_id, attempt_id, attempt_no, seq, stream, \
+                             data, at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                             ON CONFLICT (attempt_id, seq) DO NOTHING",
+                        )
+                        .bind(attempt.job_id.to_string())
+                        .bind(attempt.attempt_id.to_string())
+                        .bind(attempt_no)
+                        .bind(*seq as i64)
+                        .bind(stream_str(*stream))
+                        .bind(data)
+                        .bind(now.millis())
+                        .execute(&mut *tx)
+                        .await?;
+                        if inserted.rows_affected() == 1 {
+                            accepted()
+                        } else {
+                            duplicate()
+                        }
+                    } else {
+                        rejected("the lease was withdrawn")
+                    }
+                }
+                AgentEvent::Finished {
+                    exit_code,
+                    signal,
+                    error,
+                    stopped,
+                    ..
+                } => match state.as_str() {
+                    "assigned" | "running" => {
+                        let final_state = if cancel_requested {
+                            JobState::Cancelled
+                        } else if *exit_code == Some(0) && error.is_none() {
+                            JobState::Succeeded
+                        } else {
+                            JobState::Failed
+                        };
+                        let reason = match (final_state, exit_code, signal, error) {
+                            (JobState::Cancelled, ..) => Some("cancelled by user".to_string()),
+                            (_, _, _, Some(e)) => Some(e.clone()),
+                            (JobState::Failed, Some(c), _, _) => Some(format!("exited with code {c}")),
+                            (JobState::Failed, None, Some(s), _) => Some(format!("killed by signal {s}")),
+                            (JobState::Failed, None, None, None) if *stopped => {
+                                Some("stopped by the agent".to_string())
+                            }
+                            _ => None,
+                        };
+                        sqlx::query(
+                            "UPDATE attempts SET state = 'finished', finished_at = $1, \
+                             exit_code = $2, signal = $3, error = $4 WHERE id = $5",
+                        )
+                        .bind(now.millis())
+                        .bind(exit_code.map(i64::from))
+                        .bind(signal.map(i64::from))
+                        .bind(error)
+                        .bind(attempt.attempt_id.to_string())
+                        .execute(&mut *tx)
+                        .await?;
+                        sqlx::query(
+                            "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
+                             reason = $4, version = version + 1 \
+                             WHERE id = $5 AND current_attempt = $6",
+                        )
+                        .bind(final_state.as_str())
+                        .bind(now.millis())
+                        .bind(exit_code.map(i64::from))
+                        .bind(&reason)
+                        .bind(attempt.job_id.to_string())
+                        .bind(attempt.attempt_id.to_string())
+                        .execute(&mut *tx)
+                        .await?;
+                        ended.push(EndedAttempt {
+                            attempt: AttemptId(attempt.attempt_id),
+                            job: JobId(attempt.job_id),
+                            node: node.clone(),
+                            final_state,
+                        });
+                        accepted()
+                    }
+                    "finished" => duplicate(),
+                    _ => rejected("the lease was withdrawn"),
+                },
+            };
+            results.push(result);
+        }
+        tx.commit().await?;
+        Ok((results, ended))
+    }
+
+    async fn logs(&self, job: JobId, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>> {
+        let rows = sqlx::query(
+            "SELECT id, attempt_no, stream, data, at FROM log_chunks \
+             WHERE job_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+        )
+        .bind(job.to_string())
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LogRecord {
+                    offset: r.try_get("id")?,
+                    attempt_no: u32_of(r.try_get("attempt_no")?, "attempt_no")?,
+                    stream: r.try_get("stream")?,
+                    data: r.try_get("data")?,
+                    at: Timestamp(r.try_get("at")?),
+                })
+            })
+            .collect()
+    }
+}
+
+fn attempt_ref_from_row(r: &SqliteRow) -> StoreResult<AttemptRef> {
+    Ok(AttemptRef {
+        job_id: parse_uuid(&r.try_get::<String, _>("job_id")?)?,
+        attempt_id: parse_uuid(&r.try_get::<String, _>("id")?)?,
+        epoch: r.try_get::<i64, _>("epoch")? as u64,
+    })
+}
+
+fn stream_str(s: Stream) -> &'static str {
+    match s {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+        Stream::System => "system",
+    }
+}
+
+fn accepted() -> EventResult {
+    EventResult {
+        status: EventStatus::Accepted,
+        reason: None,
+    }
+}
+
+fn duplicate() -> EventResult {
+    EventResult {
+        status: EventStatus::Duplicate,
+        reason: None,
+    }
+}
+
+fn rejected(reason: &str) -> EventResult {
+    EventResult {
+        status: EventStatus::Rejected,
+        reason: Some(reason.to_string()),
+    }
+}
+
+macro_rules! job_select {
+    ($tail:literal) => {
+        concat!(
+            "SELECT j.id, j.core_spec_json, j.spec_json, j.state, j.submitted_at, j.started_at, \
+             j.finished_at, j.exit_code, j.reason, j.cancel_requested, j.attempts, j.version, \
+             j.explanation_json, a.id AS a_id, a.node_id AS a_node, a.pool_id AS a_pool, \
+             a.gpus_json AS a_gpus, a.market AS a_market, p.region_id AS a_region \
+             FROM jobs j LEFT JOIN attempts a ON a.id = j.current_attempt \
+             LEFT JOIN pools p ON p.id = a.pool_id ",
+            $tail
+        )
+    };
+}
+
+fn sql_job_by_id() -> &'static str {
+    job_select!("WHERE j.id = $1")
+}
+
+fn sql_list_jobs() -> &'static str {
+    job_select!(
+        "WHERE ($1 IS NULL OR j.team = $1) AND ($2 IS NULL OR j.state = $2) \
+         AND ($3 IS NULL OR j.name = $3) AND ($4 IS NULL OR j.id < $4) \
+         ORDER BY j.id DESC LIMIT $5"
+    )
+}
+
+fn sql_pending_jobs() -> &'static str {
+    job_select!("WHERE j.state IN ('queued', 'provisioning', 'held') ORDER BY j.id")
+}
+

@@ -1,0 +1,146 @@
+//! `switchyard up`: the whole federation on this machine — the broker with SQLite in the data
+//! directory, an on-prem region with two local agents of four simulated H100s each, and cloud
+//! regions priced from the bundled catalogue. Ctrl-C stops everything it started, agents
+//! included.
+
+use anyhow::Context;
+use std::path::PathBuf;
+use std::time::Duration;
+use switchyard_core::PoolId;
+use switchyard_providers::local::{LocalConfig, LocalProvider};
+use tokio::net::TcpListener;
+
+use crate::api::tokens::issue_enrolment_token;
+use crate::app::{App, catalogue_from_config};
+use crate::clock;
+use crate::config::{CatalogueRegion, Config, PoolConfig, RegionConfig};
+use crate::server;
+
+pub const ONPREM_POOL: &str = "onprem:local-dc1/sim-h100x4";
+
+#[derive(Clone, Debug)]
+pub struct UpOptions {
+    pub port: u16,
+    pub data_dir: PathBuf,
+    pub agents: u32,
+    pub boot_delay: Duration,
+}
+
+/// The configuration `up` runs with: one on-prem region and three priced cloud regions.
+pub fn up_config(opts: &UpOptions) -> Config {
+    let cloud = |id: &str, types: &[&str], latency_ms: u32| CatalogueRegion {
+        id: id.to_string(),
+        instance_types: types.iter().map(|t| t.to_string()).collect(),
+        latency_ms,
+        egress_per_gb_usd: 0.09,
+        node_limit: 4,
+        boot_time_s: 180,
+    };
+    Config {
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], opts.port)),
+        data_dir: opts.data_dir.clone(),
+        regions: vec![RegionConfig {
+            id: "onprem:local-dc1".into(),
+            latitude: None,
+            longitude: None,
+            latency_ms: 2,
+            egress_per_gb_usd: 0.0,
+            ingress_gbps: 100,
+        }],
+        pools: vec![PoolConfig {
+            id: ONPREM_POOL.into(),
+            region: "onprem:local-dc1".into(),
+            gpu_model: "H100".into(),
+            gpus_per_node: 4,
+            gpu_memory_gb: 80,
+            vcpus: 64,
+            memory_gb: 512,
+            price_per_gpu_hour_usd: 1.80,
+            node_limit: opts.agents,
+            launchable: false,
+            boot_time_s: 0,
+        }],
+        catalogue_regions: vec![
+            cloud("aws:us-east-1", &["p5.48xlarge", "p4d.24xlarge", "g5.xlarge", "g6.xlarge"], 12),
+            cloud("gcp:us-central1", &["a3-highgpu-8g", "a2-ultragpu-1g", "g2-standard-4"], 25),
+            cloud("lambda:us-east-1", &[], 18),
+        ],
+        ..Config::default()
+    }
+}
+
+pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
+    let config = up_config(&opts);
+    config.validate()?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {} (is another broker running? try --port)", config.listen))?;
+    let url = config.public_url();
+    let running = App::start(config.clone()).await?;
+    let app = running.app.clone();
+
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let mut rx = shutdown_rx.clone();
+    let mut server = tokio::spawn(server::serve(app.clone(), listener, async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }));
+
+    let agent_program = std::env::current_exe().context("locating the switchyard binary")?;
+    let log_dir = opts.data_dir.join("agents");
+    std::fs::create_dir_all(&log_dir)?;
+    let offers = catalogue_from_config(&config, clock::now())?;
+    let provider = LocalProvider::new(LocalConfig {
+        agent_program,
+        agent_args: vec!["agent".into()],
+        boot_delay: opts.boot_delay,
+        log_dir: log_dir.clone(),
+        regions: offers.iter().map(|(r, _)| r.clone()).collect(),
+        pools: offers.into_iter().flat_map(|(_, p)| p).collect(),
+    });
+    let pool = PoolId(ONPREM_POOL.into());
+    for i in 1..=opts.agents {
+        let (token, record) = issue_enrolment_token(&pool, 900);
+        app.store.insert_enrolment_token(&record).await?;
+        provider
+            .spawn_static_agent(&format!("onprem-{i}"), &pool, &token, &url)
+            .await
+            .with_context(|| format!("starting local agent onprem-{i}"))?;
+    }
+
+    let token_path = opts.data_dir.join("admin.token");
+    println!("Switchyard is up: {url}");
+    println!("  console      {url}/");
+    println!("  OpenAPI      {url}/openapi.json");
+    println!("  admin token  {} (written at first start)", token_path.display());
+    println!(
+        "  agents       {} local agents with 4 simulated H100 each, logs in {}",
+        opts.agents,
+        log_dir.display()
+    );
+    println!();
+    println!("Try:");
+    println!("  export SWITCHYARD_TOKEN=$(cat {})", token_path.display());
+    println!(
+        "  curl -s -H \"Authorization: Bearer $SWITCHYARD_TOKEN\" {url}/api/v1/pools"
+    );
+    println!("Ctrl-C stops the broker and its agents.");
+
+    let stopped_by_itself = tokio::select! {
+        _ = server::shutdown_signal() => None,
+        res = &mut server => Some(res),
+    };
+    println!("Stopping agents and the broker…");
+    provider.shutdown().await;
+    if let Some(res) = stopped_by_itself {
+        running.scheduler.abort();
+        res.context("server task")??;
+        anyhow::bail!("the server stopped unexpectedly");
+    }
+    let _ = shutdown_tx.send(true);
+    match tokio::time::timeout(Duration::from_secs(10), server).await {
+        Ok(res) => res.context("server task")??,
+        Err(_) => tracing::warn!("server did not stop within 10 s"),
+    }
+    running.scheduler.abort();
+    Ok(())
+}

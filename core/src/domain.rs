@@ -1,0 +1,345 @@
+//! The domain of DESIGN.md: regions, pools, nodes, jobs and attempts, as plain values.
+//!
+//! These are the broker's and the simulator's shared vocabulary. Wire shapes live in
+//! `switchyard-protocol`; storage shapes live in the broker. Nothing here knows about either.
+
+use crate::money::Money;
+use crate::time::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use uuid::Uuid;
+
+macro_rules! string_id {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub String);
+
+        impl $name {
+            pub fn new(s: impl Into<String>) -> Self {
+                Self(s.into())
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+string_id!(
+    /// `provider:code`, e.g. `aws:us-east-1`, `onprem:sh-dc1`.
+    RegionId
+);
+string_id!(
+    /// `region/instance-type`, e.g. `aws:us-east-1/p5.48xlarge`, `onprem:sh-dc1/dgx-h100`.
+    PoolId
+);
+string_id!(
+    /// A machine with an agent.
+    NodeId
+);
+
+impl RegionId {
+    /// The provider part of `provider:code`.
+    pub fn provider(&self) -> &str {
+        self.0.split_once(':').map_or(self.0.as_str(), |(p, _)| p)
+    }
+}
+
+/// A job's id: a UUIDv7, so ids sort by submission time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JobId(pub Uuid);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// One run of a job on one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AttemptId(pub Uuid);
+
+impl fmt::Display for AttemptId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A geographic and network location of capacity.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Region {
+    pub id: RegionId,
+    /// `onprem`, `aws`, `gcp`, `azure`, `lambda`, `vast`, `local`…
+    pub provider: String,
+    pub code: String,
+    pub latitude: Option<f64>,
+    pub longitude: Option<f64>,
+    /// Price of moving one GB out of this region.
+    pub egress_per_gb: Money,
+    /// Broker-to-region round trip: an EWMA of agent RTTs, or the configured figure.
+    pub latency_ms: u32,
+    /// Sustained transfer rate into this region, for data-gravity transfer-time estimates.
+    pub ingress_gbps: u32,
+}
+
+/// One kind of capacity in one region.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pool {
+    pub id: PoolId,
+    pub region: RegionId,
+    pub provider: String,
+    pub instance_type: String,
+    /// Normalised model name, e.g. `H100`, `A100-80GB`, `L4`.
+    pub gpu_model: String,
+    pub gpus_per_node: u32,
+    pub gpu_memory_gb: u32,
+    pub vcpus: u32,
+    pub memory_gb: u32,
+    /// Per node and hour. On-prem: the internal rate set by finance.
+    pub on_demand_per_hour: Money,
+    /// Per node and hour; `None` where the pool has no spot market.
+    pub spot_per_hour: Option<Money>,
+    /// Most nodes this pool may have (a quota for cloud pools; the fleet size on-prem).
+    pub node_limit: u32,
+    /// Whether the broker may launch new nodes in this pool (cloud) or only use those that
+    /// joined (on-prem, static).
+    pub launchable: bool,
+    /// Expected seconds from launch to an agent ready for work.
+    pub boot_time_s: u32,
+    pub price_updated_at: Timestamp,
+    /// Capacity errors seen lately; a later issue turns this into a back-off.
+    pub recent_capacity_failures: u32,
+}
+
+impl Pool {
+    /// Price of one GPU-hour on demand (the node price shared evenly, rounded up).
+    pub fn on_demand_per_gpu_hour(&self) -> Money {
+        self.on_demand_per_hour
+            .div_ceil(i64::from(self.gpus_per_node.max(1)))
+    }
+
+    pub fn spot_per_gpu_hour(&self) -> Option<Money> {
+        self.spot_per_hour
+            .map(|p| p.div_ceil(i64::from(self.gpus_per_node.max(1))))
+    }
+}
+
+/// A machine with an agent, in a pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub id: NodeId,
+    pub pool: PoolId,
+    pub gpus_total: u32,
+    /// GPUs not held by any attempt.
+    pub gpus_free: u32,
+    /// Healthy and heartbeating: only such nodes receive work.
+    pub healthy: bool,
+    /// Draining nodes finish what they run and take nothing new.
+    pub draining: bool,
+    pub last_heartbeat: Timestamp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    Low,
+    Normal,
+    High,
+    Critical,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+            Priority::Critical => "critical",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpotRule {
+    Never,
+    Allowed,
+    Preferred,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    Batch,
+    Service,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Market {
+    OnDemand,
+    Spot,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    pub gpus: u32,
+    /// Acceptable GPU models; empty means any.
+    pub gpu_models: Vec<String>,
+    pub min_gpu_memory_gb: u32,
+    pub cpus: u32,
+    pub memory_gb: u32,
+    pub nodes: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataLocation {
+    pub region: RegionId,
+    pub size_gb: u32,
+}
+
+/// What a job asks for, validated. Built from the wire spec by the broker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub name: String,
+    pub team: String,
+    pub project: Option<String>,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub resources: Resources,
+    /// `None`: unknown; placement assumes [`DEFAULT_RUNTIME_S`].
+    pub estimated_runtime_s: Option<i64>,
+    pub deadline: Option<Timestamp>,
+    pub priority: Priority,
+    pub spot: SpotRule,
+    /// Most the job may cost per hour (whole job, all its GPUs).
+    pub max_price_per_hour: Option<Money>,
+    /// Allowed regions; empty means any.
+    pub regions: Vec<RegionId>,
+    pub data: Option<DataLocation>,
+    pub kind: JobKind,
+    pub max_latency_ms: Option<u32>,
+}
+
+/// Runtime assumed for a job that gives no estimate.
+pub const DEFAULT_RUNTIME_S: i64 = 3600;
+
+impl JobSpec {
+    pub fn runtime_s(&self) -> i64 {
+        self.estimated_runtime_s.unwrap_or(DEFAULT_RUNTIME_S).max(0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    /// Waiting for capacity being launched for it.
+    Provisioning,
+    /// Held back by policy or budget; released when that allows.
+    Held,
+    /// Assigned to a node; the agent has not yet reported it started.
+    Placed,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 8] = [
+        JobState::Queued,
+        JobState::Provisioning,
+        JobState::Held,
+        JobState::Placed,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Provisioning => "provisioning",
+            JobState::Held => "held",
+            JobState::Placed => "placed",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Finished: nothing will change it again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+
+    /// Waiting for placement: the scheduler may act on it.
+    pub fn is_pending(self) -> bool {
+        matches!(
+            self,
+            JobState::Queued | JobState::Provisioning | JobState::Held
+        )
+    }
+
+    /// Holding capacity on a node.
+    pub fn is_active(self) -> bool {
+        matches!(self, JobState::Placed | JobState::Running)
+    }
+}
+
+/// A job waiting for placement, as the planner sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedJob {
+    pub id: JobId,
+    pub spec: JobSpec,
+    pub submitted_at: Timestamp,
+}
+
+/// Capacity held by a running attempt, with when it is expected to free up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningAttempt {
+    pub job: JobId,
+    pub attempt: AttemptId,
+    pub node: NodeId,
+    pub gpus: u32,
+    pub priority: Priority,
+    pub started_at: Timestamp,
+    /// `started_at + estimated runtime`; `Timestamp::MAX` for services, which run until
+    /// cancelled.
+    pub expected_end: Timestamp,
+}
+
+/// Everything the planner may look at. Built by the broker from its in-memory state, or by the
+/// simulator from its virtual world.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub regions: Vec<Region>,
+    pub pools: Vec<Pool>,
+    pub nodes: Vec<Node>,
+    pub queued: Vec<QueuedJob>,
+    pub running: Vec<RunningAttempt>,
+    /// Whether the plan may ask for new cloud nodes. When false, launchable pools count only
+    /// the nodes they already have.
+    pub burst_enabled: bool,
+}

@@ -1,0 +1,118 @@
+//! Money as integer micro-dollars. Never a float inside Switchyard: floats appear only at the
+//! edges (JSON numbers typed by people) and are converted here, once, with explicit rounding.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::ops::{Add, AddAssign, Sub};
+
+/// An amount in micro-dollars (1 USD = 1,000,000).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Money(pub i64);
+
+pub const MICROS_PER_DOLLAR: i64 = 1_000_000;
+
+impl Money {
+    pub const ZERO: Money = Money(0);
+    pub const MAX: Money = Money(i64::MAX);
+
+    pub const fn from_micros(micros: i64) -> Money {
+        Money(micros)
+    }
+
+    pub const fn micros(self) -> i64 {
+        self.0
+    }
+
+    /// Converts a dollar figure typed by a person (a JSON number, a CSV cell). Returns `None` for
+    /// NaN, infinities and amounts beyond ±9 trillion dollars. Rounds to the nearest micro-dollar.
+    pub fn from_dollars(dollars: f64) -> Option<Money> {
+        if !dollars.is_finite() || dollars.abs() > 9.0e12 {
+            return None;
+        }
+        Some(Money((dollars * MICROS_PER_DOLLAR as f64).round() as i64))
+    }
+
+    /// Dollars as a float, for display and JSON output only.
+    pub fn as_dollars(self) -> f64 {
+        self.0 as f64 / MICROS_PER_DOLLAR as f64
+    }
+
+    /// The cost of running at `self` per hour for `seconds`, rounded up to the micro-dollar.
+    pub fn per_hour_for_secs(self, seconds: i64) -> Money {
+        let num = self.0 as i128 * seconds.max(0) as i128;
+        let cost = (num + 3599) / 3600;
+        Money(cost.clamp(i64::MIN as i128, i64::MAX as i128) as i64)
+    }
+
+    pub fn saturating_add(self, other: Money) -> Money {
+        Money(self.0.saturating_add(other.0))
+    }
+
+    pub fn saturating_mul(self, n: i64) -> Money {
+        Money(self.0.saturating_mul(n))
+    }
+
+    /// Divides, rounding up (a per-GPU share of a node price never undercharges).
+    pub fn div_ceil(self, n: i64) -> Money {
+        if n <= 0 {
+            return self;
+        }
+        Money((self.0 + n - 1).div_euclid(n))
+    }
+}
+
+impl Add for Money {
+    type Output = Money;
+    fn add(self, rhs: Money) -> Money {
+        self.saturating_add(rhs)
+    }
+}
+
+impl AddAssign for Money {
+    fn add_assign(&mut self, rhs: Money) {
+        *self = self.saturating_add(rhs);
+    }
+}
+
+impl Sub for Money {
+    type Output = Money;
+    fn sub(self, rhs: Money) -> Money {
+        Money(self.0.saturating_sub(rhs.0))
+    }
+}
+
+impl fmt::Display for Money {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.0 < 0 { "-" } else { "" };
+        let abs = self.0.unsigned_abs();
+        write!(f, "{sign}${}.{:06}", abs / 1_000_000, abs % 1_000_000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dollars_round_trip_to_the_micro() {
+        assert_eq!(Money::from_dollars(1.006), Some(Money(1_006_000)));
+        assert_eq!(Money::from_dollars(55.04), Some(Money(55_040_000)));
+        assert_eq!(Money::from_dollars(f64::NAN), None);
+        assert_eq!(Money::from_dollars(1e20), None);
+        assert_eq!(Money(2_500_000).to_string(), "$2.500000");
+        assert_eq!(Money(-1).to_string(), "-$0.000001");
+    }
+
+    #[test]
+    fn hourly_cost_rounds_up() {
+        // $3.60/h for one second is exactly $0.001.
+        assert_eq!(Money(3_600_000).per_hour_for_secs(1), Money(1_000));
+        // $1/h for one second is 277.7… micro-dollars: rounded up.
+        assert_eq!(Money(1_000_000).per_hour_for_secs(1), Money(278));
+        assert_eq!(Money(1_000_000).per_hour_for_secs(-5), Money(0));
+        assert_eq!(Money(10).div_ceil(4), Money(3));
+    }
+}

@@ -1,0 +1,233 @@
+//! Hard constraints and the planner's verdicts on a pool: why a pool cannot take a job (allow-lists,
+//! GPU model and memory, node shape, price ceiling, latency) and, once capacity is looked at, why it
+//! cannot take it now (no capacity, bursting disabled, quota). It also owns which market a job
+//! would use in a pool, since the price ceiling depends on it.
+//!
+//! The planner checks every pool for every queued job, so the check here allocates nothing: a
+//! [`Reject`] becomes a public [`Rejection`] only for the few candidates an explanation shows.
+//! This module knows nothing about nodes, running work or time.
+
+use super::Rejection;
+use crate::domain::{JobKind, JobSpec, Market, Pool, Region, SpotRule};
+use crate::money::Money;
+
+/// Why a pool cannot take a job: [`Rejection`] without the allocation (`GpuModelNotAllowed`
+/// takes its model from the pool when made public). Variants are declared closest-to-feasible
+/// first; [`Reject::rank`] follows that order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reject {
+    BurstDisabled,
+    QuotaReached {
+        node_limit: u32,
+    },
+    NoCapacity,
+    OverMaxPrice {
+        price_per_hour: Money,
+        max_per_hour: Money,
+    },
+    LatencyTooHigh {
+        latency_ms: u32,
+        max_ms: u32,
+    },
+    TooFewCpus {
+        have: u32,
+        need: u32,
+    },
+    TooLittleMemory {
+        have_gb: u32,
+        need_gb: u32,
+    },
+    GpuMemoryTooSmall {
+        have_gb: u32,
+        need_gb: u32,
+    },
+    TooFewGpusPerNode {
+        have: u32,
+        need: u32,
+    },
+    GpuModelNotAllowed,
+    RegionNotAllowed,
+}
+
+impl Reject {
+    /// Closest to feasible first: a job blocked only because bursting is off is nearly placeable;
+    /// one in a forbidden region never is. Explanations list blocked candidates in this order.
+    pub(crate) fn rank(self) -> u8 {
+        match self {
+            Reject::BurstDisabled => 0,
+            Reject::QuotaReached { .. } => 1,
+            Reject::NoCapacity => 2,
+            Reject::OverMaxPrice { .. } => 3,
+            Reject::LatencyTooHigh { .. } => 4,
+            Reject::TooFewCpus { .. } => 5,
+            Reject::TooLittleMemory { .. } => 6,
+            Reject::GpuMemoryTooSmall { .. } => 7,
+            Reject::TooFewGpusPerNode { .. } => 8,
+            Reject::GpuModelNotAllowed => 9,
+            Reject::RegionNotAllowed => 10,
+        }
+    }
+
+    pub(crate) fn to_rejection(self, pool: &Pool) -> Rejection {
+        match self {
+            Reject::BurstDisabled => Rejection::BurstDisabled,
+            Reject::QuotaReached { node_limit } => Rejection::QuotaReached { node_limit },
+            Reject::NoCapacity => Rejection::NoCapacity,
+            Reject::OverMaxPrice {
+                price_per_hour,
+                max_per_hour,
+            } => Rejection::OverMaxPrice {
+                price_per_hour,
+                max_per_hour,
+            },
+            Reject::LatencyTooHigh { latency_ms, max_ms } => {
+                Rejection::LatencyTooHigh { latency_ms, max_ms }
+            }
+            Reject::TooFewCpus { have, need } => Rejection::TooFewCpus { have, need },
+            Reject::TooLittleMemory { have_gb, need_gb } => {
+                Rejection::TooLittleMemory { have_gb, need_gb }
+            }
+            Reject::GpuMemoryTooSmall { have_gb, need_gb } => {
+                Rejection::GpuMemoryTooSmall { have_gb, need_gb }
+            }
+            Reject::TooFewGpusPerNode { have, need } => Rejection::TooFewGpusPerNode { have, need },
+            Reject::GpuModelNotAllowed => Rejection::GpuModelNotAllowed {
+                model: pool.gpu_model.clone(),
+            },
+            Reject::RegionNotAllowed => Rejection::RegionNotAllowed,
+        }
+    }
+
+    /// A phrase for hold reasons, the same for every pool blocked the same way (so it names the
+    /// job's requirement, not the pool's figure).
+    pub(crate) fn summary(self) -> String {
+        match self {
+            Reject::BurstDisabled => "needs a new node but bursting is disabled".into(),
+            Reject::QuotaReached { .. } => "needs a new node but its node quota is reached".into(),
+            Reject::NoCapacity => "no healthy node has or will free enough GPUs".into(),
+            Reject::OverMaxPrice { max_per_hour, .. } => {
+                format!("costs more than the job's maximum of {max_per_hour}/h")
+            }
+            Reject::LatencyTooHigh { max_ms, .. } => {
+                format!("region latency above the service's maximum of {max_ms} ms")
+            }
+            Reject::TooFewCpus { need, .. } => format!("fewer than {need} vCPUs per node"),
+            Reject::TooLittleMemory { need_gb, .. } => {
+                format!("less than {need_gb} GB of memory per node")
+            }
+            Reject::GpuMemoryTooSmall { need_gb, .. } => {
+                format!("less than {need_gb} GB of GPU memory")
+            }
+            Reject::TooFewGpusPerNode { need, .. } => format!("fewer than {need} GPUs per node"),
+            Reject::GpuModelNotAllowed => "GPU model not among the job's gpu_models".into(),
+            Reject::RegionNotAllowed => "region not among the job's regions".into(),
+        }
+    }
+}
+
+/// The static hard constraints of one pool for one job: what no amount of waiting changes.
+/// `None` when the pool could host the job. Region latency is checked by the planner, which has
+/// the regions.
+pub fn hard_constraint(pool: &Pool, spec: &JobSpec) -> Option<Rejection> {
+    static_violation(pool, spec).map(|r| r.to_rejection(pool))
+}
+
+/// [`hard_constraint`] without allocating.
+pub(crate) fn static_violation(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
+    let r = &spec.resources;
+    if !spec.regions.is_empty() && !spec.regions.contains(&pool.region) {
+        return Some(Reject::RegionNotAllowed);
+    }
+    if !r.gpu_models.is_empty()
+        && !r
+            .gpu_models
+            .iter()
+            .any(|m| m.eq_ignore_ascii_case(&pool.gpu_model))
+    {
+        return Some(Reject::GpuModelNotAllowed);
+    }
+    if pool.gpu_memory_gb < r.min_gpu_memory_gb {
+        return Some(Reject::GpuMemoryTooSmall {
+            have_gb: pool.gpu_memory_gb,
+            need_gb: r.min_gpu_memory_gb,
+        });
+    }
+    if pool.gpus_per_node < r.gpus {
+        return Some(Reject::TooFewGpusPerNode {
+            have: pool.gpus_per_node,
+            need: r.gpus,
+        });
+    }
+    if pool.vcpus > 0 && pool.vcpus < r.cpus {
+        return Some(Reject::TooFewCpus {
+            have: pool.vcpus,
+            need: r.cpus,
+        });
+    }
+    if pool.memory_gb > 0 && pool.memory_gb < r.memory_gb {
+        return Some(Reject::TooLittleMemory {
+            have_gb: pool.memory_gb,
+            need_gb: r.memory_gb,
+        });
+    }
+    if let Some(max) = spec.max_price_per_hour {
+        // The job's share of the cheapest market it may use.
+        let per_gpu = match (spec.spot, pool.spot_per_gpu_hour()) {
+            (SpotRule::Allowed | SpotRule::Preferred, Some(spot)) => {
+                spot.min(pool.on_demand_per_gpu_hour())
+            }
+            _ => pool.on_demand_per_gpu_hour(),
+        };
+        let price = per_gpu.saturating_mul(i64::from(r.gpus.max(1)));
+        if price > max {
+            return Some(Reject::OverMaxPrice {
+                price_per_hour: price,
+                max_per_hour: max,
+            });
+        }
+    }
+    None
+}
+
+/// A service's latency bound against the pool's region. A region the snapshot does not describe
+/// has unknown latency, reported as `u32::MAX`: a bound that cannot be checked is not met.
+pub(crate) fn latency_violation(spec: &JobSpec, region: Option<&Region>) -> Option<Reject> {
+    if spec.kind != JobKind::Service {
+        return None;
+    }
+    let max_ms = spec.max_latency_ms?;
+    let latency_ms = region.map_or(u32::MAX, |r| r.latency_ms);
+    (latency_ms > max_ms).then_some(Reject::LatencyTooHigh { latency_ms, max_ms })
+}
+
+/// The market a job uses in a pool: spot where the job allows it and the pool sells it cheaper;
+/// on demand otherwise. Pools the broker cannot launch in (on-prem, static) charge their internal
+/// on-demand rate. Spot interruption risk is not priced yet.
+pub(crate) fn market_for(pool: &Pool, spot: SpotRule) -> Market {
+    match (spot, pool.spot_per_hour) {
+        (SpotRule::Allowed | SpotRule::Preferred, Some(price))
+            if pool.launchable && price < pool.on_demand_per_hour =>
+        {
+            Market::Spot
+        }
+        _ => Market::OnDemand,
+    }
+}
+
+/// Price of one node-hour in `market`.
+pub(crate) fn node_price(pool: &Pool, market: Market) -> Money {
+    match market {
+        Market::Spot => pool.spot_per_hour.unwrap_or(pool.on_demand_per_hour),
+        Market::OnDemand => pool.on_demand_per_hour,
+    }
+}
+
+/// Price of one GPU-hour in `market` (the node price shared evenly, rounded up).
+pub(crate) fn gpu_price(pool: &Pool, market: Market) -> Money {
+    match market {
+        Market::Spot => pool
+            .spot_per_gpu_hour()
+            .unwrap_or_else(|| pool.on_demand_per_gpu_hour()),
+        Market::OnDemand => pool.on_demand_per_gpu_hour(),
+    }
+}

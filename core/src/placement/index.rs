@@ -1,0 +1,122 @@
+//! A read-only, indexed view of one snapshot for one planning round.
+//!
+//! Pools and nodes are sorted by id and referred to by position, so comparing positions compares
+//! ids: the planner's tie-breaks never depend on the order of the snapshot's vectors. Hash maps
+//! here are only looked up, never iterated. Nothing here changes during a round; what does
+//! (free GPUs, planned launches) lives in `capacity`.
+//!
+//! Ids are assumed unique within each vector of the snapshot (the broker's stores key them).
+
+use crate::domain::{Node, Pool, Region, RegionId, RunningAttempt, Snapshot};
+use crate::time::Timestamp;
+use std::collections::HashMap;
+
+/// One pool with what the planner looks up about it on every candidate.
+#[derive(Debug)]
+pub(crate) struct PoolInfo<'a> {
+    pub pool: &'a Pool,
+    /// The pool's region, interned: equal keys mean equal region ids.
+    pub region_key: usize,
+    /// `None` when the snapshot does not describe the pool's region.
+    pub region: Option<&'a Region>,
+    /// Every node of the pool, whatever its health (they all count against the node limit),
+    /// by id.
+    pub nodes: Vec<usize>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Index<'a> {
+    pub now: Timestamp,
+    pub burst_enabled: bool,
+    /// Sorted by id.
+    pub pools: Vec<PoolInfo<'a>>,
+    /// Nodes of known pools, sorted by id.
+    pub nodes: Vec<&'a Node>,
+    /// Position in `pools` of each node's pool.
+    pub node_pool: Vec<usize>,
+    /// Running attempts on known nodes, as (node position, attempt).
+    pub running: Vec<(usize, &'a RunningAttempt)>,
+    region_keys: HashMap<&'a str, usize>,
+    regions: HashMap<&'a str, &'a Region>,
+}
+
+impl<'a> Index<'a> {
+    pub(crate) fn new(snapshot: &'a Snapshot, now: Timestamp) -> Index<'a> {
+        let regions: HashMap<&str, &Region> = snapshot
+            .regions
+            .iter()
+            .map(|r| (r.id.as_str(), r))
+            .collect();
+
+        let mut pools: Vec<&Pool> = snapshot.pools.iter().collect();
+        pools.sort_by(|a, b| a.id.cmp(&b.id));
+        let pool_pos: HashMap<&str, usize> = pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.id.as_str(), i))
+            .collect();
+
+        let mut region_keys: HashMap<&str, usize> = HashMap::new();
+        let mut pools: Vec<PoolInfo> = pools
+            .into_iter()
+            .map(|pool| {
+                let next = region_keys.len();
+                let region_key = *region_keys.entry(pool.region.as_str()).or_insert(next);
+                PoolInfo {
+                    pool,
+                    region_key,
+                    region: regions.get(pool.region.as_str()).copied(),
+                    nodes: Vec::new(),
+                }
+            })
+            .collect();
+
+        let mut nodes: Vec<(&Node, usize)> = snapshot
+            .nodes
+            .iter()
+            .filter_map(|n| pool_pos.get(n.pool.as_str()).map(|&p| (n, p)))
+            .collect();
+        nodes.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+        let (nodes, node_pool): (Vec<&Node>, Vec<usize>) = nodes.into_iter().unzip();
+        for (i, &p) in node_pool.iter().enumerate() {
+            pools[p].nodes.push(i);
+        }
+
+        let node_pos: HashMap<&str, usize> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id.as_str(), i))
+            .collect();
+        let running = snapshot
+            .running
+            .iter()
+            .filter_map(|a| node_pos.get(a.node.as_str()).map(|&n| (n, a)))
+            .collect();
+
+        Index {
+            now,
+            burst_enabled: snapshot.burst_enabled,
+            pools,
+            nodes,
+            node_pool,
+            running,
+            region_keys,
+            regions,
+        }
+    }
+
+    /// The interned key of a region that has a pool; `None` when no pool is there.
+    pub(crate) fn region_key(&self, id: &RegionId) -> Option<usize> {
+        self.region_keys.get(id.as_str()).copied()
+    }
+
+    pub(crate) fn region(&self, id: &RegionId) -> Option<&'a Region> {
+        self.regions.get(id.as_str()).copied()
+    }
+
+    /// Only healthy, non-draining nodes receive work or count for waiting.
+    pub(crate) fn usable(&self, node: usize) -> bool {
+        let n = self.nodes[node];
+        n.healthy && !n.draining
+    }
+}

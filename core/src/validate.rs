@@ -1,0 +1,84 @@
+//! Submit-time satisfiability: could any pool in the catalogue ever run this job, capacity and
+//! time aside? A job that no pool can ever host is refused at the door (422) instead of waiting
+//! forever in the queue.
+
+use crate::domain::{JobSpec, Pool};
+use crate::placement::hard_constraint;
+use serde::{Deserialize, Serialize};
+
+/// Why no pool can ever host a job; `field` names the spec field to change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct Unsatisfiable {
+    pub field: &'static str,
+    pub message: String,
+}
+
+/// Checks the spec against every pool's static facts. Deadlines and current load are the
+/// planner's business, not this check's.
+pub fn check_satisfiable(pools: &[Pool], spec: &JobSpec) -> Result<(), Unsatisfiable> {
+    let r = &spec.resources;
+    if pools.is_empty() {
+        return Err(Unsatisfiable {
+            field: "resources",
+            message: "the catalogue has no pools".into(),
+        });
+    }
+    if !r.gpu_models.is_empty() {
+        let known = r
+            .gpu_models
+            .iter()
+            .find(|m| !pools.iter().any(|p| p.gpu_model.eq_ignore_ascii_case(m)));
+        if let Some(unknown) = known {
+            let mut models: Vec<&str> = pools.iter().map(|p| p.gpu_model.as_str()).collect();
+            models.sort_unstable();
+            models.dedup();
+            return Err(Unsatisfiable {
+                field: "resources.gpu_models",
+                message: format!(
+                    "unknown GPU model {unknown:?}; the catalogue has {}",
+                    models.join(", ")
+                ),
+            });
+        }
+    }
+    if !spec.regions.is_empty() {
+        if let Some(unknown) = spec
+            .regions
+            .iter()
+            .find(|reg| !pools.iter().any(|p| &p.region == *reg))
+        {
+            return Err(Unsatisfiable {
+                field: "regions",
+                message: format!("no pool in region {unknown}"),
+            });
+        }
+    }
+    let max_gpus = pools.iter().map(|p| p.gpus_per_node).max().unwrap_or(0);
+    if r.gpus > max_gpus {
+        return Err(Unsatisfiable {
+            field: "resources.gpus",
+            message: format!(
+                "{} GPUs on one node, but the largest node in the catalogue has {max_gpus}",
+                r.gpus
+            ),
+        });
+    }
+    // Every single requirement can be met somewhere; now ask whether one pool meets them all.
+    let mut first_reason = None;
+    for pool in pools {
+        match hard_constraint(pool, spec) {
+            None => return Ok(()),
+            Some(reason) => {
+                first_reason.get_or_insert((pool.id.clone(), reason));
+            }
+        }
+    }
+    let detail = first_reason
+        .map(|(pool, why)| format!(" (for example {pool}: {why:?})"))
+        .unwrap_or_default();
+    Err(Unsatisfiable {
+        field: "resources",
+        message: format!("no pool meets all of this job's requirements{detail}"),
+    })
+}

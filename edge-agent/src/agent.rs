@@ -1,0 +1,266 @@
+//! The enrolled agent's life: the heartbeat (inventory, running attempts → stops, drain), the
+//! work long-poll (leases to start, attempts to stop), a runner task per attempt, the outbox,
+//! and the orderly shutdown that stops every job and flushes what they said. It decides what to
+//! run and when to stop; running a process is [`crate::runner`]'s, talking HTTP the client's.
+
+use crate::attempts::{AttemptTable, StopReason};
+use crate::backoff::{Backoff, Streak};
+use crate::client::BrokerClient;
+use crate::error::AgentError;
+use crate::inventory::{self, GpuProbe};
+use crate::outbox::{EventSink, Outbox};
+use crate::runner::{self, RunOptions};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use switchyard_protocol::agent::{Heartbeat, Inventory, Lease};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// The shortest time between two long-polls that came back empty, so that a broker answering
+/// at once cannot make the agent spin.
+const MIN_EMPTY_POLL: Duration = Duration::from_millis(500);
+/// Beyond the longest grace period: time for jobs' last output and `Finished` to be queued.
+const STOP_MARGIN: Duration = Duration::from_secs(10);
+/// How long the outbox may take to deliver what is left when the agent exits.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Everything the enrolled agent needs.
+pub struct Enrolled {
+    /// Authenticated as this agent.
+    pub client: BrokerClient,
+    pub probe: Arc<dyn GpuProbe>,
+    /// The inventory sent at enrolment, reused when a later probe fails.
+    pub inventory: Inventory,
+    pub heartbeat: Duration,
+    pub poll_wait_s: u64,
+    pub run: RunOptions,
+}
+
+/// Serves until `shutdown` resolves or a fatal error; then stops the jobs and flushes events.
+pub async fn serve(
+    enrolled: Enrolled,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let attempts = Arc::new(AttemptTable::new());
+    let (outbox, sink) = Outbox::new(enrolled.client.clone(), attempts.clone());
+    let pending = sink.pending_counter();
+    let (fatal_tx, mut fatal_rx) = mpsc::channel::<AgentError>(2);
+
+    let outbox_fatal = fatal_tx.clone();
+    let outbox_task = tokio::spawn(async move {
+        if let Err(e) = outbox.run().await {
+            let _ = outbox_fatal.send(e).await;
+        }
+    });
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let heartbeat_task = tokio::spawn({
+        let beat = HeartbeatLoop {
+            client: enrolled.client.clone(),
+            probe: enrolled.probe.clone(),
+            last_inventory: enrolled.inventory.clone(),
+            attempts: attempts.clone(),
+            drain: drain_tx,
+        };
+        let period = enrolled.heartbeat;
+        async move {
+            let e = beat.run(period).await;
+            let _ = fatal_tx.send(e).await;
+        }
+    });
+
+    let worker = Worker {
+        enrolled,
+        attempts: attempts.clone(),
+        sink,
+        draining: drain_rx,
+    };
+    let mut runners = JoinSet::new();
+    let outcome = tokio::select! {
+        () = shutdown => {
+            tracing::info!("shutting down");
+            Ok(())
+        }
+        result = worker.poll(&mut runners) => result,
+        Some(e) = fatal_rx.recv() => Err(e),
+    };
+    if let Err(e) = &outcome {
+        tracing::error!(error = %e, "stopping the agent");
+    }
+
+    // Jobs must not outlive the agent: stop them all and let them report.
+    let longest_grace = attempts.stop_all(StopReason::Shutdown);
+    if !runners.is_empty() {
+        tracing::info!(
+            jobs = runners.len(),
+            grace_s = longest_grace.as_secs(),
+            "stopping running jobs"
+        );
+    }
+    let all_stopped = tokio::time::timeout(longest_grace + STOP_MARGIN, async {
+        while runners.join_next().await.is_some() {}
+    })
+    .await;
+    if all_stopped.is_err() {
+        tracing::warn!(
+            jobs = runners.len(),
+            "jobs did not report their end in time"
+        );
+        runners.shutdown().await;
+    }
+    heartbeat_task.abort();
+    drop(worker); // the last event sender: the outbox ends once it has delivered everything
+
+    if tokio::time::timeout(FLUSH_TIMEOUT, outbox_task)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            events = pending.load(Ordering::Relaxed),
+            "exiting with events the broker has not acknowledged"
+        );
+    }
+    outcome
+}
+
+/// The work side: long-polls and starts runners.
+struct Worker {
+    enrolled: Enrolled,
+    attempts: Arc<AttemptTable>,
+    sink: EventSink,
+    draining: watch::Receiver<bool>,
+}
+
+impl Worker {
+    /// Polls for work until the token is refused; retries everything else forever.
+    async fn poll(&self, runners: &mut JoinSet<()>) -> Result<(), AgentError> {
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        let mut streak = Streak::new("work");
+        let mut draining = self.draining.clone();
+        loop {
+            while runners.try_join_next().is_some() {}
+            if *draining.borrow_and_update() {
+                // Take nothing new; stops still arrive with heartbeats.
+                if draining.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                continue;
+            }
+            let asked = Instant::now();
+            match self.enrolled.client.work(self.enrolled.poll_wait_s).await {
+                Ok(work) => {
+                    streak.succeeded();
+                    backoff.reset();
+                    let empty = work.leases.is_empty() && work.stop.is_empty();
+                    for attempt in work.stop {
+                        if self.attempts.stop(attempt.attempt_id, StopReason::Broker) {
+                            tracing::info!(attempt.id = %attempt.attempt_id, "broker asked to stop");
+                        }
+                    }
+                    for lease in work.leases {
+                        self.start(lease, runners);
+                    }
+                    if empty {
+                        tokio::time::sleep_until(asked + MIN_EMPTY_POLL).await;
+                    }
+                }
+                Err(e) if e.is_unauthorized() => {
+                    return Err(AgentError::TokenRevoked { endpoint: "work" });
+                }
+                Err(e) => {
+                    streak.failed(&e);
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+
+    /// Starts a lease unless it runs or ran already (leases are delivered at least once).
+    fn start(&self, lease: Lease, runners: &mut JoinSet<()>) {
+        let id = lease.attempt.attempt_id;
+        if *self.draining.borrow() {
+            tracing::info!(attempt.id = %id, "draining: not taking a new lease");
+            return;
+        }
+        let opts = self.enrolled.run;
+        let Some(stop) = self.attempts.admit(&lease, runner::grace_of(&lease, opts)) else {
+            tracing::debug!(attempt.id = %id, "lease delivered again; already taken");
+            return;
+        };
+        let (attempts, sink) = (self.attempts.clone(), self.sink.clone());
+        runners.spawn(async move {
+            runner::run_attempt(lease, sink, stop, opts).await;
+            attempts.finish(id);
+        });
+    }
+}
+
+/// The heartbeat side: reports inventory and running attempts, applies stops and drain.
+struct HeartbeatLoop {
+    client: BrokerClient,
+    probe: Arc<dyn GpuProbe>,
+    last_inventory: Inventory,
+    attempts: Arc<AttemptTable>,
+    drain: watch::Sender<bool>,
+}
+
+impl HeartbeatLoop {
+    /// Beats every `period` until the token is refused, which it returns.
+    async fn run(mut self, period: Duration) -> AgentError {
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut streak = Streak::new("heartbeat");
+        loop {
+            ticker.tick().await;
+            self.refresh_inventory().await;
+            let beat = Heartbeat {
+                inventory: self.last_inventory.clone(),
+                running: self.attempts.running(),
+            };
+            match self.client.heartbeat(&beat).await {
+                Ok(response) => {
+                    streak.succeeded();
+                    for attempt in response.stop {
+                        if self.attempts.stop(attempt.attempt_id, StopReason::Broker) {
+                            tracing::info!(attempt.id = %attempt.attempt_id, "broker asked to stop");
+                        }
+                    }
+                    let drain = response.drain;
+                    if self
+                        .drain
+                        .send_if_modified(|d| std::mem::replace(d, drain) != drain)
+                    {
+                        tracing::info!(
+                            drain,
+                            running = self.attempts.running_count(),
+                            "drain changed"
+                        );
+                    }
+                }
+                Err(e) if e.is_unauthorized() => {
+                    return AgentError::TokenRevoked {
+                        endpoint: "heartbeat",
+                    };
+                }
+                // The next beat is the retry: the period paces it.
+                Err(e) => streak.failed(&e),
+            }
+        }
+    }
+
+    /// Re-reads GPU metrics; keeps the last good inventory when the probe fails.
+    async fn refresh_inventory(&mut self) {
+        let probe = self.probe.clone();
+        match tokio::task::spawn_blocking(move || inventory::inventory(probe.as_ref())).await {
+            Ok(Ok(inventory)) => self.last_inventory = inventory,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "probing GPUs failed; reporting the last inventory")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the GPU probe panicked; reporting the last inventory")
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The agent's configuration: command-line flags, each also readable from a `SWITCHYARD_*`
+//! environment variable. `AgentArgs` is a clap `Args` so the broker can embed it as its
+//! `switchyard agent ...` subcommand. This module parses and validates; it does no I/O.
+
+use clap::Args;
+use reqwest::Url;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use switchyard_core::gpu_model::parse_declaration;
+
+/// Environment variable of the one-time enrolment token; removed from the jobs' environment.
+pub const ENROL_TOKEN_ENV: &str = "SWITCHYARD_ENROL_TOKEN";
+
+/// Enrol with a Switchyard broker, heartbeat, and run the jobs it leases to this machine.
+#[derive(Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// Base URL of the broker, e.g. http://10.0.0.5:8080.
+    #[arg(long = "broker", env = "SWITCHYARD_BROKER", value_name = "URL")]
+    pub broker: Url,
+
+    /// One-time enrolment token (from `switchyard token create`). Not needed when --state-dir
+    /// holds an earlier enrolment.
+    #[arg(long, env = ENROL_TOKEN_ENV, value_name = "TOKEN", hide_env_values = true)]
+    pub enrol_token: Option<Secret>,
+
+    /// Simulated GPUs instead of NVML: COUNTxMODEL, repeatable or comma-separated
+    /// (`4xH100-80GB`, `2xL4,2xT4`).
+    #[arg(
+        long,
+        env = "SWITCHYARD_FAKE_GPUS",
+        value_name = "NxMODEL",
+        value_delimiter = ','
+    )]
+    pub fake_gpus: Vec<GpuDeclaration>,
+
+    /// Name this machine reports to the broker [default: the hostname].
+    #[arg(long, env = "SWITCHYARD_AGENT_NAME", value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// Seconds between SIGTERM and SIGKILL when stopping a job whose lease names no grace.
+    #[arg(
+        long,
+        env = "SWITCHYARD_GRACE_S",
+        value_name = "SECONDS",
+        default_value_t = 10
+    )]
+    pub grace_s: u64,
+
+    /// Directory that keeps the agent id and token, so that a restart re-uses the enrolment.
+    #[arg(long, env = "SWITCHYARD_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Heartbeat period in seconds [default: what the broker says at enrolment].
+    #[arg(long, env = "SWITCHYARD_HEARTBEAT_S", value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub heartbeat_s: Option<u64>,
+
+    /// How long one work long-poll may wait at the broker, in seconds.
+    #[arg(
+        long,
+        env = "SWITCHYARD_POLL_WAIT_S",
+        value_name = "SECONDS",
+        default_value_t = 25,
+        hide = true
+    )]
+    pub poll_wait_s: u64,
+}
+
+impl AgentArgs {
+    /// Arguments with defaults for everything but the broker (for embedding and tests).
+    pub fn new(broker: Url) -> Self {
+        AgentArgs {
+            broker,
+            enrol_token: None,
+            fake_gpus: Vec::new(),
+            name: None,
+            grace_s: 10,
+            state_dir: None,
+            heartbeat_s: None,
+            poll_wait_s: 25,
+        }
+    }
+}
+
+/// One `--fake-gpus` entry: `count` GPUs of a normalised `model` with `memory_gb` each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuDeclaration {
+    pub count: u32,
+    pub model: String,
+    pub memory_gb: u32,
+}
+
+impl FromStr for GpuDeclaration {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_declaration(s)
+            .map(|(count, model, memory_gb)| GpuDeclaration {
+                count,
+                model,
+                memory_gb,
+            })
+            .ok_or_else(|| {
+                format!(
+                    "invalid GPU declaration `{s}`: expected COUNTxMODEL such as 4xH100-80GB or \
+                     2xL4 (1 to 64 GPUs; a model of unknown memory needs it: 2xMYSTERY-24GB)"
+                )
+            })
+    }
+}
+
+/// A credential: never printed by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The value, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl FromStr for Secret {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err("the token is empty".into());
+        }
+        Ok(Secret(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<AgentArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("switchyard-agent").chain(args.iter().copied()))
+            .map(|c| c.agent)
+    }
+
+    #[test]
+    fn fake_gpus_are_repeatable_and_comma_separated() {
+        let a = parse(&[
+            "--broker",
+            "http://b:8080",
+            "--fake-gpus",
+            "2xL4,2xT4",
+            "--fake-gpus",
+            "1xH100-80GB",
+        ])
+        .unwrap();
+        let got: Vec<(u32, &str, u32)> = a
+            .fake_gpus
+            .iter()
+            .map(|d| (d.count, d.model.as_str(), d.memory_gb))
+            .collect();
+        assert_eq!(got, vec![(2, "L4", 24), (2, "T4", 16), (1, "H100", 80)]);
+        assert_eq!(a.grace_s, 10);
+        assert_eq!(a.poll_wait_s, 25);
+        assert_eq!(a.heartbeat_s, None);
+    }
+
+    #[test]
+    fn rejects_bad_declarations_and_missing_broker() {
+        let err = parse(&["--broker", "http://b", "--fake-gpus", "4xMYSTERY"]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("invalid GPU declaration `4xMYSTERY`"),
+            "{err}"
+        );
+        assert!(parse(&["--fake-gpus", "1xL4"]).is_err());
+        assert!(parse(&["--broker", "not a url"]).is_err());
+        assert!(parse(&["--broker", "http://b", "--heartbeat-s", "0"]).is_err());
+    }
+
+    #[test]
+    fn secrets_do_not_debug_print() {
+        let a = parse(&["--broker", "http://b", "--enrol-token", "s3cret"]).unwrap();
+        assert_eq!(a.enrol_token.as_ref().map(Secret::expose), Some("s3cret"));
+        assert!(!format!("{a:?}").contains("s3cret"));
+    }
+}

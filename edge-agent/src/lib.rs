@@ -1,0 +1,143 @@
+//! The Switchyard edge agent: enrols this machine with a broker, heartbeats its inventory, runs
+//! the attempts the broker leases to it as process groups, and reports their output and end.
+//!
+//! Embedding: the broker mounts [`AgentArgs`] as its `switchyard agent` subcommand and calls
+//! [`run`]. Neither installs a rustls crypto provider: reqwest (feature `rustls`) uses the
+//! process default when one is installed and otherwise builds its own aws-lc-rs provider, so
+//! it works alone and alongside a `main` that installs one.
+//!
+//! Code map: `args` (flags), `inventory` (GPU probes), `identity` (enrolment, saved state),
+//! `client` (HTTP), `agent` (heartbeat, work, shutdown), `attempts` (what runs), `runner` and
+//! `group` (processes), `logs` (output → chunks), `outbox` (ordered delivery), `backoff`.
+//! The agent never touches the database and depends only on `protocol` and `core`.
+
+pub mod agent;
+pub mod args;
+pub mod attempts;
+pub mod backoff;
+pub mod client;
+pub mod error;
+pub mod group;
+pub mod identity;
+pub mod inventory;
+pub mod logs;
+pub mod outbox;
+pub mod runner;
+
+pub use args::AgentArgs;
+pub use error::AgentError;
+
+use agent::Enrolled;
+use client::BrokerClient;
+use runner::RunOptions;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_protocol::agent::RegisterRequest;
+
+/// Runs the agent until SIGTERM or SIGINT (exit 0) or a fatal error.
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    run_until(args, shutdown_signal()).await
+}
+
+/// Runs the agent until `shutdown` resolves: the embeddable and testable form of [`run`].
+pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let name = args.name.clone().unwrap_or_else(hostname);
+    let probe: Arc<dyn inventory::GpuProbe> =
+        Arc::from(inventory::probe_for(&args.fake_gpus, &name)?);
+    let inventory = {
+        let probe = probe.clone();
+        tokio::task::spawn_blocking(move || inventory::inventory(probe.as_ref())).await??
+    };
+    tracing::info!(agent.name = %name, gpus = inventory.gpus.len(), simulated = inventory.simulated,
+        cpus = inventory.cpus, memory_mb = inventory.memory_mb, broker = %args.broker, "agent starting");
+    let client =
+        BrokerClient::new(&args.broker).map_err(|e| AgentError::HttpClient(e.to_string()))?;
+    let broker = args.broker.as_str();
+
+    tokio::pin!(shutdown);
+    let saved = match &args.state_dir {
+        Some(dir) => identity::load(dir, broker)?,
+        None => None,
+    };
+    let registration = match saved {
+        Some(saved) => {
+            tracing::info!(agent.id = %saved.agent_id, node.id = %saved.node_id, "re-using the saved enrolment");
+            saved
+        }
+        None => {
+            let token = args
+                .enrol_token
+                .clone()
+                .ok_or(AgentError::NoEnrolmentToken)?;
+            let request = RegisterRequest {
+                enrolment_token: token.expose().to_string(),
+                hostname: name.clone(),
+                agent_version: env!("CARGO_PKG_VERSION").to_string(),
+                inventory: inventory.clone(),
+            };
+            let registration = tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                r = identity::register(&client, &request) => r?,
+            };
+            if let Some(dir) = &args.state_dir {
+                identity::save(dir, broker, &registration)?;
+            }
+            tracing::info!(agent.id = %registration.agent_id, node.id = %registration.node_id,
+                pool = %registration.pool, "enrolled");
+            registration
+        }
+    };
+
+    let heartbeat_s = args
+        .heartbeat_s
+        .unwrap_or(registration.heartbeat_interval_s)
+        .max(1);
+    let enrolled = Enrolled {
+        client: client.with_token(identity::token(&registration)),
+        probe,
+        inventory,
+        heartbeat: Duration::from_secs(heartbeat_s),
+        poll_wait_s: args.poll_wait_s.max(1),
+        run: RunOptions {
+            default_grace: Duration::from_secs(args.grace_s),
+        },
+    };
+    let result = agent::serve(enrolled, shutdown).await;
+    if let (Err(AgentError::TokenRevoked { .. }), Some(dir)) = (&result, &args.state_dir) {
+        // The saved token is worthless now; the next start must enrol again.
+        identity::forget(dir);
+    }
+    Ok(result?)
+}
+
+/// The machine's hostname, or a fixed name when it cannot be read.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "switchyard-agent".to_string())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = term => tracing::info!("SIGTERM received"),
+        r = tokio::signal::ctrl_c() => match r {
+            Ok(()) => tracing::info!("SIGINT received"),
+            Err(e) => tracing::warn!(error = %e, "cannot listen for SIGINT"),
+        },
+    }
+}

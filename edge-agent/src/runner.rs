@@ -1,0 +1,231 @@
+//! Runs one leased attempt: spawns its argv (never through a shell) as the leader of a new
+//! process group with the lease's environment and GPUs, reports `Started`, its output (see
+//! [`crate::logs`]) and `Finished`, and stops the whole group on request: SIGTERM, the grace
+//! period, SIGKILL. It reports through the outbox channel and never talks to the broker.
+
+use crate::args::ENROL_TOKEN_ENV;
+use crate::attempts::{StopReason, StopSignal};
+use crate::group::{self, Termination};
+use crate::inventory::cuda_visible_devices;
+use crate::logs::{self, COALESCE_WINDOW};
+use crate::outbox::EventSink;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+use switchyard_protocol::agent::{AgentEvent, AttemptRef, Lease, Stream};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// How long output may keep arriving after the job's group is gone (a process that left the
+/// group can hold the pipes open); after that the rest is abandoned.
+const PIPE_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Pieces of output in flight between the pipe readers and the coalescer, per attempt.
+const PIECE_QUEUE: usize = 64;
+
+/// Knobs of the runner that do not come from the lease.
+#[derive(Clone, Copy, Debug)]
+pub struct RunOptions {
+    /// Grace between SIGTERM and SIGKILL when the lease says 0.
+    pub default_grace: Duration,
+}
+
+/// The grace period of a lease: its own, or the agent's default when it names none (0).
+pub fn grace_of(lease: &Lease, opts: RunOptions) -> Duration {
+    if lease.grace_s > 0 {
+        Duration::from_secs(lease.grace_s)
+    } else {
+        opts.default_grace
+    }
+}
+
+/// Runs the attempt to its end and reports it on `sink`. Never fails: every problem becomes a
+/// `Finished` event (unless the lease was lost, when nothing more is reported).
+pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, opts: RunOptions) {
+    let span = tracing::info_span!("attempt", job.id = %lease.attempt.job_id, attempt.id = %lease.attempt.attempt_id);
+    async move {
+        let attempt = lease.attempt.clone();
+        let grace = grace_of(&lease, opts);
+        let report = Reporter { sink: &sink, attempt: &attempt };
+
+        let stopped_early = *stop.borrow_and_update();
+        if let Some(reason) = stopped_early {
+            if reason != StopReason::LeaseLost {
+                let message = stop_message(reason, "before it started");
+                report.finished(None, None, Some(message), reason == StopReason::Broker).await;
+            }
+            return;
+        }
+
+        let mut child = match spawn(&lease) {
+            Ok(child) => child,
+            Err(reason) => {
+                tracing::warn!(error = %reason, "job could not be started");
+                report.log(0, Stream::System, format!("{reason}\n")).await;
+                report.finished(None, None, Some(reason), false).await;
+                return;
+            }
+        };
+        // The id is known until the child is reaped, which has not happened yet.
+        let pid = child.id().unwrap_or_default();
+        tracing::info!(pid, command = ?lease.command, "job started");
+        report.send(AgentEvent::Started { attempt: attempt.clone(), pid }).await;
+
+        let (pieces_tx, pieces_rx) = mpsc::channel(PIECE_QUEUE);
+        let readers = [
+            child.stdout.take().map(|p| tokio::spawn(logs::read_stream(p, Stream::Stdout, pieces_tx.clone()))),
+            child.stderr.take().map(|p| tokio::spawn(logs::read_stream(p, Stream::Stderr, pieces_tx.clone()))),
+        ];
+        drop(pieces_tx);
+        let pump = tokio::spawn(logs::pump(pieces_rx, sink.clone(), attempt.clone(), 0, COALESCE_WINDOW));
+
+        let started = Instant::now();
+        let (status, stopped) = tokio::select! {
+            status = child.wait() => {
+                // The job is over when its leader is; anything it left in its group would hold
+                // GPUs the broker now counts as free.
+                let _ = group::terminate(pid, grace).await;
+                (status, None)
+            }
+            reason = stop_requested(&mut stop) => {
+                tracing::info!(?reason, grace_s = grace.as_secs(), "stopping job");
+                let (status, how) = tokio::join!(wait_for(&mut child), group::terminate(pid, grace));
+                (status, Some((reason, how)))
+            }
+        };
+
+        let mut readers: Vec<_> = readers.into_iter().flatten().collect();
+        let drained = tokio::time::timeout(PIPE_DRAIN_TIMEOUT, async {
+            for reader in &mut readers {
+                let _ = reader.await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("job output still open after its processes ended; abandoning the rest");
+            readers.iter().for_each(|r| r.abort());
+        }
+        let seq = pump.await.unwrap_or_default();
+
+        let (exit_code, signal) = match &status {
+            Ok(s) => (s.code(), s.signal()),
+            Err(_) => (None, None),
+        };
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(?exit_code, ?signal, duration_ms, "job ended");
+        match stopped {
+            // Not ours any more: the broker would reject anything we say.
+            Some((StopReason::LeaseLost, _)) => {}
+            Some((reason, how)) => {
+                let how = match how {
+                    Termination::Killed => {
+                        format!("sent SIGTERM, then SIGKILL after the {} s grace period", grace.as_secs())
+                    }
+                    Termination::Terminated | Termination::AlreadyGone => "sent SIGTERM".to_string(),
+                };
+                let message = stop_message(reason, &how);
+                report.log(seq, Stream::System, format!("{message}\n")).await;
+                report.finished(exit_code, signal, Some(message), reason == StopReason::Broker).await;
+            }
+            None => {
+                let error = status.err().map(|e| format!("waiting for the job failed: {e}"));
+                report.finished(exit_code, signal, error, false).await;
+            }
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+async fn wait_for(child: &mut Child) -> std::io::Result<ExitStatus> {
+    child.wait().await
+}
+
+/// Resolves when a stop is requested; never, if the table dropped the sender.
+async fn stop_requested(stop: &mut StopSignal) -> StopReason {
+    loop {
+        if let Some(reason) = *stop.borrow_and_update() {
+            return reason;
+        }
+        if stop.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn stop_message(reason: StopReason, how: &str) -> String {
+    match reason {
+        StopReason::Broker => format!("stopped on the broker's request: {how}"),
+        StopReason::Shutdown => format!("stopped because the agent is shutting down: {how}"),
+        StopReason::LeaseLost => {
+            format!("stopped because the broker no longer grants this lease: {how}")
+        }
+    }
+}
+
+/// The lease's argv as a new process group with piped output.
+fn spawn(lease: &Lease) -> Result<Child, String> {
+    let Some((program, args)) = lease.command.split_first() else {
+        return Err("failed to start the job: its command is empty".to_string());
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        // The enrolment token is the agent's secret, not the job's.
+        .env_remove(ENROL_TOKEN_ENV)
+        .env("SWITCHYARD_JOB_ID", lease.attempt.job_id.to_string())
+        .env(
+            "SWITCHYARD_ATTEMPT_ID",
+            lease.attempt.attempt_id.to_string(),
+        )
+        .envs(&lease.env)
+        // Set last: the agent, not the job spec, decides which GPUs a job sees.
+        .env("CUDA_VISIBLE_DEVICES", cuda_visible_devices(&lease.gpus))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    cmd.spawn()
+        .map_err(|e| format!("failed to start `{program}`: {e}"))
+}
+
+/// Sends one attempt's events; a closed channel means the agent is going away, so it is ignored.
+struct Reporter<'a> {
+    sink: &'a EventSink,
+    attempt: &'a AttemptRef,
+}
+
+impl Reporter<'_> {
+    async fn send(&self, event: AgentEvent) {
+        self.sink.send(event).await;
+    }
+
+    async fn log(&self, seq: u64, stream: Stream, data: String) {
+        self.send(AgentEvent::Log {
+            attempt: self.attempt.clone(),
+            seq,
+            stream,
+            data,
+        })
+        .await;
+    }
+
+    async fn finished(
+        &self,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        error: Option<String>,
+        stopped: bool,
+    ) {
+        self.send(AgentEvent::Finished {
+            attempt: self.attempt.clone(),
+            exit_code,
+            signal,
+            error,
+            stopped,
+        })
+        .await;
+    }
+}

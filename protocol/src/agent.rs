@@ -1,0 +1,178 @@
+//! The agent protocol under `/agent/v1`.
+//!
+//! - `POST /agent/v1/register` (no auth; carries a one-time enrolment token) → agent id and
+//!   agent token. All other calls send `Authorization: Bearer <agent token>`.
+//! - `POST /agent/v1/heartbeat` every `heartbeat_interval_s`: inventory, metrics and the
+//!   attempts the agent runs → attempts to stop, drain. A heartbeat renews the node's lease.
+//! - `GET /agent/v1/work?wait_s=N` long-poll: returns as soon as there are leases to start or
+//!   attempts to stop, or after `wait_s` with empty lists. Delivery is at-least-once: the same
+//!   lease may come again until the agent reports it started; agents deduplicate by attempt id.
+//! - `POST /agent/v1/events`: started, log chunks (per-attempt sequence numbers from 0, in
+//!   order), finished. Each event carries its attempt and lease epoch; events for an attempt the
+//!   agent does not hold (or an old epoch) are rejected, duplicates are acknowledged again.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use uuid::Uuid;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    /// Normalised model name (`H100`, `A100-80GB`, …).
+    pub model: String,
+    pub memory_mb: u64,
+    #[serde(default)]
+    pub memory_used_mb: Option<u64>,
+    #[serde(default)]
+    pub utilization_pct: Option<u32>,
+    #[serde(default)]
+    pub temperature_c: Option<u32>,
+    #[serde(default)]
+    pub power_w: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Inventory {
+    pub gpus: Vec<GpuInfo>,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    /// True when the GPUs were declared with `--fake-gpus` rather than read from NVML.
+    pub simulated: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterRequest {
+    pub enrolment_token: String,
+    pub hostname: String,
+    pub agent_version: String,
+    pub inventory: Inventory,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterResponse {
+    pub agent_id: Uuid,
+    pub node_id: String,
+    pub pool: String,
+    pub agent_token: String,
+    pub heartbeat_interval_s: u64,
+    pub lease_ttl_s: u64,
+}
+
+/// Names one lease: a job's attempt under an epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptRef {
+    pub job_id: Uuid,
+    pub attempt_id: Uuid,
+    pub epoch: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Heartbeat {
+    pub inventory: Inventory,
+    /// Attempts whose process is alive on this agent.
+    pub running: Vec<AttemptRef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatResponse {
+    /// Attempts the agent must stop (cancelled, or no longer its lease).
+    pub stop: Vec<AttemptRef>,
+    /// Finish current work, take nothing new.
+    pub drain: bool,
+}
+
+/// Permission to run one attempt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    pub attempt: AttemptRef,
+    /// argv; no shell.
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// GPU indexes for `CUDA_VISIBLE_DEVICES`.
+    pub gpus: Vec<u32>,
+    /// Seconds between SIGTERM and SIGKILL when the attempt is stopped.
+    pub grace_s: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkResponse {
+    pub leases: Vec<Lease>,
+    pub stop: Vec<AttemptRef>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+    /// The agent's own messages about the attempt.
+    System,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AgentEvent {
+    Started {
+        attempt: AttemptRef,
+        pid: u32,
+    },
+    Log {
+        attempt: AttemptRef,
+        /// Per attempt, from 0, no gaps.
+        seq: u64,
+        stream: Stream,
+        data: String,
+    },
+    Finished {
+        attempt: AttemptRef,
+        /// The process exit code; `None` when it died by a signal or never started.
+        exit_code: Option<i32>,
+        /// The signal that ended it, if any.
+        signal: Option<i32>,
+        /// Set when the process could not be started, or was stopped by the agent.
+        error: Option<String>,
+        /// The agent stopped it on the broker's request.
+        stopped: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventBatch {
+    pub events: Vec<AgentEvent>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventStatus {
+    Accepted,
+    /// Already recorded: a retry. Treat as accepted.
+    Duplicate,
+    /// Not this agent's lease (stale epoch, unknown attempt): stop the attempt.
+    Rejected,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventResult {
+    pub status: EventStatus,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// One result per event, in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventBatchResponse {
+    pub results: Vec<EventResult>,
+}
