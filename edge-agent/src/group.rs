@@ -70,10 +70,12 @@ pub fn members(pgid: u32) -> std::io::Result<Vec<u32>> {
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        if let Some((state, group)) = parse_stat(&stat) {
-            if group == pgid && state != 'Z' && state != 'X' {
-                pids.push(pid);
-            }
+        if let Some((state, group)) = parse_stat(&stat)
+            && group == pgid
+            && state != 'Z'
+            && state != 'X'
+        {
+            pids.push(pid);
         }
     }
     Ok(pids)

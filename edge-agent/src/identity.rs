@@ -77,10 +77,10 @@ pub fn save(dir: &Path, broker: &str, registration: &RegisterResponse) -> Result
 /// Removes a saved enrolment the broker no longer honours.
 pub fn forget(dir: &Path) {
     let path = state_path(dir);
-    if let Err(e) = std::fs::remove_file(&path) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(path = %path.display(), error = %e, "could not remove the stale agent state");
-        }
+    if let Err(e) = std::fs::remove_file(&path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "could not remove the stale agent state");
     }
 }
 

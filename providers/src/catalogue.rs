@@ -372,7 +372,10 @@ mod tests {
         assert_eq!(pool.on_demand_per_gpu_hour(), Money::from_micros(6_880_000));
     }
 
-    const HEADER: &str = "provider,region,instance_type,gpu_model,gpu_count,gpu_memory_gb,vcpus,memory_gb,on_demand_per_hour_usd,spot_per_hour_usd\n";
+    const HEADER: &str = concat!(
+        "provider,region,instance_type,gpu_model,gpu_count,gpu_memory_gb,vcpus,memory_gb,",
+        "on_demand_per_hour_usd,spot_per_hour_usd\n"
+    );
 
     fn parse_err(body: &str) -> CatalogueError {
         match Catalogue::parse(&format!("{HEADER}{body}")) {

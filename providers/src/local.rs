@@ -188,7 +188,12 @@ impl LocalProvider {
             market: Market::OnDemand,
             state: InstanceState::Running,
         };
-        tracing::info!(agent.name = name, pool.id = %pool, pid = child.id(), "started static agent");
+        tracing::info!(
+            agent.name = name,
+            pool.id = %pool,
+            pid = child.id(),
+            "started static agent"
+        );
         let pid = child.id();
         self.track(&mut state, info.clone(), true, pid, Start::Spawned(child));
         state
@@ -394,9 +399,14 @@ impl Supervisor {
             }
         };
         if let Some(mut child) = child {
+            let group = child.id().map(|pid| Pid::from_raw(pid as i32));
             tokio::select! {
                 status = child.wait() => {
                     tracing::info!(instance.id = %self.id, status = ?status, "local agent exited");
+                    // Leave no orphans (its jobs, say) of an agent that died.
+                    if let Some(group) = group {
+                        signal_group(group, Signal::SIGKILL);
+                    }
                 }
                 _ = &mut stop => stop_group(&mut child, self.grace, &self.id).await,
             }
@@ -413,9 +423,8 @@ impl Supervisor {
         let shared = self.shared.upgrade()?;
         let mut state = shared.lock();
         let instance = state.instances.get_mut(&self.id)?;
-        if instance.stop.is_none() {
-            return None;
-        }
+        // A stop request took the sender meanwhile: do not start it.
+        instance.stop.as_ref()?;
         match command.spawn() {
             Ok(child) => {
                 instance.pid = child.id();
@@ -424,17 +433,23 @@ impl Supervisor {
                 Some(child)
             }
             Err(e) => {
-                tracing::warn!(instance.id = %self.id, error = %e, program = %command.program.display(), "cannot start local agent");
+                tracing::warn!(
+                    instance.id = %self.id,
+                    program = %command.program.display(),
+                    error = %e,
+                    "cannot start local agent"
+                );
                 None
             }
         }
     }
 
     fn update(&self, f: impl FnOnce(&mut Instance)) {
-        if let Some(shared) = self.shared.upgrade() {
-            if let Some(instance) = shared.lock().instances.get_mut(&self.id) {
-                f(instance);
-            }
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        if let Some(instance) = shared.lock().instances.get_mut(&self.id) {
+            f(instance);
         }
     }
 }
@@ -450,15 +465,20 @@ async fn stop_group(child: &mut Child, grace: Duration, id: &str) {
     signal_group(group, Signal::SIGTERM);
     let exited = tokio::time::timeout(grace, child.wait()).await.is_ok();
     if !exited {
-        tracing::warn!(instance.id = %id, grace_ms = grace.as_millis() as u64, "local agent ignored SIGTERM; killing it");
+        tracing::warn!(
+            instance.id = %id,
+            grace_ms = grace.as_millis() as u64,
+            "local agent ignored SIGTERM; killing it"
+        );
     }
-    // The leader is reaped only below (or just now, a moment ago), so the group id still names
-    // this group: kill whatever is left of it.
+    // Kill whatever is left of the group (children the leader left behind). Linux does not hand
+    // out a pid that is still a live group's id, so this reaches our group or no one.
     signal_group(group, Signal::SIGKILL);
-    if !exited {
-        if let Err(e) = child.wait().await {
-            tracing::warn!(instance.id = %id, error = %e, "cannot reap local agent");
-        }
+    if exited {
+        return;
+    }
+    if let Err(e) = child.wait().await {
+        tracing::warn!(instance.id = %id, error = %e, "cannot reap local agent");
     }
 }
 
@@ -466,7 +486,8 @@ fn signal_group(group: Pid, signal: Signal) {
     match killpg(group, signal) {
         Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
         Err(e) => {
-            tracing::warn!(pgid = group.as_raw(), ?signal, error = %e, "cannot signal process group")
+            let pgid = group.as_raw();
+            tracing::warn!(pgid, ?signal, error = %e, "cannot signal process group");
         }
     }
 }

@@ -550,10 +550,7 @@ fn data_gravity_prices_egress_and_delays_start() {
         .pool("gcp:euw4/a3", "H100", 8, 8.0, None)
         .node("gcp:euw4/a3", "g1", 8);
     let p = plan_of(w.job(1).data("aws:use1", 100));
-    assert_eq!(
-        p.assignments[0].estimated_finish,
-        NOW.plus_secs(3600 + 80)
-    );
+    assert_eq!(p.assignments[0].estimated_finish, NOW.plus_secs(3600 + 80));
 }
 
 #[test]

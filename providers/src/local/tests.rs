@@ -312,13 +312,17 @@ async fn terminate_before_the_boot_delay_never_starts_the_process() {
 
 #[tokio::test]
 async fn an_agent_that_exits_by_itself_is_reaped_and_left_out_of_list() {
-    let f = fixture(r#"echo started "$@"; exit 3"#, Duration::ZERO);
+    // It leaves a child behind, which must not outlive it.
+    let f = fixture(
+        r#"sleep 300 & echo child $!; echo started "$@"; exit 3"#,
+        Duration::ZERO,
+    );
     let info = f
         .provider
         .launch(&request("quitter"))
         .await
         .expect("launch");
-    f.wait_started("quitter").await;
+    let orphan = pid_in(&f.wait_started("quitter").await, "child");
     let mut listed = vec![info.clone()];
     let deadline = Instant::now() + WAIT;
     while !listed.is_empty() {
@@ -327,6 +331,7 @@ async fn an_agent_that_exits_by_itself_is_reaped_and_left_out_of_list() {
         listed = f.provider.list().await.expect("list");
     }
     assert_eq!(f.state(&info.provider_id), Some(InstanceState::Terminated));
+    wait_gone(orphan).await;
     let again = f
         .provider
         .launch(&request("quitter"))

@@ -1,0 +1,200 @@
+//! `TestApp`: the real router and scheduler on an ephemeral port, a fresh SQLite file per test,
+//! and helpers to act as each role or as an agent speaking the protocol by hand.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::time::Duration;
+use switchyard_broker::app::App;
+use switchyard_broker::config::{Config, PoolConfig, RegionConfig};
+
+pub struct TestApp {
+    pub url: String,
+    pub admin: String,
+    pub app: App,
+    pub http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+pub struct Response {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl Response {
+    pub fn error_code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+    pub fn error_field(&self) -> &str {
+        self.body["error"]["field"].as_str().unwrap_or("")
+    }
+}
+
+pub const POOL: &str = "onprem:test-dc/h100x4";
+
+pub fn test_config(dir: &std::path::Path) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        heartbeat_interval_s: 1,
+        lease_ttl_s: 5,
+        grace_s: 2,
+        scheduler_tick_ms: 100,
+        regions: vec![RegionConfig {
+            id: "onprem:test-dc".into(),
+            latitude: None,
+            longitude: None,
+            latency_ms: 2,
+            egress_per_gb_usd: 0.0,
+            ingress_gbps: 100,
+        }],
+        pools: vec![PoolConfig {
+            id: POOL.into(),
+            region: "onprem:test-dc".into(),
+            gpu_model: "H100".into(),
+            gpus_per_node: 4,
+            gpu_memory_gb: 80,
+            vcpus: 64,
+            memory_gb: 512,
+            price_per_gpu_hour_usd: 2.0,
+            node_limit: 4,
+            launchable: false,
+            boot_time_s: 0,
+        }],
+        ..Config::default()
+    }
+}
+
+impl TestApp {
+    pub async fn spawn() -> TestApp {
+        let dir = tempfile::tempdir().unwrap();
+        let config = test_config(dir.path());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let mut config = config;
+        config.public_url = Some(url.clone());
+        let running = App::start(config).await.unwrap();
+        let admin = running.created_admin_token.clone().unwrap();
+        let app = running.app.clone();
+        tokio::spawn(switchyard_broker::server::serve(
+            running.app,
+            listener,
+            std::future::pending(),
+        ));
+        TestApp {
+            url,
+            admin,
+            app,
+            http: reqwest::Client::new(),
+            _dir: dir,
+        }
+    }
+
+    pub async fn call(&self, method: Method, path: &str, token: Option<&str>, body: Option<Value>) -> Response {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status();
+        let text = res.text().await.unwrap();
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Response { status, body }
+    }
+
+    pub async fn raw(&self, path: &str, token: &str, content_type: &str, body: Vec<u8>) -> Response {
+        let res = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(token)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        let text = res.text().await.unwrap();
+        Response {
+            status,
+            body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        }
+    }
+
+    pub async fn token(&self, role: &str, team: Option<&str>) -> String {
+        let r = self
+            .call(Method::POST, "/api/v1/tokens", Some(&self.admin), Some(json!({"role": role, "team": team})))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        r.body["token"].as_str().unwrap().to_string()
+    }
+
+    pub async fn submit(&self, token: &str, spec: Value) -> Response {
+        self.call(Method::POST, "/api/v1/jobs", Some(token), Some(spec)).await
+    }
+
+    pub async fn job(&self, token: &str, id: &str) -> Response {
+        self.call(Method::GET, &format!("/api/v1/jobs/{id}"), Some(token), None).await
+    }
+
+    pub async fn job_count(&self) -> usize {
+        let r = self.call(Method::GET, "/api/v1/jobs?limit=500", Some(&self.admin), None).await;
+        r.body["jobs"].as_array().unwrap().len()
+    }
+
+    /// Polls a job until `pred` holds or `timeout` passes.
+    pub async fn wait_for_job(&self, token: &str, id: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let r = self.job(token, id).await;
+            if pred(&r.body) {
+                return r.body;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("job {id} did not reach the expected state in {timeout:?}: {}", r.body);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Registers a hand-driven agent in the test pool.
+    pub async fn agent(&self, gpus: u32) -> TestAgent {
+        let r = self
+            .call(Method::POST, "/api/v1/enrolment-tokens", Some(&self.admin), Some(json!({"pool": POOL})))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        let enrol = r.body["token"].as_str().unwrap().to_string();
+        let r = self.call(Method::POST, "/agent/v1/register", None, Some(register_body(&enrol, gpus))).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        TestAgent {
+            token: r.body["agent_token"].as_str().unwrap().to_string(),
+            node: r.body["node_id"].as_str().unwrap().to_string(),
+            enrol,
+        }
+    }
+}
+
+pub fn register_body(enrol: &str, gpus: u32) -> Value {
+    let gpus: Vec<Value> = (0..gpus)
+        .map(|i| json!({"index": i, "uuid": format!("GPU-fake-{i}"), "model": "H100", "memory_mb": 81920}))
+        .collect();
+    json!({
+        "enrolment_token": enrol,
+        "hostname": "test-host",
+        "agent_version": "test",
+        "inventory": {"gpus": gpus, "cpus": 8, "memory_mb": 65536, "simulated": true}
+    })
+}
+
+pub struct TestAgent {
+    pub token: String,
+    pub node: String,
+    pub enrol: String,
+}
+
+pub fn job_spec(team: &str) -> Value {
+    json!({"name": "t", "team": team, "command": ["true"], "resources": {"gpus": 1}})
+}
