@@ -358,15 +358,12 @@ def render_readme(b, data_arg):
     per = Counter(r["provider"] for r in b.rows.values())
     regions = defaultdict(set)
     spot = Counter()
-    spot_above = Counter()
     models = defaultdict(set)
     for r in b.rows.values():
         regions[r["provider"]].add(r["region"])
         models[r["provider"]].add(r["gpu_model"])
         if r["spot"] is not None:
             spot[r["provider"]] += 1
-            if r["spot"] > r["on_demand"]:
-                spot_above[r["provider"]] += 1
     providers = ["aws", "gcp", "azure", "lambda", "vast"]
     lines = [
         "| provider | source file | source rows | catalogue rows | regions | rows with spot | GPU models |",
@@ -383,7 +380,12 @@ def render_readme(b, data_arg):
     for p in providers:
         for reason, n in sorted(b.skipped[p].items()):
             skipped.append(f"| {p} | {reason} | {n} |")
-    above = ", ".join(f"{p} {n}" for p, n in sorted(spot_above.items())) or "none"
+    above = ", ".join(
+        f"{r['provider']} {r['region']} {r['instance_type']} {fmt_money(r['spot'])} > "
+        f"{fmt_money(r['on_demand'])}"
+        for _, r in sorted(b.rows.items())
+        if r["spot"] is not None and r["spot"] > r["on_demand"]
+    ) or "none"
     return README.format(
         data_arg=data_arg, counts="\n".join(lines), skipped="\n".join(skipped), above=above,
         total=len(b.rows),
@@ -473,9 +475,10 @@ All inputs are the SkyPilot-format snapshot in `{data_arg}` (see its README for 
   data README); check any single AWS price against AWS before relying on it.
 - **Different days.** AWS comes from a different commit of the source than GCP and Azure
   (2026-05-20); Lambda and Vast were last changed 2026-05-07 and 2026-04-29.
-- **Spot above on-demand.** Some rows have a spot price above the on-demand price ({above});
-  that is how the source has them (e.g. GCP `A100-80GB` spot GPU parts). Placement should take
-  the cheaper market, never assume spot is cheaper.
+- **Spot at or above on-demand.** Spot can be as dear as on-demand (AWS caps it there; a few
+  zones sit at the cap), and a handful of rows show spot a hair above on-demand because the source
+  rounds spot to 4 decimals: {above}. Placement should compare the two markets, never assume
+  spot is cheaper.
 - **Memory as reported.** `gpu_memory_gb` is what the source reports, so the same card can differ
   by cloud: AWS reports the L4 and A10G as 22 GiB (22,888 MiB usable) where GCP says 24 for the L4.
   A job asking for at least 24 GB excludes AWS L4/A10G.

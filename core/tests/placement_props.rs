@@ -371,28 +371,3 @@ proptest! {
         prop_assert_eq!(plan(&shuffled, NOW), expected);
     }
 }
-
-#[test]
-fn tmp_distribution() {
-    use proptest::strategy::ValueTree;
-    let mut runner = proptest::test_runner::TestRunner::deterministic();
-    let mut tally: BTreeMap<&str, usize> = BTreeMap::new();
-    for _ in 0..512 {
-        let snap = arb_snapshot().new_tree(&mut runner).unwrap().current();
-        let plan = plan(&snap, NOW);
-        for e in plan.explanations.values() {
-            let k = match &e.outcome {
-                Outcome::Assigned { .. } => "assign",
-                Outcome::Wait { .. } => "wait",
-                Outcome::Launch { .. } => "launch",
-                Outcome::Hold { reason } if reason.contains("multi") => "hold-multi",
-                Outcome::Hold { .. } => "hold",
-            };
-            *tally.entry(k).or_default() += 1;
-        }
-        let mut per_node: HashMap<&NodeId, u32> = HashMap::new();
-        for a in &plan.assignments { *per_node.entry(&a.node).or_default() += a.gpus; }
-        for (n, g) in per_node { let node = snap.nodes.iter().find(|x| &x.id == n).unwrap(); if g == node.gpus_free && g > 0 { *tally.entry("node-filled").or_default() += 1; } }
-    }
-    eprintln!("{tally:?}");
-}

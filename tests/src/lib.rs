@@ -1,1 +1,309 @@
-//! placeholder
+//! Harness for end-to-end tests: real `switchyard` and `switchyard-agent` processes on loopback
+//! ports, a fresh data directory per test, polling with deadlines (never fixed sleeps), and
+//! every process group killed when the test ends.
+//!
+//! The binaries come from the same target directory as the test (`scripts/test.sh` builds them
+//! first), or from `SWITCHYARD_BIN_DIR`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Directory holding the built binaries.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SWITCHYARD_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    // target/debug/deps/e2e-… → target/debug
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .to_path_buf()
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (`cargo build -p switchyard-broker -p switchyard-agent`) or set SWITCHYARD_BIN_DIR",
+        path.display()
+    );
+    path
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A child process in its own process group, killed (group and all) on drop.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Proc> {
+        use std::os::unix::process::CommandExt;
+        let out = std::fs::File::create(log)?;
+        let err = out.try_clone()?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .process_group(0);
+        let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+        Ok(Proc {
+            child,
+            name: name.to_string(),
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal_group(&self, sig: Signal) {
+        let _ = killpg(Pid::from_raw(self.pid()), sig);
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("{} did not exit within {timeout:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.signal_group(Signal::SIGKILL);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or fails after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A broker started with `switchyard serve --config`.
+pub struct Broker {
+    pub url: String,
+    pub admin: String,
+    pub dir: tempfile::TempDir,
+    pub http: reqwest::Client,
+    pub proc: Proc,
+    agents: Vec<Proc>,
+}
+
+pub const POOL: &str = "onprem:e2e-dc/h100x4";
+
+impl Broker {
+    pub async fn start() -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let config = format!(
+            r#"
+listen = "127.0.0.1:{port}"
+data_dir = "{data}"
+heartbeat_interval_s = 1
+lease_ttl_s = 10
+grace_s = 2
+scheduler_tick_ms = 200
+
+[[regions]]
+id = "onprem:e2e-dc"
+latency_ms = 1
+
+[[pools]]
+id = "{POOL}"
+region = "onprem:e2e-dc"
+gpu_model = "H100"
+gpus_per_node = 4
+gpu_memory_gb = 80
+price_per_gpu_hour_usd = 2.0
+node_limit = 4
+"#,
+            data = dir.path().join("data").display()
+        );
+        let config_path = dir.path().join("switchyard.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut cmd = Command::new(bin("switchyard"));
+        cmd.arg("serve").arg("--config").arg(&config_path);
+        let proc = Proc::spawn("broker", cmd, &dir.path().join("broker.log")).unwrap();
+        let http = reqwest::Client::new();
+        let ready_url = format!("{url}/readyz");
+        eventually("the broker to be ready", Duration::from_secs(20), || {
+            let http = http.clone();
+            let ready_url = ready_url.clone();
+            async move {
+                let r = http.get(&ready_url).send().await.ok()?;
+                r.status().is_success().then_some(())
+            }
+        })
+        .await;
+        let admin = std::fs::read_to_string(dir.path().join("data/admin.token"))
+            .unwrap()
+            .trim()
+            .to_string();
+        Broker {
+            url,
+            admin,
+            dir,
+            http,
+            proc,
+            agents: Vec::new(),
+        }
+    }
+
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.admin);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status().as_u16();
+        let text = res.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// Starts a `switchyard-agent` with `gpus` simulated H100s and waits until it joined.
+    pub async fn start_agent(&mut self, name: &str, gpus: u32) {
+        let (status, body) = self
+            .call(reqwest::Method::POST, "/api/v1/enrolment-tokens", Some(json!({"pool": POOL})))
+            .await;
+        assert_eq!(status, 201, "{body}");
+        let token = body["token"].as_str().unwrap().to_string();
+        let mut cmd = Command::new(bin("switchyard-agent"));
+        cmd.args(["--broker", &self.url, "--enrol-token", &token, "--name", name])
+            .arg("--fake-gpus")
+            .arg(format!("{gpus}xH100-80GB"))
+            .env("RUST_LOG", "info");
+        let log = self.dir.path().join(format!("agent-{name}.log"));
+        self.agents.push(Proc::spawn(name, cmd, &log).unwrap());
+        let want = self.agents.len();
+        eventually("the agent to register", Duration::from_secs(20), || async {
+            let (_, pools) = self.call(reqwest::Method::GET, "/api/v1/pools", None).await;
+            let nodes = pools["pools"]
+                .as_array()?
+                .iter()
+                .find(|p| p["id"] == POOL)?["nodes"]
+                .as_u64()?;
+            (nodes as usize >= want).then_some(())
+        })
+        .await;
+    }
+
+    pub fn agent(&mut self, i: usize) -> &mut Proc {
+        &mut self.agents[i]
+    }
+
+    pub async fn submit(&self, spec: Value) -> String {
+        let (status, body) = self.call(reqwest::Method::POST, "/api/v1/jobs", Some(spec)).await;
+        assert_eq!(status, 201, "{body}");
+        body["id"].as_str().unwrap().to_string()
+    }
+
+    pub async fn job(&self, id: &str) -> Value {
+        self.call(reqwest::Method::GET, &format!("/api/v1/jobs/{id}"), None).await.1
+    }
+
+    pub async fn wait_state(&self, id: &str, states: &[&str], timeout: Duration) -> Value {
+        eventually(&format!("job {id} to reach {states:?}"), timeout, || async {
+            let job = self.job(id).await;
+            states.iter().any(|s| job["state"] == *s).then_some(job)
+        })
+        .await
+    }
+
+    /// All log text of a job, stream by stream.
+    pub async fn logs(&self, id: &str) -> (String, String, String) {
+        let (_, page) = self
+            .call(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/logs"), None)
+            .await;
+        let mut out = (String::new(), String::new(), String::new());
+        for e in page["entries"].as_array().unwrap() {
+            let text = e["text"].as_str().unwrap();
+            match e["stream"].as_str().unwrap() {
+                "stdout" => out.0.push_str(text),
+                "stderr" => out.1.push_str(text),
+                _ => out.2.push_str(text),
+            }
+        }
+        out
+    }
+
+    /// The broker's and agents' logs, for a failing test's message.
+    pub fn dump_logs(&self) -> String {
+        let mut s = String::new();
+        for entry in std::fs::read_dir(self.dir.path()).unwrap().flatten() {
+            let p = entry.path();
+            if p.extension().is_some_and(|e| e == "log") {
+                s.push_str(&format!("--- {}\n", p.display()));
+                s.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+        s
+    }
+}
+
+/// Processes whose command line contains `needle` (via /proc), excluding this one.
+pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
+    let me = std::process::id() as i32;
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        // Zombies have an empty command line and are already dead.
+        if cmdline.contains(needle) {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}

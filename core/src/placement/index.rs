@@ -49,7 +49,7 @@ impl<'a> Index<'a> {
             .collect();
 
         let mut pools: Vec<&Pool> = snapshot.pools.iter().collect();
-        
+        pools.sort_by(|a, b| a.id.cmp(&b.id));
         let pool_pos: HashMap<&str, usize> = pools
             .iter()
             .enumerate()

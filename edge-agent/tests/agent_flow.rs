@@ -1,0 +1,346 @@
+//! The whole agent (`run_until`) against a minimal in-test broker that implements the four agent
+//! endpoints: enrolment, leases, ordered event delivery with retries, rejected leases, revoked
+//! tokens, saved state and shutdown. Waits poll with a deadline; no fixed sleeps.
+#![allow(clippy::unwrap_used)]
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use switchyard_agent::{AgentArgs, group};
+use switchyard_protocol::agent::*;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const TOKEN: &str = "agent-token";
+
+#[derive(Default)]
+struct Broker {
+    registers: usize,
+    register_refusal: Option<(StatusCode, String)>,
+    revoked: bool,
+    leases: VecDeque<Lease>,
+    heartbeats: Vec<Heartbeat>,
+    /// Events accepted, in arrival order.
+    events: Vec<AgentEvent>,
+    /// Events answered `Rejected`.
+    rejected_events: Vec<AgentEvent>,
+    reject: HashSet<Uuid>,
+    /// Event posts to answer with 503 before accepting any.
+    fail_event_posts: usize,
+    failed_event_posts: usize,
+}
+
+type Shared = Arc<Mutex<Broker>>;
+
+fn authorised(b: &Broker, headers: &HeaderMap) -> bool {
+    !b.revoked && headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {TOKEN}"))
+}
+
+fn unauthorised() -> Response {
+    (StatusCode::UNAUTHORIZED, Json(json!({"error": {"code": "unauthorized", "message": "bad token"}}))).into_response()
+}
+
+async fn register(State(s): State<Shared>, Json(req): Json<RegisterRequest>) -> Response {
+    let mut b = s.lock().unwrap();
+    if let Some((status, message)) = &b.register_refusal {
+        return (*status, Json(json!({"error": {"code": "forbidden", "message": message}}))).into_response();
+    }
+    assert_eq!(req.enrolment_token, "enrol-me");
+    b.registers += 1;
+    Json(RegisterResponse {
+        agent_id: Uuid::now_v7(),
+        node_id: "node-1".into(),
+        pool: "onprem:test/l4".into(),
+        agent_token: TOKEN.into(),
+        heartbeat_interval_s: 1,
+        lease_ttl_s: 10,
+    })
+    .into_response()
+}
+
+async fn heartbeat(State(s): State<Shared>, headers: HeaderMap, Json(beat): Json<Heartbeat>) -> Response {
+    let mut b = s.lock().unwrap();
+    if !authorised(&b, &headers) {
+        return unauthorised();
+    }
+    b.heartbeats.push(beat);
+    Json(HeartbeatResponse { stop: vec![], drain: false }).into_response()
+}
+
+#[derive(Deserialize)]
+struct Wait {
+    wait_s: u64,
+}
+
+async fn work(State(s): State<Shared>, headers: HeaderMap, Query(w): Query<Wait>) -> Response {
+    // Long-poll: answer as soon as there is a lease, or empty after the wait.
+    let until = Instant::now() + Duration::from_secs(w.wait_s);
+    loop {
+        {
+            let mut b = s.lock().unwrap();
+            if !authorised(&b, &headers) {
+                return unauthorised();
+            }
+            if !b.leases.is_empty() || Instant::now() >= until {
+                let leases = b.leases.drain(..).collect();
+                return Json(WorkResponse { leases, stop: vec![] }).into_response();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn events(State(s): State<Shared>, headers: HeaderMap, Json(batch): Json<EventBatch>) -> Response {
+    let mut b = s.lock().unwrap();
+    if !authorised(&b, &headers) {
+        return unauthorised();
+    }
+    if b.failed_event_posts < b.fail_event_posts {
+        b.failed_event_posts += 1;
+        return (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
+    }
+    let mut results = Vec::new();
+    for event in batch.events {
+        if b.reject.contains(&attempt_id(&event)) {
+            b.rejected_events.push(event);
+            results.push(EventResult { status: EventStatus::Rejected, reason: Some("stale epoch".into()) });
+        } else {
+            b.events.push(event);
+            results.push(EventResult { status: EventStatus::Accepted, reason: None });
+        }
+    }
+    Json(EventBatchResponse { results }).into_response()
+}
+
+fn attempt_id(event: &AgentEvent) -> Uuid {
+    match event {
+        AgentEvent::Started { attempt, .. } | AgentEvent::Log { attempt, .. } | AgentEvent::Finished { attempt, .. } => attempt.attempt_id,
+    }
+}
+
+/// Starts the test broker; returns its state and base URL.
+async fn broker(init: Broker) -> (Shared, String) {
+    let state: Shared = Arc::new(Mutex::new(init));
+    let app = Router::new()
+        .route("/agent/v1/register", post(register))
+        .route("/agent/v1/heartbeat", post(heartbeat))
+        .route("/agent/v1/work", get(work))
+        .route("/agent/v1/events", post(events))
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (state, url)
+}
+
+fn args(url: &str, state_dir: Option<PathBuf>) -> AgentArgs {
+    let mut a = AgentArgs::new(url.parse().unwrap());
+    a.enrol_token = Some("enrol-me".parse().unwrap());
+    a.fake_gpus = vec!["2xL4".parse().unwrap()];
+    a.name = Some("test-agent".into());
+    a.grace_s = 1;
+    a.poll_wait_s = 1;
+    a.state_dir = state_dir;
+    a
+}
+
+/// A running agent and the switch that shuts it down.
+struct Agent {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Agent {
+    fn start(args: AgentArgs) -> Agent {
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(switchyard_agent::run_until(args, async move {
+            let _ = rx.await;
+        }));
+        Agent { stop: Some(tx), task }
+    }
+
+    /// Signals shutdown and waits for the agent's result.
+    async fn shut_down(mut self) -> anyhow::Result<()> {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(DEADLINE, self.task).await.expect("agent did not shut down").unwrap()
+    }
+
+    /// Waits for the agent to end on its own.
+    async fn ended(self) -> anyhow::Result<()> {
+        tokio::time::timeout(DEADLINE, self.task).await.expect("agent did not end").unwrap()
+    }
+}
+
+/// Polls the broker state until `pick` returns something.
+async fn eventually<T>(state: &Shared, what: &str, mut pick: impl FnMut(&Broker) -> Option<T>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(found) = pick(&state.lock().unwrap()) {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_gone(pid: u32) {
+    let deadline = Instant::now() + DEADLINE;
+    while group::process_alive(pid) {
+        assert!(Instant::now() < deadline, "process {pid} still alive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn lease(command: &[&str]) -> Lease {
+    Lease {
+        attempt: AttemptRef { job_id: Uuid::now_v7(), attempt_id: Uuid::now_v7(), epoch: 3 },
+        command: command.iter().map(|s| s.to_string()).collect(),
+        env: BTreeMap::new(),
+        gpus: vec![1],
+        grace_s: 1,
+    }
+}
+
+fn finished_of(b: &Broker, id: Uuid) -> Option<AgentEvent> {
+    b.events.iter().find(|e| matches!(e, AgentEvent::Finished { .. }) && attempt_id(e) == id).cloned()
+}
+
+fn started_pid(events: &[AgentEvent], id: Uuid) -> Option<u32> {
+    events.iter().find_map(|e| match e {
+        AgentEvent::Started { attempt, pid } if attempt.attempt_id == id => Some(*pid),
+        _ => None,
+    })
+}
+
+#[tokio::test]
+async fn runs_a_lease_and_reports_it_in_order_through_broker_failures() {
+    let l = lease(&["echo", "hello"]);
+    let id = l.attempt.attempt_id;
+    // The same lease twice (at-least-once delivery): it must run once.
+    let (state, url) = broker(Broker { leases: [l.clone(), l.clone()].into(), fail_event_posts: 2, ..Broker::default() }).await;
+    let agent = Agent::start(args(&url, None));
+
+    eventually(&state, "Finished", |b| finished_of(b, id)).await;
+    let beat = eventually(&state, "a heartbeat", |b| b.heartbeats.first().cloned()).await;
+    agent.shut_down().await.unwrap();
+
+    let b = state.lock().unwrap();
+    assert_eq!(b.registers, 1);
+    assert_eq!(b.failed_event_posts, 2, "the outbox retried through 503s");
+    let attempt = l.attempt.clone();
+    let pid = started_pid(&b.events, id).unwrap();
+    assert_eq!(
+        b.events,
+        vec![
+            AgentEvent::Started { attempt: attempt.clone(), pid },
+            AgentEvent::Log { attempt: attempt.clone(), seq: 0, stream: Stream::Stdout, data: "hello\n".into() },
+            AgentEvent::Finished { attempt, exit_code: Some(0), signal: None, error: None, stopped: false },
+        ]
+    );
+    assert!(beat.inventory.simulated);
+    assert_eq!(beat.inventory.gpus.iter().map(|g| g.model.as_str()).collect::<Vec<_>>(), ["L4", "L4"]);
+}
+
+#[tokio::test]
+async fn a_rejected_event_stops_the_lease_and_silences_it() {
+    let l = lease(&["sleep", "300"]);
+    let id = l.attempt.attempt_id;
+    let (state, url) = broker(Broker { leases: [l].into(), reject: [id].into(), ..Broker::default() }).await;
+    let agent = Agent::start(args(&url, None));
+
+    let pid = eventually(&state, "the rejected Started", |b| started_pid(&b.rejected_events, id)).await;
+    wait_gone(pid).await;
+    // Once a later heartbeat no longer lists it, its runner is done: nothing more was sent.
+    let seen = state.lock().unwrap().heartbeats.len();
+    eventually(&state, "a later heartbeat without the attempt", |b| {
+        b.heartbeats[seen..].iter().find(|h| h.running.is_empty()).map(|_| ())
+    })
+    .await;
+    agent.shut_down().await.unwrap();
+    let b = state.lock().unwrap();
+    assert!(b.events.is_empty(), "{:?}", b.events);
+    assert_eq!(b.rejected_events.len(), 1, "only Started: {:?}", b.rejected_events);
+}
+
+#[tokio::test]
+async fn shutdown_stops_running_jobs_and_flushes_their_end() {
+    let l = lease(&["sleep", "300"]);
+    let id = l.attempt.attempt_id;
+    let (state, url) = broker(Broker { leases: [l].into(), ..Broker::default() }).await;
+    let agent = Agent::start(args(&url, None));
+    let pid = eventually(&state, "Started", |b| started_pid(&b.events, id)).await;
+
+    agent.shut_down().await.unwrap();
+    assert!(!group::process_alive(pid), "the job outlived the agent");
+    match finished_of(&state.lock().unwrap(), id) {
+        Some(AgentEvent::Finished { stopped, error, signal, .. }) => {
+            assert!(!stopped);
+            assert_eq!(signal, Some(15));
+            assert!(error.unwrap().contains("shutting down"));
+        }
+        other => panic!("no Finished flushed: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_refused_enrolment_is_a_clear_error() {
+    let refusal = Some((StatusCode::FORBIDDEN, "enrolment token already used".to_string()));
+    let (_state, url) = broker(Broker { register_refusal: refusal, ..Broker::default() }).await;
+    let err = Agent::start(args(&url, None)).ended().await.unwrap_err().to_string();
+    assert!(err.contains("refused enrolment (HTTP 403): enrolment token already used"), "{err}");
+}
+
+#[tokio::test]
+async fn a_revoked_token_ends_the_agent_and_forgets_the_saved_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let (state, url) = broker(Broker::default()).await;
+    let agent = Agent::start(args(&url, Some(dir.path().into())));
+    eventually(&state, "a heartbeat", |b| b.heartbeats.first().map(|_| ())).await;
+    assert!(dir.path().join("agent.json").exists());
+    state.lock().unwrap().revoked = true;
+    let err = agent.ended().await.unwrap_err().to_string();
+    assert!(err.contains("HTTP 401") && err.contains("enrol again"), "{err}");
+    assert!(!dir.path().join("agent.json").exists());
+}
+
+#[tokio::test]
+async fn a_restart_reuses_the_saved_enrolment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (state, url) = broker(Broker::default()).await;
+    let agent = Agent::start(args(&url, Some(dir.path().into())));
+    eventually(&state, "a heartbeat", |b| b.heartbeats.first().map(|_| ())).await;
+    agent.shut_down().await.unwrap();
+
+    let mut again = args(&url, Some(dir.path().into()));
+    again.enrol_token = None; // used up: the saved token must do
+    let before = state.lock().unwrap().heartbeats.len();
+    let agent = Agent::start(again);
+    eventually(&state, "a heartbeat after the restart", |b| (b.heartbeats.len() > before).then_some(())).await;
+    agent.shut_down().await.unwrap();
+    assert_eq!(state.lock().unwrap().registers, 1);
+}
+
+#[tokio::test]
+async fn shutdown_while_the_broker_is_unreachable_is_prompt() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let agent = Agent::start(args(&format!("http://127.0.0.1:{port}"), None));
+    // Let it fail at least once; shutdown must still return promptly and cleanly.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = Instant::now();
+    agent.shut_down().await.unwrap();
+    assert!(asked.elapsed() < Duration::from_secs(2));
+}
