@@ -55,7 +55,10 @@ async fn register(
     ApiJson(req): ApiJson<RegisterRequest>,
 ) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
     if req.inventory.gpus.is_empty() {
-        return Err(ApiError::invalid("inventory.gpus", "an agent needs at least one GPU"));
+        return Err(ApiError::invalid(
+            "inventory.gpus",
+            "an agent needs at least one GPU",
+        ));
     }
     let agent_token = new_token(AGENT_TOKEN_PREFIX);
     let agent_id = uuid::Uuid::now_v7();
@@ -63,7 +66,11 @@ async fn register(
     let inventory_json = serde_json::to_string(&req.inventory)
         .map_err(|e| ApiError::Internal(format!("inventory: {e}")))?;
     let node = NewNode {
-        id: NodeId(format!("{}-{}", sanitize(&hostname), &agent_id.simple().to_string()[24..])),
+        id: NodeId(format!(
+            "{}-{}",
+            sanitize(&hostname),
+            &agent_id.simple().to_string()[24..]
+        )),
         token_hash: hash_token(&agent_token),
         hostname,
         gpus_total: req.inventory.gpus.len() as u32,
@@ -102,10 +109,20 @@ async fn register(
 fn sanitize(s: &str) -> String {
     let cleaned: String = s
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
         .take(40)
         .collect();
-    if cleaned.is_empty() { "node".into() } else { cleaned }
+    if cleaned.is_empty() {
+        "node".into()
+    } else {
+        cleaned
+    }
 }
 
 async fn heartbeat(
@@ -113,7 +130,10 @@ async fn heartbeat(
     AgentCaller(node): AgentCaller,
     ApiJson(hb): ApiJson<Heartbeat>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
-    let came_back = app.store.heartbeat(&node.id, &hb.inventory, clock::now()).await?;
+    let came_back = app
+        .store
+        .heartbeat(&node.id, &hb.inventory, clock::now())
+        .await?;
     if came_back {
         tracing::info!(node.id = %node.id, "node is back");
         app.scheduler.send(SchedulerEvent::NodesChanged);
@@ -182,7 +202,10 @@ async fn events(
     ApiJson(batch): ApiJson<EventBatch>,
 ) -> Result<Json<EventBatchResponse>, ApiError> {
     if batch.events.len() > 10_000 {
-        return Err(ApiError::invalid("events", "at most 10000 events per batch"));
+        return Err(ApiError::invalid(
+            "events",
+            "at most 10000 events per batch",
+        ));
     }
     let (results, ended) = app
         .store

@@ -110,10 +110,9 @@ pub fn catalogue_from_config(
 ) -> anyhow::Result<Vec<(Region, Vec<Pool>)>> {
     let mut out = Vec::new();
     for r in &config.regions {
-        let (provider, code) = r
-            .id
-            .split_once(':')
-            .with_context(|| format!("region id {:?} must be provider:code", r.id))?;
+        let (provider, code) =
+            r.id.split_once(':')
+                .with_context(|| format!("region id {:?} must be provider:code", r.id))?;
         let region = Region {
             id: RegionId(r.id.clone()),
             provider: provider.to_string(),
@@ -180,8 +179,17 @@ pub fn catalogue_from_config(
                 .entries()
                 .iter()
                 .filter(|e| e.provider == provider && e.region == code)
-                .filter(|e| c.instance_types.is_empty() || c.instance_types.contains(&e.instance_type))
-                .map(|e| switchyard_providers::catalogue::pool_from_entry(e, c.boot_time_s, c.node_limit, now))
+                .filter(|e| {
+                    c.instance_types.is_empty() || c.instance_types.contains(&e.instance_type)
+                })
+                .map(|e| {
+                    switchyard_providers::catalogue::pool_from_entry(
+                        e,
+                        c.boot_time_s,
+                        c.node_limit,
+                        now,
+                    )
+                })
                 .collect();
             if pools.is_empty() {
                 anyhow::bail!("the bundled catalogue has no GPU instances for {}", c.id);
@@ -202,10 +210,11 @@ async fn ensure_admin_token(store: &dyn Store, config: &Config) -> anyhow::Resul
     let path = config.data_dir.join("admin.token");
     if let Ok(existing) = std::fs::read_to_string(&path) {
         let existing = existing.trim();
-        if let Some(rec) = store.api_token_by_hash(&hash_token(existing)).await? {
-            if rec.role == Role::Admin && !rec.revoked {
-                return Ok(None);
-            }
+        if let Some(rec) = store.api_token_by_hash(&hash_token(existing)).await?
+            && rec.role == Role::Admin
+            && !rec.revoked
+        {
+            return Ok(None);
         }
     }
     let token = new_token(API_TOKEN_PREFIX);

@@ -179,7 +179,11 @@ impl Config {
         }
         for p in &self.pools {
             if !self.regions.iter().any(|r| r.id == p.region) {
-                bail!("pool {} names region {} which is not configured", p.id, p.region);
+                bail!(
+                    "pool {} names region {} which is not configured",
+                    p.id,
+                    p.region
+                );
             }
             if p.gpus_per_node == 0 {
                 bail!("pool {}: gpus_per_node must be positive", p.id);

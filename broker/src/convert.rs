@@ -34,18 +34,21 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
             "must be 1 to 64 letters, digits, '-', '_' or '.'",
         ));
     }
-    if let Some(p) = &spec.project {
-        if !slug_ok(p) {
-            return Err(ApiError::invalid(
-                "project",
-                "must be 1 to 64 letters, digits, '-', '_' or '.'",
-            ));
-        }
+    if let Some(p) = &spec.project
+        && !slug_ok(p)
+    {
+        return Err(ApiError::invalid(
+            "project",
+            "must be 1 to 64 letters, digits, '-', '_' or '.'",
+        ));
     }
     match spec.command.first() {
         None => return Err(ApiError::invalid("command", "must not be empty")),
         Some(program) if program.trim().is_empty() => {
-            return Err(ApiError::invalid("command", "the program (first element) is empty"));
+            return Err(ApiError::invalid(
+                "command",
+                "the program (first element) is empty",
+            ));
         }
         _ => {}
     }
@@ -92,8 +95,9 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
     };
     let nodes = match r.nodes {
         None => 1,
-        Some(n) if n >= 1 => u32::try_from(n)
-            .map_err(|_| ApiError::invalid("resources.nodes", "too large"))?,
+        Some(n) if n >= 1 => {
+            u32::try_from(n).map_err(|_| ApiError::invalid("resources.nodes", "too large"))?
+        }
         Some(_) => return Err(ApiError::invalid("resources.nodes", "must be at least 1")),
     };
     if nodes > 1 {
@@ -104,21 +108,24 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
     }
     let gpu_models: Vec<String> = r.gpu_models.iter().map(|m| m.trim().to_string()).collect();
     if gpu_models.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("resources.gpu_models", "empty model name"));
+        return Err(ApiError::invalid(
+            "resources.gpu_models",
+            "empty model name",
+        ));
     }
-    if let Some(rt) = spec.estimated_runtime_s {
-        if rt <= 0 {
-            return Err(ApiError::invalid(
-                "estimated_runtime_s",
-                "must be a positive number of seconds",
-            ));
-        }
+    if let Some(rt) = spec.estimated_runtime_s
+        && rt <= 0
+    {
+        return Err(ApiError::invalid(
+            "estimated_runtime_s",
+            "must be a positive number of seconds",
+        ));
     }
     let deadline = spec.deadline.map(from_datetime);
-    if let Some(d) = deadline {
-        if d <= now {
-            return Err(ApiError::invalid("deadline", "is in the past"));
-        }
+    if let Some(d) = deadline
+        && d <= now
+    {
+        return Err(ApiError::invalid("deadline", "is in the past"));
     }
     let max_price_per_hour = match spec.max_price_per_hour {
         None => None,
@@ -136,7 +143,12 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
             Some((p, c)) if !p.is_empty() && !c.is_empty() => {
                 regions.push(core::RegionId(reg.clone()))
             }
-            _ => return Err(ApiError::invalid("regions", format!("{reg:?} is not provider:code"))),
+            _ => {
+                return Err(ApiError::invalid(
+                    "regions",
+                    format!("{reg:?} is not provider:code"),
+                ));
+            }
         }
     }
     let data = match &spec.data {

@@ -123,7 +123,11 @@ impl From<JsonRejection> for ApiError {
             JsonRejection::BytesRejection(e) => {
                 let too_large = e.status() == StatusCode::PAYLOAD_TOO_LARGE;
                 ApiError::BadRequest {
-                    code: if too_large { "body_too_large" } else { "bad_body" },
+                    code: if too_large {
+                        "body_too_large"
+                    } else {
+                        "bad_body"
+                    },
                     field: None,
                     message: if too_large {
                         "request body is over the 1 MiB limit".into()

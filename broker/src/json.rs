@@ -38,7 +38,11 @@ where
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             let too_large = e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE;
             ApiError::BadRequest {
-                code: if too_large { "body_too_large" } else { "bad_body" },
+                code: if too_large {
+                    "body_too_large"
+                } else {
+                    "bad_body"
+                },
                 field: None,
                 message: if too_large {
                     "request body is over the 1 MiB limit".into()
@@ -60,7 +64,11 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let syntax = inner.is_syntax() || inner.is_eof();
         let field = (!syntax && path != "." && !path.is_empty()).then_some(path);
         ApiError::BadRequest {
-            code: if syntax { "malformed_json" } else { "invalid_field" },
+            code: if syntax {
+                "malformed_json"
+            } else {
+                "invalid_field"
+            },
             message: match &field {
                 Some(f) => format!("{f}: {inner}"),
                 None => inner.to_string(),

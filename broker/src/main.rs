@@ -9,10 +9,19 @@ use switchyard_broker::{cli, config::Config, server, up};
 use switchyard_protocol::api::Role;
 
 #[derive(Parser, Debug)]
-#[command(name = "switchyard", version, about = "Multi-cloud GPU federation broker")]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Multi-cloud GPU federation broker"
+)]
 struct Args {
     /// Broker URL for client commands.
-    #[arg(long, global = true, env = "SWITCHYARD_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(
+        long,
+        global = true,
+        env = "SWITCHYARD_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
     url: String,
     /// API token for client commands (default: `<data-dir>/admin.token`).
     #[arg(long, global = true, env = "SWITCHYARD_TOKEN", hide_env_values = true)]
@@ -123,7 +132,9 @@ impl From<RoleArg> for Role {
 fn init_tracing(json: bool, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use switchyard_core::{
-    AttemptId, Explanation, JobId, Node, NodeId, Pool, QueuedJob, Region, RunningAttempt,
-    Snapshot, Timestamp, plan,
+    AttemptId, Explanation, JobId, Node, NodeId, Pool, QueuedJob, Region, RunningAttempt, Snapshot,
+    Timestamp, plan,
 };
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -160,11 +160,11 @@ impl State {
     }
 
     fn end_attempt(&mut self, attempt: AttemptId) {
-        if let Some(a) = self.live.remove(&attempt) {
-            if let Some(node) = self.nodes.get_mut(&a.node) {
-                for g in &a.gpus {
-                    node.busy.remove(g);
-                }
+        if let Some(a) = self.live.remove(&attempt)
+            && let Some(node) = self.nodes.get_mut(&a.node)
+        {
+            for g in &a.gpus {
+                node.busy.remove(g);
             }
         }
     }

@@ -61,8 +61,16 @@ pub fn up_config(opts: &UpOptions) -> Config {
             boot_time_s: 0,
         }],
         catalogue_regions: vec![
-            cloud("aws:us-east-1", &["p5.48xlarge", "p4d.24xlarge", "g5.xlarge", "g6.xlarge"], 12),
-            cloud("gcp:us-central1", &["a3-highgpu-8g", "a2-ultragpu-1g", "g2-standard-4"], 25),
+            cloud(
+                "aws:us-east-1",
+                &["p5.48xlarge", "p4d.24xlarge", "g5.xlarge", "g6.xlarge"],
+                12,
+            ),
+            cloud(
+                "gcp:us-central1",
+                &["a3-highgpu-8g", "a2-ultragpu-1g", "g2-standard-4"],
+                25,
+            ),
             cloud("lambda:us-east-1", &[], 18),
         ],
         ..Config::default()
@@ -72,9 +80,12 @@ pub fn up_config(opts: &UpOptions) -> Config {
 pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     let config = up_config(&opts);
     config.validate()?;
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding {} (is another broker running? try --port)", config.listen))?;
+    let listener = TcpListener::bind(config.listen).await.with_context(|| {
+        format!(
+            "binding {} (is another broker running? try --port)",
+            config.listen
+        )
+    })?;
     let url = config.public_url();
     let running = App::start(config.clone()).await?;
     let app = running.app.clone();
@@ -111,7 +122,10 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     println!("Switchyard is up: {url}");
     println!("  console      {url}/");
     println!("  OpenAPI      {url}/openapi.json");
-    println!("  admin token  {} (written at first start)", token_path.display());
+    println!(
+        "  admin token  {} (written at first start)",
+        token_path.display()
+    );
     println!(
         "  agents       {} local agents with 4 simulated H100 each, logs in {}",
         opts.agents,
@@ -120,9 +134,7 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     println!();
     println!("Try:");
     println!("  export SWITCHYARD_TOKEN=$(cat {})", token_path.display());
-    println!(
-        "  curl -s -H \"Authorization: Bearer $SWITCHYARD_TOKEN\" {url}/api/v1/pools"
-    );
+    println!("  curl -s -H \"Authorization: Bearer $SWITCHYARD_TOKEN\" {url}/api/v1/pools");
     println!("Ctrl-C stops the broker and its agents.");
 
     let stopped_by_itself = tokio::select! {

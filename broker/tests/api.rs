@@ -24,29 +24,167 @@ async fn bad_submissions_get_a_clear_error_and_store_nothing() {
         spec
     };
     let cases: Vec<(&str, Value, u16, &str, &str)> = vec![
-        ("unknown top-level field", with(json!({"colour": "red"})), 400, "invalid_field", "colour"),
-        ("unknown nested field", with(json!({"resources": {"gpus": 1, "tpus": 2}})), 400, "invalid_field", "resources.tpus"),
-        ("zero gpus", with(json!({"resources": {"gpus": 0}})), 400, "invalid_field", "resources.gpus"),
-        ("negative gpus", with(json!({"resources": {"gpus": -1}})), 400, "invalid_field", "resources.gpus"),
-        ("gpus as a string", with(json!({"resources": {"gpus": "two"}})), 400, "invalid_field", "resources.gpus"),
-        ("more gpus than any node", with(json!({"resources": {"gpus": 8}})), 422, "unsatisfiable", "resources.gpus"),
-        ("unknown gpu model", with(json!({"resources": {"gpus": 1, "gpu_models": ["Z9000"]}})), 422, "unsatisfiable", "resources.gpu_models"),
-        ("gpu memory nowhere", with(json!({"resources": {"gpus": 1, "min_gpu_memory_gb": 200}})), 422, "unsatisfiable", "resources"),
-        ("deadline in the past", with(json!({"deadline": "2020-01-01T00:00:00Z"})), 400, "invalid_field", "deadline"),
-        ("deadline not a date", with(json!({"deadline": "tomorrow"})), 400, "invalid_field", "deadline"),
-        ("negative runtime", with(json!({"estimated_runtime_s": -5})), 400, "invalid_field", "estimated_runtime_s"),
-        ("empty command", with(json!({"command": []})), 400, "invalid_field", "command"),
-        ("empty program", with(json!({"command": [""]})), 400, "invalid_field", "command"),
-        ("missing command", json!({"name": "t", "team": "ml", "resources": {"gpus": 1}}), 400, "invalid_field", ""),
-        ("bad priority", with(json!({"priority": "urgent"})), 400, "invalid_field", "priority"),
-        ("negative max price", with(json!({"max_price_per_hour": -1.0})), 400, "invalid_field", "max_price_per_hour"),
-        ("unknown region", with(json!({"regions": ["aws:mars-1"]})), 422, "unsatisfiable", "regions"),
-        ("malformed region", with(json!({"regions": ["nowhere"]})), 400, "invalid_field", "regions"),
-        ("bad env name", with(json!({"env": {"1BAD": "x"}})), 400, "invalid_field", "env.1BAD"),
-        ("env overriding the GPUs", with(json!({"env": {"CUDA_VISIBLE_DEVICES": "0"}})), 400, "invalid_field", "env.CUDA_VISIBLE_DEVICES"),
-        ("multi-node", with(json!({"resources": {"gpus": 1, "nodes": 2}})), 422, "unsatisfiable", "resources.nodes"),
-        ("latency on a batch job", with(json!({"max_latency_ms": 50})), 400, "invalid_field", "max_latency_ms"),
-        ("bad team", with(json!({"team": "has space"})), 400, "invalid_field", "team"),
+        (
+            "unknown top-level field",
+            with(json!({"colour": "red"})),
+            400,
+            "invalid_field",
+            "colour",
+        ),
+        (
+            "unknown nested field",
+            with(json!({"resources": {"gpus": 1, "tpus": 2}})),
+            400,
+            "invalid_field",
+            "resources.tpus",
+        ),
+        (
+            "zero gpus",
+            with(json!({"resources": {"gpus": 0}})),
+            400,
+            "invalid_field",
+            "resources.gpus",
+        ),
+        (
+            "negative gpus",
+            with(json!({"resources": {"gpus": -1}})),
+            400,
+            "invalid_field",
+            "resources.gpus",
+        ),
+        (
+            "gpus as a string",
+            with(json!({"resources": {"gpus": "two"}})),
+            400,
+            "invalid_field",
+            "resources.gpus",
+        ),
+        (
+            "more gpus than any node",
+            with(json!({"resources": {"gpus": 8}})),
+            422,
+            "unsatisfiable",
+            "resources.gpus",
+        ),
+        (
+            "unknown gpu model",
+            with(json!({"resources": {"gpus": 1, "gpu_models": ["Z9000"]}})),
+            422,
+            "unsatisfiable",
+            "resources.gpu_models",
+        ),
+        (
+            "gpu memory nowhere",
+            with(json!({"resources": {"gpus": 1, "min_gpu_memory_gb": 200}})),
+            422,
+            "unsatisfiable",
+            "resources",
+        ),
+        (
+            "deadline in the past",
+            with(json!({"deadline": "2020-01-01T00:00:00Z"})),
+            400,
+            "invalid_field",
+            "deadline",
+        ),
+        (
+            "deadline not a date",
+            with(json!({"deadline": "tomorrow"})),
+            400,
+            "invalid_field",
+            "deadline",
+        ),
+        (
+            "negative runtime",
+            with(json!({"estimated_runtime_s": -5})),
+            400,
+            "invalid_field",
+            "estimated_runtime_s",
+        ),
+        (
+            "empty command",
+            with(json!({"command": []})),
+            400,
+            "invalid_field",
+            "command",
+        ),
+        (
+            "empty program",
+            with(json!({"command": [""]})),
+            400,
+            "invalid_field",
+            "command",
+        ),
+        (
+            "missing command",
+            json!({"name": "t", "team": "ml", "resources": {"gpus": 1}}),
+            400,
+            "invalid_field",
+            "",
+        ),
+        (
+            "bad priority",
+            with(json!({"priority": "urgent"})),
+            400,
+            "invalid_field",
+            "priority",
+        ),
+        (
+            "negative max price",
+            with(json!({"max_price_per_hour": -1.0})),
+            400,
+            "invalid_field",
+            "max_price_per_hour",
+        ),
+        (
+            "unknown region",
+            with(json!({"regions": ["aws:mars-1"]})),
+            422,
+            "unsatisfiable",
+            "regions",
+        ),
+        (
+            "malformed region",
+            with(json!({"regions": ["nowhere"]})),
+            400,
+            "invalid_field",
+            "regions",
+        ),
+        (
+            "bad env name",
+            with(json!({"env": {"1BAD": "x"}})),
+            400,
+            "invalid_field",
+            "env.1BAD",
+        ),
+        (
+            "env overriding the GPUs",
+            with(json!({"env": {"CUDA_VISIBLE_DEVICES": "0"}})),
+            400,
+            "invalid_field",
+            "env.CUDA_VISIBLE_DEVICES",
+        ),
+        (
+            "multi-node",
+            with(json!({"resources": {"gpus": 1, "nodes": 2}})),
+            422,
+            "unsatisfiable",
+            "resources.nodes",
+        ),
+        (
+            "latency on a batch job",
+            with(json!({"max_latency_ms": 50})),
+            400,
+            "invalid_field",
+            "max_latency_ms",
+        ),
+        (
+            "bad team",
+            with(json!({"team": "has space"})),
+            400,
+            "invalid_field",
+            "team",
+        ),
     ];
     for (what, spec, status, code, field) in cases {
         // A developer naming another team is refused before validation (403); the admin may
@@ -56,21 +194,38 @@ async fn bad_submissions_get_a_clear_error_and_store_nothing() {
         assert_eq!(r.status.as_u16(), status, "{what}: {}", r.body);
         assert_eq!(r.error_code(), code, "{what}: {}", r.body);
         assert_eq!(r.error_field(), field, "{what}: {}", r.body);
-        assert!(!r.body["error"]["message"].as_str().unwrap().is_empty(), "{what}");
+        assert!(
+            !r.body["error"]["message"].as_str().unwrap().is_empty(),
+            "{what}"
+        );
     }
 
-    let malformed = app.raw("/api/v1/jobs", &dev, "application/json", b"{\"name\": ".to_vec()).await;
+    let malformed = app
+        .raw(
+            "/api/v1/jobs",
+            &dev,
+            "application/json",
+            b"{\"name\": ".to_vec(),
+        )
+        .await;
     assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
     assert_eq!(malformed.error_code(), "malformed_json");
 
-    let not_json = app.raw("/api/v1/jobs", &dev, "text/plain", b"hello".to_vec()).await;
+    let not_json = app
+        .raw("/api/v1/jobs", &dev, "text/plain", b"hello".to_vec())
+        .await;
     assert_eq!(not_json.status, StatusCode::BAD_REQUEST);
     assert_eq!(not_json.error_code(), "unsupported_media_type");
 
     let mut big = base.clone();
     big["env"] = json!({"BIG": "x".repeat(1024 * 1024 + 10)});
     let too_big = app
-        .raw("/api/v1/jobs", &dev, "application/json", serde_json::to_vec(&big).unwrap())
+        .raw(
+            "/api/v1/jobs",
+            &dev,
+            "application/json",
+            serde_json::to_vec(&big).unwrap(),
+        )
         .await;
     assert_eq!(too_big.status, StatusCode::BAD_REQUEST, "{}", too_big.body);
     assert_eq!(too_big.error_code(), "body_too_large");
@@ -113,13 +268,29 @@ async fn auth_roles_and_team_scoping() {
 
     // Another team's developer cannot see, read or cancel it: 404, as if it did not exist.
     assert_eq!(app.job(&cv, &id).await.status, StatusCode::NOT_FOUND);
-    let r = app.call(Method::POST, &format!("/api/v1/jobs/{id}/cancel"), Some(&cv), None).await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/jobs/{id}/cancel"),
+            Some(&cv),
+            None,
+        )
+        .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
-    let r = app.call(Method::GET, &format!("/api/v1/jobs/{id}/logs"), Some(&cv), None).await;
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/jobs/{id}/logs"),
+            Some(&cv),
+            None,
+        )
+        .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     let r = app.call(Method::GET, "/api/v1/jobs", Some(&cv), None).await;
     assert_eq!(r.body["jobs"].as_array().unwrap().len(), 0);
-    let r = app.call(Method::GET, "/api/v1/jobs?team=ml", Some(&cv), None).await;
+    let r = app
+        .call(Method::GET, "/api/v1/jobs?team=ml", Some(&cv), None)
+        .await;
     assert_eq!(r.body["jobs"].as_array().unwrap().len(), 0);
     // ...and cannot submit for it.
     let r = app.submit(&cv, job_spec("ml")).await;
@@ -129,31 +300,67 @@ async fn auth_roles_and_team_scoping() {
     // The owner and finance can read it; finance cannot submit or cancel; only admins mint tokens.
     assert_eq!(app.job(&ml, &id).await.status, StatusCode::OK);
     assert_eq!(app.job(&finance, &id).await.status, StatusCode::OK);
-    assert_eq!(app.submit(&finance, job_spec("ml")).await.status, StatusCode::FORBIDDEN);
-    let r = app.call(Method::POST, &format!("/api/v1/jobs/{id}/cancel"), Some(&finance), None).await;
-    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        app.submit(&finance, job_spec("ml")).await.status,
+        StatusCode::FORBIDDEN
+    );
     let r = app
-        .call(Method::POST, "/api/v1/tokens", Some(&ml), Some(json!({"role": "admin"})))
+        .call(
+            Method::POST,
+            &format!("/api/v1/jobs/{id}/cancel"),
+            Some(&finance),
+            None,
+        )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     let r = app
-        .call(Method::POST, "/api/v1/tokens", Some(&app.admin), Some(json!({"role": "developer"})))
+        .call(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(&ml),
+            Some(json!({"role": "admin"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(&app.admin),
+            Some(json!({"role": "developer"})),
+        )
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.error_field(), "team");
 
     // Cancelling a queued job is immediate; cancelling again is a conflict.
-    let r = app.call(Method::POST, &format!("/api/v1/jobs/{id}/cancel"), Some(&ml), None).await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/jobs/{id}/cancel"),
+            Some(&ml),
+            None,
+        )
+        .await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.body);
     assert_eq!(r.body["state"], "cancelled");
-    let r = app.call(Method::POST, &format!("/api/v1/jobs/{id}/cancel"), Some(&ml), None).await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/jobs/{id}/cancel"),
+            Some(&ml),
+            None,
+        )
+        .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
 
     // Unknown ids and routes are 404 in the same shape.
     let r = app.job(&ml, "not-a-uuid").await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert_eq!(r.error_code(), "not_found");
-    let r = app.call(Method::GET, "/api/v1/nothing-here", Some(&ml), None).await;
+    let r = app
+        .call(Method::GET, "/api/v1/nothing-here", Some(&ml), None)
+        .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
 }
 
@@ -164,8 +371,16 @@ async fn job_lifecycle_over_the_agent_protocol() {
     let agent = app.agent(4).await;
 
     // The pool shows the agent's capacity.
-    let pools = app.call(Method::GET, "/api/v1/pools", Some(&dev), None).await;
-    let pool = pools.body["pools"].as_array().unwrap().iter().find(|p| p["id"] == POOL).unwrap().clone();
+    let pools = app
+        .call(Method::GET, "/api/v1/pools", Some(&dev), None)
+        .await;
+    let pool = pools.body["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == POOL)
+        .unwrap()
+        .clone();
     assert_eq!(pool["gpus_total"], 4);
     assert_eq!(pool["gpus_free"], 4);
     assert_eq!(pool["provider"], "onprem");
@@ -194,10 +409,22 @@ async fn job_lifecycle_over_the_agent_protocol() {
     assert_eq!(placed["placement"]["node"], agent.node.as_str());
     assert_eq!(placed["placement"]["region"], "onprem:test-dc");
 
-    let explanation = app.call(Method::GET, &format!("/api/v1/jobs/{id}/placement"), Some(&dev), None).await;
+    let explanation = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/jobs/{id}/placement"),
+            Some(&dev),
+            None,
+        )
+        .await;
     assert_eq!(explanation.status, StatusCode::OK, "{}", explanation.body);
     assert_eq!(explanation.body["outcome"]["decision"], "assigned");
-    assert!(!explanation.body["candidates"].as_array().unwrap().is_empty());
+    assert!(
+        !explanation.body["candidates"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
 
     // Started, two log chunks (one retried), finished with 0.
     let events = json!({"events": [
@@ -206,23 +433,59 @@ async fn job_lifecycle_over_the_agent_protocol() {
         {"type": "log", "attempt": attempt, "seq": 1, "stream": "stderr", "data": "warn\n"},
         {"type": "log", "attempt": attempt, "seq": 1, "stream": "stderr", "data": "warn\n"},
     ]});
-    let r = app.call(Method::POST, "/agent/v1/events", Some(&agent.token), Some(events)).await;
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/events",
+            Some(&agent.token),
+            Some(events),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    let statuses: Vec<&str> = r.body["results"].as_array().unwrap().iter().map(|x| x["status"].as_str().unwrap()).collect();
+    let statuses: Vec<&str> = r.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["status"].as_str().unwrap())
+        .collect();
     assert_eq!(statuses, ["accepted", "accepted", "accepted", "duplicate"]);
     assert_eq!(app.job(&dev, &id).await.body["state"], "running");
 
     let fin = json!({"events": [{"type": "finished", "attempt": attempt, "exit_code": 0, "signal": null, "error": null, "stopped": false}]});
-    let r = app.call(Method::POST, "/agent/v1/events", Some(&agent.token), Some(fin.clone())).await;
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/events",
+            Some(&agent.token),
+            Some(fin.clone()),
+        )
+        .await;
     assert_eq!(r.body["results"][0]["status"], "accepted");
-    let r = app.call(Method::POST, "/agent/v1/events", Some(&agent.token), Some(fin)).await;
-    assert_eq!(r.body["results"][0]["status"], "duplicate", "a retried report is idempotent");
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/events",
+            Some(&agent.token),
+            Some(fin),
+        )
+        .await;
+    assert_eq!(
+        r.body["results"][0]["status"], "duplicate",
+        "a retried report is idempotent"
+    );
 
     let done = app.job(&dev, &id).await.body;
     assert_eq!(done["state"], "succeeded");
     assert_eq!(done["exit_code"], 0);
 
-    let logs = app.call(Method::GET, &format!("/api/v1/jobs/{id}/logs"), Some(&dev), None).await;
+    let logs = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/jobs/{id}/logs"),
+            Some(&dev),
+            None,
+        )
+        .await;
     let entries = logs.body["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 2);
     assert_eq!(entries[0]["text"], "hello\n");
@@ -230,7 +493,14 @@ async fn job_lifecycle_over_the_agent_protocol() {
     assert_eq!(entries[1]["stream"], "stderr");
     assert_eq!(logs.body["complete"], true);
     let after = logs.body["next_after"].as_i64().unwrap();
-    let rest = app.call(Method::GET, &format!("/api/v1/jobs/{id}/logs?after={after}"), Some(&dev), None).await;
+    let rest = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/jobs/{id}/logs?after={after}"),
+            Some(&dev),
+            None,
+        )
+        .await;
     assert_eq!(rest.body["entries"].as_array().unwrap().len(), 0);
 
     // A second job that exits 3 fails with its code.
@@ -243,7 +513,13 @@ async fn job_lifecycle_over_the_agent_protocol() {
         {"type": "started", "attempt": attempt, "pid": 1},
         {"type": "finished", "attempt": attempt, "exit_code": 3, "signal": null, "error": null, "stopped": false}
     ]});
-    app.call(Method::POST, "/agent/v1/events", Some(&agent.token), Some(events)).await;
+    app.call(
+        Method::POST,
+        "/agent/v1/events",
+        Some(&agent.token),
+        Some(events),
+    )
+    .await;
     let failed = app.job(&dev, &id3).await.body;
     assert_eq!(failed["state"], "failed");
     assert_eq!(failed["exit_code"], 3);
@@ -252,10 +528,19 @@ async fn job_lifecycle_over_the_agent_protocol() {
 
 async fn poll_work(app: &TestApp, agent: &TestAgent) -> Value {
     let r = app
-        .call(Method::GET, "/agent/v1/work?wait_s=10", Some(&agent.token), None)
+        .call(
+            Method::GET,
+            "/agent/v1/work?wait_s=10",
+            Some(&agent.token),
+            None,
+        )
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    assert!(!r.body["leases"].as_array().unwrap().is_empty(), "no lease within the long-poll: {}", r.body);
+    assert!(
+        !r.body["leases"].as_array().unwrap().is_empty(),
+        "no lease within the long-poll: {}",
+        r.body
+    );
     r.body
 }
 
@@ -267,18 +552,47 @@ async fn agents_cannot_report_for_leases_they_do_not_hold() {
     let b = app.agent(4).await;
 
     // Enrolment tokens are one-time; unknown ones are refused.
-    let r = app.call(Method::POST, "/agent/v1/register", None, Some(register_body(&a.enrol, 4))).await;
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/register",
+            None,
+            Some(register_body(&a.enrol, 4)),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
-    let r = app.call(Method::POST, "/agent/v1/register", None, Some(register_body("sye_unknown", 4))).await;
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/register",
+            None,
+            Some(register_body("sye_unknown", 4)),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     // Agent calls need the agent's token; API tokens do not work there.
-    let r = app.call(Method::GET, "/agent/v1/work?wait_s=0", Some(&app.admin), None).await;
+    let r = app
+        .call(
+            Method::GET,
+            "/agent/v1/work?wait_s=0",
+            Some(&app.admin),
+            None,
+        )
+        .await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
 
     let job = app.submit(&dev, job_spec("ml")).await;
     let id = job.body["id"].as_str().unwrap().to_string();
-    let placed = app.wait_for_job(&dev, &id, Duration::from_secs(10), |j| j["state"] == "placed").await;
-    let (holder, other) = if placed["placement"]["node"] == a.node.as_str() { (&a, &b) } else { (&b, &a) };
+    let placed = app
+        .wait_for_job(&dev, &id, Duration::from_secs(10), |j| {
+            j["state"] == "placed"
+        })
+        .await;
+    let (holder, other) = if placed["placement"]["node"] == a.node.as_str() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
     let work = poll_work(&app, holder).await;
     let attempt = work["leases"][0]["attempt"].clone();
 
@@ -288,7 +602,14 @@ async fn agents_cannot_report_for_leases_they_do_not_hold() {
         {"type": "log", "attempt": attempt, "seq": 0, "stream": "stdout", "data": "forged"},
         {"type": "finished", "attempt": attempt, "exit_code": 0, "signal": null, "error": null, "stopped": false}
     ]});
-    let r = app.call(Method::POST, "/agent/v1/events", Some(&other.token), Some(fake)).await;
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/events",
+            Some(&other.token),
+            Some(fake),
+        )
+        .await;
     for res in r.body["results"].as_array().unwrap() {
         assert_eq!(res["status"], "rejected", "{}", r.body);
     }
@@ -296,18 +617,36 @@ async fn agents_cannot_report_for_leases_they_do_not_hold() {
     let mut stale = attempt.clone();
     stale["epoch"] = json!(attempt["epoch"].as_u64().unwrap() + 7);
     let r = app
-        .call(Method::POST, "/agent/v1/events", Some(&holder.token),
-              Some(json!({"events": [{"type": "started", "attempt": stale, "pid": 1}]})))
+        .call(
+            Method::POST,
+            "/agent/v1/events",
+            Some(&holder.token),
+            Some(json!({"events": [{"type": "started", "attempt": stale, "pid": 1}]})),
+        )
         .await;
     assert_eq!(r.body["results"][0]["status"], "rejected");
     let job = app.job(&dev, &id).await.body;
     assert_eq!(job["state"], "placed");
-    let logs = app.call(Method::GET, &format!("/api/v1/jobs/{id}/logs"), Some(&dev), None).await;
+    let logs = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/jobs/{id}/logs"),
+            Some(&dev),
+            None,
+        )
+        .await;
     assert_eq!(logs.body["entries"].as_array().unwrap().len(), 0);
 
     // The other agent's heartbeat claiming the attempt is told to stop it.
     let hb = json!({"inventory": {"gpus": [], "cpus": 1, "memory_mb": 1, "simulated": true}, "running": [attempt]});
-    let r = app.call(Method::POST, "/agent/v1/heartbeat", Some(&other.token), Some(hb)).await;
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/heartbeat",
+            Some(&other.token),
+            Some(hb),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert_eq!(r.body["stop"][0], attempt);
 }
@@ -321,15 +660,34 @@ async fn cancelling_a_running_job_tells_its_agent_to_stop() {
     let id = job.body["id"].as_str().unwrap().to_string();
     let work = poll_work(&app, &agent).await;
     let attempt = work["leases"][0]["attempt"].clone();
-    app.call(Method::POST, "/agent/v1/events", Some(&agent.token),
-             Some(json!({"events": [{"type": "started", "attempt": attempt, "pid": 1}]}))).await;
+    app.call(
+        Method::POST,
+        "/agent/v1/events",
+        Some(&agent.token),
+        Some(json!({"events": [{"type": "started", "attempt": attempt, "pid": 1}]})),
+    )
+    .await;
 
-    let r = app.call(Method::POST, &format!("/api/v1/jobs/{id}/cancel"), Some(&dev), None).await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/jobs/{id}/cancel"),
+            Some(&dev),
+            None,
+        )
+        .await;
     assert_eq!(r.status, StatusCode::ACCEPTED);
     assert_eq!(r.body["state"], "running");
     assert_eq!(r.body["cancel_requested"], true);
 
-    let work = app.call(Method::GET, "/agent/v1/work?wait_s=5", Some(&agent.token), None).await;
+    let work = app
+        .call(
+            Method::GET,
+            "/agent/v1/work?wait_s=5",
+            Some(&agent.token),
+            None,
+        )
+        .await;
     assert_eq!(work.body["stop"][0], attempt, "{}", work.body);
     app.call(Method::POST, "/agent/v1/events", Some(&agent.token),
              Some(json!({"events": [{"type": "finished", "attempt": attempt, "exit_code": null, "signal": 15, "error": null, "stopped": true}]}))).await;
@@ -339,7 +697,10 @@ async fn cancelling_a_running_job_tells_its_agent_to_stop() {
     // The GPUs are free again: the next job is placed on the same node.
     let next = app.submit(&dev, job_spec("ml")).await;
     let next_id = next.body["id"].as_str().unwrap().to_string();
-    app.wait_for_job(&dev, &next_id, Duration::from_secs(10), |j| j["state"] == "placed").await;
+    app.wait_for_job(&dev, &next_id, Duration::from_secs(10), |j| {
+        j["state"] == "placed"
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -350,7 +711,12 @@ async fn lists_page_with_a_cursor() {
     for i in 0..5 {
         let mut spec = job_spec("ml");
         spec["name"] = json!(format!("job-{i}"));
-        ids.push(app.submit(&dev, spec).await.body["id"].as_str().unwrap().to_string());
+        ids.push(
+            app.submit(&dev, spec).await.body["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
     }
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
@@ -371,12 +737,18 @@ async fn lists_page_with_a_cursor() {
     }
     ids.reverse();
     assert_eq!(seen, ids, "newest first, each once");
-    let r = app.call(Method::GET, "/api/v1/jobs?name=job-3", Some(&dev), None).await;
+    let r = app
+        .call(Method::GET, "/api/v1/jobs?name=job-3", Some(&dev), None)
+        .await;
     assert_eq!(r.body["jobs"].as_array().unwrap().len(), 1);
-    let r = app.call(Method::GET, "/api/v1/jobs?state=bogus", Some(&dev), None).await;
+    let r = app
+        .call(Method::GET, "/api/v1/jobs?state=bogus", Some(&dev), None)
+        .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.error_field(), "state");
-    let r = app.call(Method::GET, "/api/v1/jobs?limit=0", Some(&dev), None).await;
+    let r = app
+        .call(Method::GET, "/api/v1/jobs?limit=0", Some(&dev), None)
+        .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
 }
 
@@ -385,16 +757,33 @@ async fn openapi_health_and_regions() {
     let app = TestApp::spawn().await;
     let doc = app.call(Method::GET, "/openapi.json", None, None).await;
     assert_eq!(doc.status, StatusCode::OK);
-    for path in ["/jobs", "/jobs/{id}", "/jobs/{id}/cancel", "/jobs/{id}/logs", "/jobs/{id}/placement", "/pools", "/regions", "/tokens"] {
+    for path in [
+        "/jobs",
+        "/jobs/{id}",
+        "/jobs/{id}/cancel",
+        "/jobs/{id}/logs",
+        "/jobs/{id}/placement",
+        "/pools",
+        "/regions",
+        "/tokens",
+    ] {
         assert!(doc.body["paths"][path].is_object(), "openapi lacks {path}");
     }
     assert!(doc.body["components"]["schemas"]["JobSpec"].is_object());
     assert!(doc.body["components"]["securitySchemes"]["bearer"].is_object());
 
-    assert_eq!(app.call(Method::GET, "/healthz", None, None).await.body["status"], "ok");
-    assert_eq!(app.call(Method::GET, "/readyz", None, None).await.body["status"], "ready");
+    assert_eq!(
+        app.call(Method::GET, "/healthz", None, None).await.body["status"],
+        "ok"
+    );
+    assert_eq!(
+        app.call(Method::GET, "/readyz", None, None).await.body["status"],
+        "ready"
+    );
 
-    let regions = app.call(Method::GET, "/api/v1/regions", Some(&app.admin), None).await;
+    let regions = app
+        .call(Method::GET, "/api/v1/regions", Some(&app.admin), None)
+        .await;
     let r = &regions.body["regions"][0];
     assert_eq!(r["id"], "onprem:test-dc");
     assert_eq!(r["provider"], "onprem");

@@ -91,7 +91,13 @@ impl TestApp {
         }
     }
 
-    pub async fn call(&self, method: Method, path: &str, token: Option<&str>, body: Option<Value>) -> Response {
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Response {
         let mut req = self.http.request(method, format!("{}{path}", self.url));
         if let Some(t) = token {
             req = req.bearer_auth(t);
@@ -106,7 +112,13 @@ impl TestApp {
         Response { status, body }
     }
 
-    pub async fn raw(&self, path: &str, token: &str, content_type: &str, body: Vec<u8>) -> Response {
+    pub async fn raw(
+        &self,
+        path: &str,
+        token: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Response {
         let res = self
             .http
             .post(format!("{}{path}", self.url))
@@ -126,27 +138,52 @@ impl TestApp {
 
     pub async fn token(&self, role: &str, team: Option<&str>) -> String {
         let r = self
-            .call(Method::POST, "/api/v1/tokens", Some(&self.admin), Some(json!({"role": role, "team": team})))
+            .call(
+                Method::POST,
+                "/api/v1/tokens",
+                Some(&self.admin),
+                Some(json!({"role": role, "team": team})),
+            )
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
         r.body["token"].as_str().unwrap().to_string()
     }
 
     pub async fn submit(&self, token: &str, spec: Value) -> Response {
-        self.call(Method::POST, "/api/v1/jobs", Some(token), Some(spec)).await
+        self.call(Method::POST, "/api/v1/jobs", Some(token), Some(spec))
+            .await
     }
 
     pub async fn job(&self, token: &str, id: &str) -> Response {
-        self.call(Method::GET, &format!("/api/v1/jobs/{id}"), Some(token), None).await
+        self.call(
+            Method::GET,
+            &format!("/api/v1/jobs/{id}"),
+            Some(token),
+            None,
+        )
+        .await
     }
 
     pub async fn job_count(&self) -> usize {
-        let r = self.call(Method::GET, "/api/v1/jobs?limit=500", Some(&self.admin), None).await;
+        let r = self
+            .call(
+                Method::GET,
+                "/api/v1/jobs?limit=500",
+                Some(&self.admin),
+                None,
+            )
+            .await;
         r.body["jobs"].as_array().unwrap().len()
     }
 
     /// Polls a job until `pred` holds or `timeout` passes.
-    pub async fn wait_for_job(&self, token: &str, id: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+    pub async fn wait_for_job(
+        &self,
+        token: &str,
+        id: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let r = self.job(token, id).await;
@@ -154,7 +191,10 @@ impl TestApp {
                 return r.body;
             }
             if tokio::time::Instant::now() > deadline {
-                panic!("job {id} did not reach the expected state in {timeout:?}: {}", r.body);
+                panic!(
+                    "job {id} did not reach the expected state in {timeout:?}: {}",
+                    r.body
+                );
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
@@ -163,11 +203,23 @@ impl TestApp {
     /// Registers a hand-driven agent in the test pool.
     pub async fn agent(&self, gpus: u32) -> TestAgent {
         let r = self
-            .call(Method::POST, "/api/v1/enrolment-tokens", Some(&self.admin), Some(json!({"pool": POOL})))
+            .call(
+                Method::POST,
+                "/api/v1/enrolment-tokens",
+                Some(&self.admin),
+                Some(json!({"pool": POOL})),
+            )
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
         let enrol = r.body["token"].as_str().unwrap().to_string();
-        let r = self.call(Method::POST, "/agent/v1/register", None, Some(register_body(&enrol, gpus))).await;
+        let r = self
+            .call(
+                Method::POST,
+                "/agent/v1/register",
+                None,
+                Some(register_body(&enrol, gpus)),
+            )
+            .await;
         assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
         TestAgent {
             token: r.body["agent_token"].as_str().unwrap().to_string(),

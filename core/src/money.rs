@@ -42,7 +42,17 @@ impl Money {
 
     /// The cost of running at `self` per hour for `seconds`, rounded up to the micro-dollar.
     pub fn per_hour_for_secs(self, seconds: i64) -> Money {
-        let num = self.0 as i128 * seconds.max(0) as i128;
+        let seconds = seconds.max(0);
+        // The planner prices millions of candidates: stay in i64 (a multiply-shift for the
+        // constant divisor) unless the product overflows; 128-bit division is a library call.
+        if let Some(num) = self
+            .0
+            .checked_mul(seconds)
+            .and_then(|n| n.checked_add(3599))
+        {
+            return Money(num / 3600);
+        }
+        let num = self.0 as i128 * seconds as i128;
         let cost = (num + 3599) / 3600;
         Money(cost.clamp(i64::MIN as i128, i64::MAX as i128) as i64)
     }
@@ -113,6 +123,14 @@ mod tests {
         // $1/h for one second is 277.7… micro-dollars: rounded up.
         assert_eq!(Money(1_000_000).per_hour_for_secs(1), Money(278));
         assert_eq!(Money(1_000_000).per_hour_for_secs(-5), Money(0));
+        // Past i64 in the product: the wide path, exact, then saturating.
+        assert_eq!(
+            Money(i64::MAX / 2).per_hour_for_secs(7200),
+            Money(i64::MAX - 1)
+        );
+        assert_eq!(Money(i64::MAX).per_hour_for_secs(3600), Money(i64::MAX));
+        assert_eq!(Money(i64::MAX).per_hour_for_secs(7200), Money(i64::MAX));
+        assert_eq!(Money(-3_600_000).per_hour_for_secs(1), Money(-1_000 + 1));
         assert_eq!(Money(10).div_ceil(4), Money(3));
     }
 }

@@ -42,17 +42,16 @@ pub fn check_satisfiable(pools: &[Pool], spec: &JobSpec) -> Result<(), Unsatisfi
             });
         }
     }
-    if !spec.regions.is_empty() {
-        if let Some(unknown) = spec
-            .regions
-            .iter()
-            .find(|reg| !pools.iter().any(|p| &p.region == *reg))
-        {
-            return Err(Unsatisfiable {
-                field: "regions",
-                message: format!("no pool in region {unknown}"),
-            });
-        }
+    // An empty allow-list (any region) finds nothing here.
+    if let Some(unknown) = spec
+        .regions
+        .iter()
+        .find(|reg| !pools.iter().any(|p| &p.region == *reg))
+    {
+        return Err(Unsatisfiable {
+            field: "regions",
+            message: format!("no pool in region {unknown}"),
+        });
     }
     let max_gpus = pools.iter().map(|p| p.gpus_per_node).max().unwrap_or(0);
     if r.gpus > max_gpus {

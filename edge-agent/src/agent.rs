@@ -154,13 +154,14 @@ impl Worker {
                     streak.succeeded();
                     backoff.reset();
                     let empty = work.leases.is_empty() && work.stop.is_empty();
+                    // Leases first: a stop in the same answer may be for one of them.
+                    for lease in work.leases {
+                        self.start(lease, runners);
+                    }
                     for attempt in work.stop {
                         if self.attempts.stop(attempt.attempt_id, StopReason::Broker) {
                             tracing::info!(attempt.id = %attempt.attempt_id, "broker asked to stop");
                         }
-                    }
-                    for lease in work.leases {
-                        self.start(lease, runners);
                     }
                     if empty {
                         tokio::time::sleep_until(asked + MIN_EMPTY_POLL).await;

@@ -8,7 +8,7 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum AgentError {
     #[error(
-        "no NVIDIA driver found (libnvidia-ml.so.1 missing: {0}); \
+        "no NVIDIA driver found ({0}); \
          pass --fake-gpus 4xH100-80GB to simulate GPUs"
     )]
     NoDriver(String),

@@ -9,13 +9,15 @@ use std::collections::VecDeque;
 use std::time::Duration;
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, Stream};
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 /// Largest `data` of one log event, in bytes.
 pub const MAX_CHUNK_BYTES: usize = 64 * 1024;
 /// Output that arrives within this window after the first pending byte goes out as one chunk.
 pub const COALESCE_WINDOW: Duration = Duration::from_millis(150);
+/// How long a pipe may stay open and silent after the job's processes are gone.
+pub const PIPE_IDLE_AFTER_END: Duration = Duration::from_secs(5);
 const READ_BUFFER: usize = 16 * 1024;
 
 /// Bytes read from one stream of the process.
@@ -25,25 +27,43 @@ pub struct Piece {
     pub bytes: Vec<u8>,
 }
 
-/// Reads a pipe to its end, forwarding what it reads.
+/// Reads a pipe to its end, forwarding what it reads. Forwarding waits for room (the outbox's
+/// backpressure) as long as it takes. Once `job_ended` turns true, a pipe that stays silent for
+/// [`PIPE_IDLE_AFTER_END`] is abandoned: a process that left the job's group still holds it.
 pub async fn read_stream(
     mut pipe: impl AsyncRead + Unpin,
     stream: Stream,
     to: mpsc::Sender<Piece>,
+    mut job_ended: watch::Receiver<bool>,
 ) {
     let mut buf = vec![0u8; READ_BUFFER];
     loop {
-        match pipe.read(&mut buf).await {
+        let read = if *job_ended.borrow_and_update() {
+            match tokio::time::timeout(PIPE_IDLE_AFTER_END, pipe.read(&mut buf)).await {
+                Ok(read) => read,
+                Err(_idle) => {
+                    tracing::warn!(
+                        ?stream,
+                        "a process outside the job's group keeps its output open; not reading further"
+                    );
+                    return;
+                }
+            }
+        } else {
+            // `read` is cancel-safe: losing the race reads nothing.
+            tokio::select! {
+                read = pipe.read(&mut buf) => read,
+                _ = job_ended.changed() => continue,
+            }
+        };
+        match read {
             Ok(0) => return,
             Ok(n) => {
-                if to
-                    .send(Piece {
-                        stream,
-                        bytes: buf[..n].to_vec(),
-                    })
-                    .await
-                    .is_err()
-                {
+                let piece = Piece {
+                    stream,
+                    bytes: buf[..n].to_vec(),
+                };
+                if to.send(piece).await.is_err() {
                     return;
                 }
             }

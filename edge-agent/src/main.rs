@@ -25,7 +25,6 @@ async fn main() -> ExitCode {
     match switchyard_agent::run(cli.agent).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "agent stopped");
             eprintln!("switchyard-agent: {e:#}");
             ExitCode::FAILURE
         }

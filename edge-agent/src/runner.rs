@@ -14,13 +14,9 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, Lease, Stream};
 use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
-
-/// How long output may keep arriving after the job's group is gone (a process that left the
-/// group can hold the pipes open); after that the rest is abandoned.
-const PIPE_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Pieces of output in flight between the pipe readers and the coalescer, per attempt.
 const PIECE_QUEUE: usize = 64;
@@ -71,15 +67,26 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
         // The id is known until the child is reaped, which has not happened yet.
         let pid = child.id().unwrap_or_default();
         tracing::info!(pid, command = ?lease.command, "job started");
-        report.send(AgentEvent::Started { attempt: attempt.clone(), pid }).await;
 
         let (pieces_tx, pieces_rx) = mpsc::channel(PIECE_QUEUE);
-        let readers = [
-            child.stdout.take().map(|p| tokio::spawn(logs::read_stream(p, Stream::Stdout, pieces_tx.clone()))),
-            child.stderr.take().map(|p| tokio::spawn(logs::read_stream(p, Stream::Stderr, pieces_tx.clone()))),
-        ];
+        let (ended_tx, ended_rx) = watch::channel(false);
+        let mut readers = Vec::new();
+        if let Some(pipe) = child.stdout.take() {
+            readers.push(tokio::spawn(logs::read_stream(pipe, Stream::Stdout, pieces_tx.clone(), ended_rx.clone())));
+        }
+        if let Some(pipe) = child.stderr.take() {
+            readers.push(tokio::spawn(logs::read_stream(pipe, Stream::Stderr, pieces_tx.clone(), ended_rx)));
+        }
         drop(pieces_tx);
-        let pump = tokio::spawn(logs::pump(pieces_rx, sink.clone(), attempt.clone(), 0, COALESCE_WINDOW));
+        // `Started` goes first through the same task as the output, so that a full outbox never
+        // keeps this task from watching for a stop.
+        let pump = tokio::spawn({
+            let (sink, attempt) = (sink.clone(), attempt.clone());
+            async move {
+                sink.send(AgentEvent::Started { attempt: attempt.clone(), pid }).await;
+                logs::pump(pieces_rx, sink, attempt, 0, COALESCE_WINDOW).await
+            }
+        });
 
         let started = Instant::now();
         let (status, stopped) = tokio::select! {
@@ -96,16 +103,10 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
             }
         };
 
-        let mut readers: Vec<_> = readers.into_iter().flatten().collect();
-        let drained = tokio::time::timeout(PIPE_DRAIN_TIMEOUT, async {
-            for reader in &mut readers {
-                let _ = reader.await;
-            }
-        })
-        .await;
-        if drained.is_err() {
-            tracing::warn!("job output still open after its processes ended; abandoning the rest");
-            readers.iter().for_each(|r| r.abort());
+        // Output already written is read to the end, however slow the outbox is.
+        let _ = ended_tx.send(true);
+        for reader in readers {
+            let _ = reader.await;
         }
         let seq = pump.await.unwrap_or_default();
 

@@ -30,6 +30,9 @@ struct Broker {
     register_refusal: Option<(StatusCode, String)>,
     revoked: bool,
     leases: VecDeque<Lease>,
+    /// Attempts to stop, handed out with the next work answer.
+    stops: Vec<AttemptRef>,
+    drain: bool,
     heartbeats: Vec<Heartbeat>,
     /// Events accepted, in arrival order.
     events: Vec<AgentEvent>,
@@ -44,17 +47,27 @@ struct Broker {
 type Shared = Arc<Mutex<Broker>>;
 
 fn authorised(b: &Broker, headers: &HeaderMap) -> bool {
-    !b.revoked && headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {TOKEN}"))
+    !b.revoked
+        && headers.get("authorization").and_then(|v| v.to_str().ok())
+            == Some(&format!("Bearer {TOKEN}"))
 }
 
 fn unauthorised() -> Response {
-    (StatusCode::UNAUTHORIZED, Json(json!({"error": {"code": "unauthorized", "message": "bad token"}}))).into_response()
+    (
+        StatusCode::UNAUTHORIZED,
+        Json(json!({"error": {"code": "unauthorized", "message": "bad token"}})),
+    )
+        .into_response()
 }
 
 async fn register(State(s): State<Shared>, Json(req): Json<RegisterRequest>) -> Response {
     let mut b = s.lock().unwrap();
     if let Some((status, message)) = &b.register_refusal {
-        return (*status, Json(json!({"error": {"code": "forbidden", "message": message}}))).into_response();
+        return (
+            *status,
+            Json(json!({"error": {"code": "forbidden", "message": message}})),
+        )
+            .into_response();
     }
     assert_eq!(req.enrolment_token, "enrol-me");
     b.registers += 1;
@@ -69,13 +82,21 @@ async fn register(State(s): State<Shared>, Json(req): Json<RegisterRequest>) -> 
     .into_response()
 }
 
-async fn heartbeat(State(s): State<Shared>, headers: HeaderMap, Json(beat): Json<Heartbeat>) -> Response {
+async fn heartbeat(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    Json(beat): Json<Heartbeat>,
+) -> Response {
     let mut b = s.lock().unwrap();
     if !authorised(&b, &headers) {
         return unauthorised();
     }
     b.heartbeats.push(beat);
-    Json(HeartbeatResponse { stop: vec![], drain: false }).into_response()
+    Json(HeartbeatResponse {
+        stop: vec![],
+        drain: b.drain,
+    })
+    .into_response()
 }
 
 #[derive(Deserialize)]
@@ -92,16 +113,21 @@ async fn work(State(s): State<Shared>, headers: HeaderMap, Query(w): Query<Wait>
             if !authorised(&b, &headers) {
                 return unauthorised();
             }
-            if !b.leases.is_empty() || Instant::now() >= until {
+            if !b.leases.is_empty() || !b.stops.is_empty() || Instant::now() >= until {
                 let leases = b.leases.drain(..).collect();
-                return Json(WorkResponse { leases, stop: vec![] }).into_response();
+                let stop = std::mem::take(&mut b.stops);
+                return Json(WorkResponse { leases, stop }).into_response();
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-async fn events(State(s): State<Shared>, headers: HeaderMap, Json(batch): Json<EventBatch>) -> Response {
+async fn events(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    Json(batch): Json<EventBatch>,
+) -> Response {
     let mut b = s.lock().unwrap();
     if !authorised(&b, &headers) {
         return unauthorised();
@@ -114,10 +140,16 @@ async fn events(State(s): State<Shared>, headers: HeaderMap, Json(batch): Json<E
     for event in batch.events {
         if b.reject.contains(&attempt_id(&event)) {
             b.rejected_events.push(event);
-            results.push(EventResult { status: EventStatus::Rejected, reason: Some("stale epoch".into()) });
+            results.push(EventResult {
+                status: EventStatus::Rejected,
+                reason: Some("stale epoch".into()),
+            });
         } else {
             b.events.push(event);
-            results.push(EventResult { status: EventStatus::Accepted, reason: None });
+            results.push(EventResult {
+                status: EventStatus::Accepted,
+                reason: None,
+            });
         }
     }
     Json(EventBatchResponse { results }).into_response()
@@ -125,7 +157,9 @@ async fn events(State(s): State<Shared>, headers: HeaderMap, Json(batch): Json<E
 
 fn attempt_id(event: &AgentEvent) -> Uuid {
     match event {
-        AgentEvent::Started { attempt, .. } | AgentEvent::Log { attempt, .. } | AgentEvent::Finished { attempt, .. } => attempt.attempt_id,
+        AgentEvent::Started { attempt, .. }
+        | AgentEvent::Log { attempt, .. }
+        | AgentEvent::Finished { attempt, .. } => attempt.attempt_id,
     }
 }
 
@@ -167,23 +201,36 @@ impl Agent {
         let task = tokio::spawn(switchyard_agent::run_until(args, async move {
             let _ = rx.await;
         }));
-        Agent { stop: Some(tx), task }
+        Agent {
+            stop: Some(tx),
+            task,
+        }
     }
 
     /// Signals shutdown and waits for the agent's result.
     async fn shut_down(mut self) -> anyhow::Result<()> {
         let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(DEADLINE, self.task).await.expect("agent did not shut down").unwrap()
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .expect("agent did not shut down")
+            .unwrap()
     }
 
     /// Waits for the agent to end on its own.
     async fn ended(self) -> anyhow::Result<()> {
-        tokio::time::timeout(DEADLINE, self.task).await.expect("agent did not end").unwrap()
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .expect("agent did not end")
+            .unwrap()
     }
 }
 
 /// Polls the broker state until `pick` returns something.
-async fn eventually<T>(state: &Shared, what: &str, mut pick: impl FnMut(&Broker) -> Option<T>) -> T {
+async fn eventually<T>(
+    state: &Shared,
+    what: &str,
+    mut pick: impl FnMut(&Broker) -> Option<T>,
+) -> T {
     let deadline = Instant::now() + DEADLINE;
     loop {
         if let Some(found) = pick(&state.lock().unwrap()) {
@@ -204,7 +251,11 @@ async fn wait_gone(pid: u32) {
 
 fn lease(command: &[&str]) -> Lease {
     Lease {
-        attempt: AttemptRef { job_id: Uuid::now_v7(), attempt_id: Uuid::now_v7(), epoch: 3 },
+        attempt: AttemptRef {
+            job_id: Uuid::now_v7(),
+            attempt_id: Uuid::now_v7(),
+            epoch: 3,
+        },
         command: command.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::new(),
         gpus: vec![1],
@@ -213,7 +264,10 @@ fn lease(command: &[&str]) -> Lease {
 }
 
 fn finished_of(b: &Broker, id: Uuid) -> Option<AgentEvent> {
-    b.events.iter().find(|e| matches!(e, AgentEvent::Finished { .. }) && attempt_id(e) == id).cloned()
+    b.events
+        .iter()
+        .find(|e| matches!(e, AgentEvent::Finished { .. }) && attempt_id(e) == id)
+        .cloned()
 }
 
 fn started_pid(events: &[AgentEvent], id: Uuid) -> Option<u32> {
@@ -228,7 +282,12 @@ async fn runs_a_lease_and_reports_it_in_order_through_broker_failures() {
     let l = lease(&["echo", "hello"]);
     let id = l.attempt.attempt_id;
     // The same lease twice (at-least-once delivery): it must run once.
-    let (state, url) = broker(Broker { leases: [l.clone(), l.clone()].into(), fail_event_posts: 2, ..Broker::default() }).await;
+    let (state, url) = broker(Broker {
+        leases: [l.clone(), l.clone()].into(),
+        fail_event_posts: 2,
+        ..Broker::default()
+    })
+    .await;
     let agent = Agent::start(args(&url, None));
 
     eventually(&state, "Finished", |b| finished_of(b, id)).await;
@@ -243,48 +302,157 @@ async fn runs_a_lease_and_reports_it_in_order_through_broker_failures() {
     assert_eq!(
         b.events,
         vec![
-            AgentEvent::Started { attempt: attempt.clone(), pid },
-            AgentEvent::Log { attempt: attempt.clone(), seq: 0, stream: Stream::Stdout, data: "hello\n".into() },
-            AgentEvent::Finished { attempt, exit_code: Some(0), signal: None, error: None, stopped: false },
+            AgentEvent::Started {
+                attempt: attempt.clone(),
+                pid
+            },
+            AgentEvent::Log {
+                attempt: attempt.clone(),
+                seq: 0,
+                stream: Stream::Stdout,
+                data: "hello\n".into()
+            },
+            AgentEvent::Finished {
+                attempt,
+                exit_code: Some(0),
+                signal: None,
+                error: None,
+                stopped: false
+            },
         ]
     );
     assert!(beat.inventory.simulated);
-    assert_eq!(beat.inventory.gpus.iter().map(|g| g.model.as_str()).collect::<Vec<_>>(), ["L4", "L4"]);
+    assert_eq!(
+        beat.inventory
+            .gpus
+            .iter()
+            .map(|g| g.model.as_str())
+            .collect::<Vec<_>>(),
+        ["L4", "L4"]
+    );
 }
 
 #[tokio::test]
 async fn a_rejected_event_stops_the_lease_and_silences_it() {
     let l = lease(&["sleep", "300"]);
     let id = l.attempt.attempt_id;
-    let (state, url) = broker(Broker { leases: [l].into(), reject: [id].into(), ..Broker::default() }).await;
+    let (state, url) = broker(Broker {
+        leases: [l].into(),
+        reject: [id].into(),
+        ..Broker::default()
+    })
+    .await;
     let agent = Agent::start(args(&url, None));
 
-    let pid = eventually(&state, "the rejected Started", |b| started_pid(&b.rejected_events, id)).await;
+    let pid = eventually(&state, "the rejected Started", |b| {
+        started_pid(&b.rejected_events, id)
+    })
+    .await;
     wait_gone(pid).await;
     // Once a later heartbeat no longer lists it, its runner is done: nothing more was sent.
     let seen = state.lock().unwrap().heartbeats.len();
     eventually(&state, "a later heartbeat without the attempt", |b| {
-        b.heartbeats[seen..].iter().find(|h| h.running.is_empty()).map(|_| ())
+        b.heartbeats[seen..]
+            .iter()
+            .find(|h| h.running.is_empty())
+            .map(|_| ())
     })
     .await;
     agent.shut_down().await.unwrap();
     let b = state.lock().unwrap();
     assert!(b.events.is_empty(), "{:?}", b.events);
-    assert_eq!(b.rejected_events.len(), 1, "only Started: {:?}", b.rejected_events);
+    assert_eq!(
+        b.rejected_events.len(),
+        1,
+        "only Started: {:?}",
+        b.rejected_events
+    );
+}
+
+#[tokio::test]
+async fn a_broker_stop_ends_the_job_as_stopped() {
+    let l = lease(&["sleep", "300"]);
+    let id = l.attempt.attempt_id;
+    let (state, url) = broker(Broker {
+        leases: [l.clone()].into(),
+        ..Broker::default()
+    })
+    .await;
+    let agent = Agent::start(args(&url, None));
+    let pid = eventually(&state, "Started", |b| started_pid(&b.events, id)).await;
+    state.lock().unwrap().stops.push(l.attempt.clone());
+
+    let finished = eventually(&state, "Finished", |b| finished_of(b, id)).await;
+    assert!(!group::process_alive(pid));
+    match finished {
+        AgentEvent::Finished {
+            stopped,
+            signal,
+            exit_code,
+            ..
+        } => {
+            assert_eq!((stopped, signal, exit_code), (true, Some(15), None));
+        }
+        other => panic!("{other:?}"),
+    }
+    agent.shut_down().await.unwrap();
+}
+
+#[tokio::test]
+async fn drain_takes_no_new_work_until_lifted() {
+    let (state, url) = broker(Broker {
+        drain: true,
+        ..Broker::default()
+    })
+    .await;
+    let agent = Agent::start(args(&url, None));
+    // Three beats: the drain is applied and any long-poll begun before it has returned.
+    eventually(&state, "three heartbeats", |b| {
+        (b.heartbeats.len() >= 3).then_some(())
+    })
+    .await;
+    let l = lease(&["echo", "after drain"]);
+    let id = l.attempt.attempt_id;
+    state.lock().unwrap().leases.push_back(l);
+    let seen = state.lock().unwrap().heartbeats.len();
+    eventually(&state, "two more heartbeats", |b| {
+        (b.heartbeats.len() >= seen + 2).then_some(())
+    })
+    .await;
+    {
+        let b = state.lock().unwrap();
+        assert_eq!(b.leases.len(), 1, "a draining agent polled for work");
+        assert!(b.events.is_empty());
+    }
+    state.lock().unwrap().drain = false;
+    eventually(&state, "the lease to run after the drain", |b| {
+        finished_of(b, id)
+    })
+    .await;
+    agent.shut_down().await.unwrap();
 }
 
 #[tokio::test]
 async fn shutdown_stops_running_jobs_and_flushes_their_end() {
     let l = lease(&["sleep", "300"]);
     let id = l.attempt.attempt_id;
-    let (state, url) = broker(Broker { leases: [l].into(), ..Broker::default() }).await;
+    let (state, url) = broker(Broker {
+        leases: [l].into(),
+        ..Broker::default()
+    })
+    .await;
     let agent = Agent::start(args(&url, None));
     let pid = eventually(&state, "Started", |b| started_pid(&b.events, id)).await;
 
     agent.shut_down().await.unwrap();
     assert!(!group::process_alive(pid), "the job outlived the agent");
     match finished_of(&state.lock().unwrap(), id) {
-        Some(AgentEvent::Finished { stopped, error, signal, .. }) => {
+        Some(AgentEvent::Finished {
+            stopped,
+            error,
+            signal,
+            ..
+        }) => {
             assert!(!stopped);
             assert_eq!(signal, Some(15));
             assert!(error.unwrap().contains("shutting down"));
@@ -295,10 +463,24 @@ async fn shutdown_stops_running_jobs_and_flushes_their_end() {
 
 #[tokio::test]
 async fn a_refused_enrolment_is_a_clear_error() {
-    let refusal = Some((StatusCode::FORBIDDEN, "enrolment token already used".to_string()));
-    let (_state, url) = broker(Broker { register_refusal: refusal, ..Broker::default() }).await;
-    let err = Agent::start(args(&url, None)).ended().await.unwrap_err().to_string();
-    assert!(err.contains("refused enrolment (HTTP 403): enrolment token already used"), "{err}");
+    let refusal = Some((
+        StatusCode::FORBIDDEN,
+        "enrolment token already used".to_string(),
+    ));
+    let (_state, url) = broker(Broker {
+        register_refusal: refusal,
+        ..Broker::default()
+    })
+    .await;
+    let err = Agent::start(args(&url, None))
+        .ended()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("refused enrolment (HTTP 403): enrolment token already used"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -310,7 +492,10 @@ async fn a_revoked_token_ends_the_agent_and_forgets_the_saved_state() {
     assert!(dir.path().join("agent.json").exists());
     state.lock().unwrap().revoked = true;
     let err = agent.ended().await.unwrap_err().to_string();
-    assert!(err.contains("HTTP 401") && err.contains("enrol again"), "{err}");
+    assert!(
+        err.contains("HTTP 401") && err.contains("enrol again"),
+        "{err}"
+    );
     assert!(!dir.path().join("agent.json").exists());
 }
 
@@ -326,7 +511,10 @@ async fn a_restart_reuses_the_saved_enrolment() {
     again.enrol_token = None; // used up: the saved token must do
     let before = state.lock().unwrap().heartbeats.len();
     let agent = Agent::start(again);
-    eventually(&state, "a heartbeat after the restart", |b| (b.heartbeats.len() > before).then_some(())).await;
+    eventually(&state, "a heartbeat after the restart", |b| {
+        (b.heartbeats.len() > before).then_some(())
+    })
+    .await;
     agent.shut_down().await.unwrap();
     assert_eq!(state.lock().unwrap().registers, 1);
 }

@@ -9,17 +9,21 @@ use switchyard_agent::attempts::{AttemptTable, StopReason};
 use switchyard_agent::group;
 use switchyard_agent::logs::MAX_CHUNK_BYTES;
 use switchyard_agent::outbox::EventSink;
-use switchyard_agent::runner::{run_attempt, RunOptions};
+use switchyard_agent::runner::{RunOptions, run_attempt};
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, Lease, Stream};
 use tokio::sync::mpsc;
-use tokio::time::{timeout, Instant};
+use tokio::time::{Instant, timeout};
 use uuid::Uuid;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
 fn lease(command: &[&str], grace_s: u64) -> Lease {
     Lease {
-        attempt: AttemptRef { job_id: Uuid::now_v7(), attempt_id: Uuid::now_v7(), epoch: 1 },
+        attempt: AttemptRef {
+            job_id: Uuid::now_v7(),
+            attempt_id: Uuid::now_v7(),
+            epoch: 1,
+        },
         command: command.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::new(),
         gpus: vec![],
@@ -39,16 +43,27 @@ impl Attempt {
     fn start(lease: Lease) -> Attempt {
         let table = Arc::new(AttemptTable::new());
         let id = lease.attempt.attempt_id;
-        let stop = table.admit(&lease, Duration::from_secs(lease.grace_s)).unwrap();
+        let stop = table
+            .admit(&lease, Duration::from_secs(lease.grace_s))
+            .unwrap();
         let (sink, events) = EventSink::channel(1024);
-        let opts = RunOptions { default_grace: Duration::from_secs(10) };
+        let opts = RunOptions {
+            default_grace: Duration::from_secs(10),
+        };
         tokio::spawn(run_attempt(lease, sink, stop, opts));
-        Attempt { id, table, events, seen: Vec::new() }
+        Attempt {
+            id,
+            table,
+            events,
+            seen: Vec::new(),
+        }
     }
 
     /// The next event; `None` once the runner is done.
     async fn next(&mut self) -> Option<AgentEvent> {
-        let event = timeout(DEADLINE, self.events.recv()).await.expect("no event within the deadline");
+        let event = timeout(DEADLINE, self.events.recv())
+            .await
+            .expect("no event within the deadline");
         self.seen.extend(event.clone());
         event
     }
@@ -75,25 +90,41 @@ fn logs(events: &[AgentEvent]) -> Vec<(u64, Stream, String)> {
     events
         .iter()
         .filter_map(|e| match e {
-            AgentEvent::Log { seq, stream, data, .. } => Some((*seq, *stream, data.clone())),
+            AgentEvent::Log {
+                seq, stream, data, ..
+            } => Some((*seq, *stream, data.clone())),
             _ => None,
         })
         .collect()
 }
 
 fn text(events: &[AgentEvent], want: Stream) -> String {
-    logs(events).into_iter().filter(|(_, s, _)| *s == want).map(|(_, _, d)| d).collect()
+    logs(events)
+        .into_iter()
+        .filter(|(_, s, _)| *s == want)
+        .map(|(_, _, d)| d)
+        .collect()
 }
 
 fn assert_gapless(events: &[AgentEvent]) {
     let seqs: Vec<u64> = logs(events).iter().map(|l| l.0).collect();
-    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>(), "{events:?}");
+    assert_eq!(
+        seqs,
+        (0..seqs.len() as u64).collect::<Vec<_>>(),
+        "{events:?}"
+    );
 }
 
 /// (exit_code, signal, error, stopped) of the last event, which must be `Finished`.
 fn finished(events: &[AgentEvent]) -> (Option<i32>, Option<i32>, Option<String>, bool) {
     match events.last() {
-        Some(AgentEvent::Finished { exit_code, signal, error, stopped, .. }) => (*exit_code, *signal, error.clone(), *stopped),
+        Some(AgentEvent::Finished {
+            exit_code,
+            signal,
+            error,
+            stopped,
+            ..
+        }) => (*exit_code, *signal, error.clone(), *stopped),
         other => panic!("expected Finished last, got {other:?} in {events:?}"),
     }
 }
@@ -106,7 +137,10 @@ async fn members_at_least(pgid: u32, n: usize) -> Vec<u32> {
         if members.len() >= n {
             return members;
         }
-        assert!(Instant::now() < deadline, "group {pgid} never reached {n} members: {members:?}");
+        assert!(
+            Instant::now() < deadline,
+            "group {pgid} never reached {n} members: {members:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -120,12 +154,25 @@ async fn reports_both_streams_in_order_and_the_exit_code() {
     assert_eq!(text(&events, Stream::Stdout), "hi\n");
     assert_eq!(text(&events, Stream::Stderr), "err\n");
     assert_eq!(finished(&events), (Some(3), None, None, false));
-    assert_eq!(events.iter().filter(|e| matches!(e, AgentEvent::Finished { .. })).count(), 1);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, AgentEvent::Finished { .. }))
+            .count(),
+        1
+    );
 }
 
 #[tokio::test]
 async fn passes_env_and_gpus() {
-    let mut l = lease(&["sh", "-c", "echo \"$CUDA_VISIBLE_DEVICES|$FOO|$SWITCHYARD_ATTEMPT_ID\""], 1);
+    let mut l = lease(
+        &[
+            "sh",
+            "-c",
+            "echo \"$CUDA_VISIBLE_DEVICES|$FOO|$SWITCHYARD_ATTEMPT_ID\"",
+        ],
+        1,
+    );
     l.env.insert("FOO".into(), "bar baz".into());
     l.env.insert("CUDA_VISIBLE_DEVICES".into(), "9".into()); // the agent's choice wins
     l.gpus = vec![0, 2];
@@ -137,22 +184,43 @@ async fn passes_env_and_gpus() {
 
 #[tokio::test]
 async fn a_spawn_failure_is_a_system_log_and_a_failed_finish() {
-    let events = Attempt::start(lease(&["nosuchbinary-switchyard"], 1)).finish().await;
+    let events = Attempt::start(lease(&["nosuchbinary-switchyard"], 1))
+        .finish()
+        .await;
     let want = "failed to start `nosuchbinary-switchyard`: No such file or directory (os error 2)";
-    assert_eq!(logs(&events), vec![(0, Stream::System, format!("{want}\n"))]);
-    assert_eq!(finished(&events), (None, None, Some(want.to_string()), false));
+    assert_eq!(
+        logs(&events),
+        vec![(0, Stream::System, format!("{want}\n"))]
+    );
+    assert_eq!(
+        finished(&events),
+        (None, None, Some(want.to_string()), false)
+    );
     assert_eq!(events.len(), 2, "no Started: {events:?}");
 }
 
 #[tokio::test]
 async fn large_output_is_chunked_without_loss() {
-    let mut a = Attempt::start(lease(&["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' a; echo"], 1));
+    let mut a = Attempt::start(lease(
+        &["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' a; echo"],
+        1,
+    ));
     let events = a.finish().await;
     assert_gapless(&events);
     let chunks = logs(&events);
-    assert!(chunks.iter().all(|(_, _, d)| d.len() <= MAX_CHUNK_BYTES), "a chunk over the cap");
-    assert!(chunks.len() >= 4, "200 kB must take at least 4 chunks, got {}", chunks.len());
-    assert_eq!(text(&events, Stream::Stdout), format!("{}\n", "a".repeat(200_000)));
+    assert!(
+        chunks.iter().all(|(_, _, d)| d.len() <= MAX_CHUNK_BYTES),
+        "a chunk over the cap"
+    );
+    assert!(
+        chunks.len() >= 4,
+        "200 kB must take at least 4 chunks, got {}",
+        chunks.len()
+    );
+    assert_eq!(
+        text(&events, Stream::Stdout),
+        format!("{}\n", "a".repeat(200_000))
+    );
 }
 
 #[tokio::test]
@@ -162,13 +230,20 @@ async fn stop_terminates_a_sleep_within_grace() {
     let asked = Instant::now();
     a.stop(StopReason::Broker);
     let events = a.finish().await;
-    assert!(asked.elapsed() < Duration::from_secs(5), "took {:?}", asked.elapsed());
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        asked.elapsed()
+    );
     assert!(!group::process_alive(pid));
     let (exit_code, signal, error, stopped) = finished(&events);
     assert_eq!((exit_code, signal, stopped), (None, Some(15), true));
     assert!(error.unwrap().contains("broker's request"));
     let system = text(&events, Stream::System);
-    assert!(system.contains("sent SIGTERM") && !system.contains("SIGKILL"), "{system}");
+    assert!(
+        system.contains("sent SIGTERM") && !system.contains("SIGKILL"),
+        "{system}"
+    );
     assert_gapless(&events);
 }
 
@@ -180,12 +255,16 @@ async fn stop_terminates_the_whole_process_group() {
     let asked = Instant::now();
     a.stop(StopReason::Broker);
     let events = a.finish().await;
-    assert!(asked.elapsed() < Duration::from_secs(5), "took {:?}", asked.elapsed());
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        asked.elapsed()
+    );
     for p in &members {
         assert!(!group::process_alive(*p), "{p} of {members:?} survived");
     }
     assert!(!group::is_alive(pid));
-    assert_eq!(finished(&events).3, true);
+    assert!(finished(&events).3, "reported as stopped");
 }
 
 #[tokio::test]
@@ -198,7 +277,10 @@ async fn a_process_ignoring_sigterm_is_killed_after_grace() {
     a.stop(StopReason::Broker);
     let events = a.finish().await;
     let took = asked.elapsed();
-    assert!(took >= Duration::from_millis(900), "killed before the grace ended: {took:?}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "killed before the grace ended: {took:?}"
+    );
     assert!(took < Duration::from_secs(5), "took {took:?}");
     for p in &members {
         assert!(!group::process_alive(*p), "{p} survived");
@@ -213,7 +295,10 @@ async fn leftovers_in_the_group_end_with_the_job() {
     let mut a = Attempt::start(lease(&["sh", "-c", "sleep 300 & echo $!"], 5));
     let events = a.finish().await;
     let background: u32 = text(&events, Stream::Stdout).trim().parse().unwrap();
-    assert!(!group::process_alive(background), "background sleep {background} survived");
+    assert!(
+        !group::process_alive(background),
+        "background sleep {background} survived"
+    );
     assert_eq!(finished(&events), (Some(0), None, None, false));
 }
 
@@ -236,4 +321,29 @@ async fn shutdown_stops_jobs_as_failures_not_broker_stops() {
     let (_, signal, error, stopped) = finished(&events);
     assert_eq!((signal, stopped), (Some(15), false));
     assert!(error.unwrap().contains("shutting down"));
+}
+
+#[tokio::test]
+async fn an_escaped_process_holding_the_output_does_not_hang_the_attempt() {
+    // The inner shell leaves the job's group (setsid), keeps stdout open and writes its pid;
+    // the job waits for that, prints it and exits.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("pid");
+    let f = f.to_str().unwrap();
+    let script = format!(
+        "setsid sh -c 'echo $$ > {f}; exec sleep 300' & while [ ! -s {f} ]; do sleep 0.05; done; cat {f}"
+    );
+    let mut a = Attempt::start(lease(&["sh", "-c", &script], 1));
+    let events = a.finish().await;
+    let escaped: u32 = text(&events, Stream::Stdout).trim().parse().unwrap();
+    let alive = group::process_alive(escaped);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(escaped as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    assert!(
+        alive,
+        "the escaped process is outside the job's group: not the agent's to kill"
+    );
+    assert_eq!(finished(&events), (Some(0), None, None, false));
 }

@@ -21,12 +21,14 @@ pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("SWITCHYARD_BIN_DIR") {
         return PathBuf::from(dir);
     }
-    // target/debug/deps/e2e-… → target/debug
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target directory")
-        .to_path_buf()
+    // Tests run from target/<profile>/deps/, binaries such as bench-e2e from target/<profile>/.
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("target directory");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("target directory").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 pub fn bin(name: &str) -> PathBuf {
@@ -188,7 +190,12 @@ node_limit = 4
         }
     }
 
-    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.url))
@@ -199,21 +206,35 @@ node_limit = 4
         let res = req.send().await.unwrap();
         let status = res.status().as_u16();
         let text = res.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     /// Starts a `switchyard-agent` with `gpus` simulated H100s and waits until it joined.
     pub async fn start_agent(&mut self, name: &str, gpus: u32) {
         let (status, body) = self
-            .call(reqwest::Method::POST, "/api/v1/enrolment-tokens", Some(json!({"pool": POOL})))
+            .call(
+                reqwest::Method::POST,
+                "/api/v1/enrolment-tokens",
+                Some(json!({"pool": POOL})),
+            )
             .await;
         assert_eq!(status, 201, "{body}");
         let token = body["token"].as_str().unwrap().to_string();
         let mut cmd = Command::new(bin("switchyard-agent"));
-        cmd.args(["--broker", &self.url, "--enrol-token", &token, "--name", name])
-            .arg("--fake-gpus")
-            .arg(format!("{gpus}xH100-80GB"))
-            .env("RUST_LOG", "info");
+        cmd.args([
+            "--broker",
+            &self.url,
+            "--enrol-token",
+            &token,
+            "--name",
+            name,
+        ])
+        .arg("--fake-gpus")
+        .arg(format!("{gpus}xH100-80GB"))
+        .env("RUST_LOG", "info");
         let log = self.dir.path().join(format!("agent-{name}.log"));
         self.agents.push(Proc::spawn(name, cmd, &log).unwrap());
         let want = self.agents.len();
@@ -234,27 +255,39 @@ node_limit = 4
     }
 
     pub async fn submit(&self, spec: Value) -> String {
-        let (status, body) = self.call(reqwest::Method::POST, "/api/v1/jobs", Some(spec)).await;
+        let (status, body) = self
+            .call(reqwest::Method::POST, "/api/v1/jobs", Some(spec))
+            .await;
         assert_eq!(status, 201, "{body}");
         body["id"].as_str().unwrap().to_string()
     }
 
     pub async fn job(&self, id: &str) -> Value {
-        self.call(reqwest::Method::GET, &format!("/api/v1/jobs/{id}"), None).await.1
+        self.call(reqwest::Method::GET, &format!("/api/v1/jobs/{id}"), None)
+            .await
+            .1
     }
 
     pub async fn wait_state(&self, id: &str, states: &[&str], timeout: Duration) -> Value {
-        eventually(&format!("job {id} to reach {states:?}"), timeout, || async {
-            let job = self.job(id).await;
-            states.iter().any(|s| job["state"] == *s).then_some(job)
-        })
+        eventually(
+            &format!("job {id} to reach {states:?}"),
+            timeout,
+            || async {
+                let job = self.job(id).await;
+                states.iter().any(|s| job["state"] == *s).then_some(job)
+            },
+        )
         .await
     }
 
     /// All log text of a job, stream by stream.
     pub async fn logs(&self, id: &str) -> (String, String, String) {
         let (_, page) = self
-            .call(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/logs"), None)
+            .call(
+                reqwest::Method::GET,
+                &format!("/api/v1/jobs/{id}/logs"),
+                None,
+            )
             .await;
         let mut out = (String::new(), String::new(), String::new());
         for e in page["entries"].as_array().unwrap() {

@@ -64,7 +64,11 @@ pub async fn regions(
     let regions = regions
         .iter()
         .map(|r| {
-            let pool_ids: Vec<_> = pools.iter().filter(|p| p.region == r.id).map(|p| &p.id).collect();
+            let pool_ids: Vec<_> = pools
+                .iter()
+                .filter(|p| p.region == r.id)
+                .map(|p| &p.id)
+                .collect();
             RegionView {
                 id: r.id.to_string(),
                 provider: r.provider.clone(),

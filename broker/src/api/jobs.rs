@@ -37,17 +37,18 @@ pub async fn submit(
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
     caller.require(&[Role::Admin, Role::Developer])?;
-    if let Some(team) = caller.team_scope() {
-        if team != spec.team {
-            return Err(ApiError::Forbidden(format!(
-                "this token submits for team {team:?} only"
-            )));
-        }
+    if let Some(team) = caller.team_scope()
+        && team != spec.team
+    {
+        return Err(ApiError::Forbidden(format!(
+            "this token submits for team {team:?} only"
+        )));
     }
     let now = clock::now();
     let core_spec = convert::job_spec(&spec, now)?;
     let pools = app.store.pools().await?;
-    check_satisfiable(&pools, &core_spec).map_err(|u| ApiError::unprocessable(u.field, u.message))?;
+    check_satisfiable(&pools, &core_spec)
+        .map_err(|u| ApiError::unprocessable(u.field, u.message))?;
     if let Some(data) = &core_spec.data {
         let regions = app.store.regions().await?;
         if !regions.iter().any(|r| r.id == data.region) {
@@ -129,15 +130,16 @@ pub async fn list(
     }
     let state = match params.state.as_deref() {
         None => None,
-        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
-            ApiError::invalid("state", format!("unknown state {s:?}"))
-        })?),
+        Some(s) => Some(
+            JobState::parse(s)
+                .ok_or_else(|| ApiError::invalid("state", format!("unknown state {s:?}")))?,
+        ),
     };
     let before = match params.cursor.as_deref() {
         None | Some("") => None,
-        Some(c) => Some(JobId(
-            Uuid::parse_str(c).map_err(|_| ApiError::invalid("cursor", "not a cursor from this API"))?,
-        )),
+        Some(c) => Some(JobId(Uuid::parse_str(c).map_err(|_| {
+            ApiError::invalid("cursor", "not a cursor from this API")
+        })?)),
     };
     let team = match (caller.team_scope(), params.team) {
         (Some(own), Some(asked)) if own != asked => {
@@ -227,13 +229,14 @@ pub async fn cancel(
             if let Some(p) = &job.placement {
                 // A lease may have been handed out: tell the agent it is withdrawn, and free
                 // the GPUs it held.
-                app.scheduler
-                    .send(SchedulerEvent::AttemptsEnded(vec![crate::store::EndedAttempt {
+                app.scheduler.send(SchedulerEvent::AttemptsEnded(vec![
+                    crate::store::EndedAttempt {
                         attempt: p.attempt,
                         job: job.id,
                         node: p.node.clone(),
                         final_state: JobState::Cancelled,
-                    }]));
+                    },
+                ]));
                 app.agents.wake(&p.node);
             }
         }

@@ -86,7 +86,10 @@ pub async fn create_enrolment(
     }
     let pool = PoolId(req.pool);
     if !app.store.pools().await?.iter().any(|p| p.id == pool) {
-        return Err(ApiError::unprocessable("pool", format!("unknown pool {pool}")));
+        return Err(ApiError::unprocessable(
+            "pool",
+            format!("unknown pool {pool}"),
+        ));
     }
     let (token, record) = issue_enrolment_token(&pool, ttl);
     app.store.insert_enrolment_token(&record).await?;

@@ -11,7 +11,7 @@ mod records;
 mod sqlite;
 
 pub use records::*;
-pub use sqlite::{role_name, SqliteStore};
+pub use sqlite::{SqliteStore, role_name};
 
 use async_trait::async_trait;
 use switchyard_core::{JobId, NodeId, Pool, Region, Timestamp};
@@ -64,8 +64,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<bool>;
     /// Marks nodes whose last heartbeat is older than `before` as lost and requeues their live
     /// attempts. Returns the lost nodes and the requeued jobs.
-    async fn expire_leases(&self, before: Timestamp, now: Timestamp)
-    -> StoreResult<ExpiredLeases>;
+    async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases>;
 
     // Jobs.
     async fn insert_job(&self, job: &NewJob) -> StoreResult<()>;
@@ -79,8 +78,11 @@ pub trait Store: Send + Sync + 'static {
     async fn live_attempts(&self) -> StoreResult<Vec<AttemptRecord>>;
     /// Commits a round's assignments in one transaction, each guarded by the job's version. A
     /// job changed since it was read fails the whole commit with [`StoreError::Stale`].
-    async fn commit_assignments(&self, assignments: &[NewAttempt], now: Timestamp)
-    -> StoreResult<()>;
+    async fn commit_assignments(
+        &self,
+        assignments: &[NewAttempt],
+        now: Timestamp,
+    ) -> StoreResult<()>;
 
     // Agent protocol.
     async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>>;
@@ -102,4 +104,3 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<(Vec<EventResult>, Vec<EndedAttempt>)>;
     async fn logs(&self, job: JobId, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>>;
 }
-

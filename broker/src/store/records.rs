@@ -1,7 +1,9 @@
 //! Row shapes the store reads and writes. Domain values where they exist; plain fields where the
 //! row is storage-only.
 
-use switchyard_core::{AttemptId, JobId, JobSpec, JobState, Market, Money, NodeId, PoolId, Timestamp};
+use switchyard_core::{
+    AttemptId, JobId, JobSpec, JobState, Market, Money, NodeId, PoolId, Timestamp,
+};
 use switchyard_protocol::api::Role;
 use uuid::Uuid;
 
@@ -117,7 +119,9 @@ pub enum CancelOutcome {
     /// Was waiting or not yet started: cancelled now.
     Cancelled,
     /// Running: the agent is told to stop it; the job becomes `cancelled` when it reports.
-    Stopping { node: NodeId },
+    Stopping {
+        node: NodeId,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -5,12 +5,16 @@
 //! can share most statement text.
 
 use super::*;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
 use sqlx::{Row, SqlitePool};
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
-use switchyard_core::{AttemptId, JobSpec, JobState, Market, Money, NodeId, PoolId, Priority, RegionId};
+use switchyard_core::{
+    AttemptId, JobSpec, JobState, Market, Money, NodeId, PoolId, Priority, RegionId,
+};
 use switchyard_protocol::agent::{EventStatus, Stream};
 use switchyard_protocol::api::Role;
 use uuid::Uuid;
@@ -177,7 +181,9 @@ fn job_from_row(r: &SqliteRow) -> StoreResult<JobRecord> {
             attempt: AttemptId(parse_uuid(&a_id)?),
             node: NodeId(r.try_get("a_node")?),
             pool: PoolId(r.try_get("a_pool")?),
-            region: r.try_get::<Option<String>, _>("a_region")?.unwrap_or_default(),
+            region: r
+                .try_get::<Option<String>, _>("a_region")?
+                .unwrap_or_default(),
             gpus: parse_gpus(&r.try_get::<String, _>("a_gpus")?)?,
             market: parse_market(&r.try_get::<String, _>("a_market")?)?,
         }),
@@ -190,9 +196,7 @@ fn job_from_row(r: &SqliteRow) -> StoreResult<JobRecord> {
         submitted_at: Timestamp(r.try_get("submitted_at")?),
         started_at: r.try_get::<Option<i64>, _>("started_at")?.map(Timestamp),
         finished_at: r.try_get::<Option<i64>, _>("finished_at")?.map(Timestamp),
-        exit_code: r
-            .try_get::<Option<i64>, _>("exit_code")?
-            .map(|c| c as i32),
+        exit_code: r.try_get::<Option<i64>, _>("exit_code")?.map(|c| c as i32),
         reason: r.try_get("reason")?,
         cancel_requested: r.try_get("cancel_requested")?,
         attempts: u32_of(r.try_get("attempts")?, "attempts")?,
@@ -420,10 +424,11 @@ impl Store for SqliteStore {
         let inventory_json =
             serde_json::to_string(inventory).map_err(|e| corrupt(format!("inventory: {e}")))?;
         let mut tx = self.pool.begin().await?;
-        let was_healthy: Option<bool> = sqlx::query_scalar("SELECT healthy FROM nodes WHERE id = $1")
-            .bind(node.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
+        let was_healthy: Option<bool> =
+            sqlx::query_scalar("SELECT healthy FROM nodes WHERE id = $1")
+                .bind(node.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
         sqlx::query(
             "UPDATE nodes SET last_heartbeat = $1, inventory_json = $2, healthy = 1 WHERE id = $3",
         )
@@ -436,11 +441,7 @@ impl Store for SqliteStore {
         Ok(was_healthy == Some(false))
     }
 
-    async fn expire_leases(
-        &self,
-        before: Timestamp,
-        now: Timestamp,
-    ) -> StoreResult<ExpiredLeases> {
+    async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases> {
         let mut tx = self.pool.begin().await?;
         let lost: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM nodes WHERE healthy = 1 AND revoked = 0 AND last_heartbeat < $1",
@@ -661,7 +662,10 @@ impl Store for SqliteStore {
             .execute(&mut *tx)
             .await?;
             if updated.rows_affected() != 1 {
-                return Err(StoreError::Stale(format!("job {} changed since planning", a.job)));
+                return Err(StoreError::Stale(format!(
+                    "job {} changed since planning",
+                    a.job
+                )));
             }
             let attempt_no: i64 = sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = $1")
                 .bind(a.job.to_string())
@@ -849,8 +853,12 @@ impl Store for SqliteStore {
                         let reason = match (final_state, exit_code, signal, error) {
                             (JobState::Cancelled, ..) => Some("cancelled by user".to_string()),
                             (_, _, _, Some(e)) => Some(e.clone()),
-                            (JobState::Failed, Some(c), _, _) => Some(format!("exited with code {c}")),
-                            (JobState::Failed, None, Some(s), _) => Some(format!("killed by signal {s}")),
+                            (JobState::Failed, Some(c), _, _) => {
+                                Some(format!("exited with code {c}"))
+                            }
+                            (JobState::Failed, None, Some(s), _) => {
+                                Some(format!("killed by signal {s}"))
+                            }
                             (JobState::Failed, None, None, None) if *stopped => {
                                 Some("stopped by the agent".to_string())
                             }
@@ -988,4 +996,3 @@ fn sql_list_jobs() -> &'static str {
 fn sql_pending_jobs() -> &'static str {
     job_select!("WHERE j.state IN ('queued', 'provisioning', 'held') ORDER BY j.id")
 }
-

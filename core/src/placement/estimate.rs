@@ -16,6 +16,7 @@ use super::index::{Index, PoolInfo};
 use crate::domain::{JobKind, JobSpec, Market};
 use crate::money::Money;
 use crate::time::Timestamp;
+use std::collections::BinaryHeap;
 
 /// The least slack a deadline needs: estimates are estimates.
 pub(crate) const MIN_DEADLINE_MARGIN_S: i64 = 60;
@@ -165,6 +166,19 @@ impl<'a> JobCtx<'a> {
         self.estimate(index, blocked.pool, None, blocked.kind, market, ready)
     }
 
+    /// The least any candidate in a pool can cost this job, given the GPU-hour price it pays
+    /// there (see [`Index::pools_by_price`]). A launch pays the whole node, which costs at least
+    /// the job's GPUs' share; the per-GPU price is rounded up, hence the micro-dollar off.
+    /// Negative prices bound nothing.
+    pub(crate) fn min_cost(&self, gpu_price: Money) -> Money {
+        if gpu_price <= Money::ZERO {
+            return Money::from_micros(i64::MIN);
+        }
+        Money::from_micros(gpu_price.micros() - 1)
+            .saturating_mul(i64::from(self.gpus.max(1)))
+            .per_hour_for_secs(self.runtime_s)
+    }
+
     /// When a job placed now releases its GPUs: never for a service.
     pub(crate) fn releases_at(&self, finish: Timestamp) -> Option<Timestamp> {
         (self.spec.kind == JobKind::Batch).then_some(finish)
@@ -237,5 +251,56 @@ pub(crate) fn evaluate(
             let ready = index.now.plus_secs(i64::from(p.boot_time_s));
             viable.push(job.estimate(index, pool, None, CandidateKind::Launch, market, ready));
         }
+    }
+}
+
+/// Tells when scanning more pools cannot change a job's best `keep` candidates, which is all an
+/// explanation shows: once `keep` candidates meet the deadline, a pool whose cheapest possible
+/// candidate costs more than the dearest of them cannot place among them, and pools scanned
+/// cheapest-first only get dearer.
+#[derive(Debug)]
+pub(crate) struct ScanBound {
+    keep: usize,
+    /// The costs of the cheapest `keep` deadline-meeting candidates so far; the dearest on top.
+    best: BinaryHeap<Money>,
+    /// The last GPU-hour price asked about and the least cost it allows: pools come in price
+    /// order and many share a price, so this saves most `min_cost` calls.
+    last: Option<(Money, Money)>,
+}
+
+impl ScanBound {
+    pub(crate) fn new(keep: usize) -> ScanBound {
+        ScanBound {
+            keep,
+            best: BinaryHeap::with_capacity(keep + 1),
+            last: None,
+        }
+    }
+
+    pub(crate) fn offer(&mut self, estimate: &Estimate) {
+        if estimate.score.misses_deadline || self.keep == 0 {
+            return;
+        }
+        self.best.push(estimate.score.cost);
+        if self.best.len() > self.keep {
+            self.best.pop();
+        }
+    }
+
+    /// True when no candidate in a pool at `gpu_price` can be among the best `keep`;
+    /// `min_cost` gives the least a candidate at a price can cost.
+    pub(crate) fn excludes(&mut self, gpu_price: Money, min_cost: impl Fn(Money) -> Money) -> bool {
+        if self.best.len() < self.keep {
+            return false;
+        }
+        let least = match self.last {
+            Some((price, least)) if price == gpu_price => least,
+            _ => {
+                let least = min_cost(gpu_price);
+                self.last = Some((gpu_price, least));
+                least
+            }
+        };
+        self.best.peek().is_some_and(|&dearest| least > dearest)
     }
 }

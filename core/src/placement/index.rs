@@ -7,7 +7,9 @@
 //!
 //! Ids are assumed unique within each vector of the snapshot (the broker's stores key them).
 
-use crate::domain::{Node, Pool, Region, RegionId, RunningAttempt, Snapshot};
+use super::constraints::{gpu_price, market_for};
+use crate::domain::{Node, Pool, Region, RegionId, RunningAttempt, Snapshot, SpotRule};
+use crate::money::Money;
 use crate::time::Timestamp;
 use std::collections::HashMap;
 
@@ -36,6 +38,9 @@ pub(crate) struct Index<'a> {
     pub node_pool: Vec<usize>,
     /// Running attempts on known nodes, as (node position, attempt).
     pub running: Vec<(usize, &'a RunningAttempt)>,
+    /// Pools by the GPU-hour price a job pays there, cheapest first (ties by id): for jobs that
+    /// never use spot, and for jobs that may.
+    by_price: [Vec<(Money, usize)>; 2],
     region_keys: HashMap<&'a str, usize>,
     regions: HashMap<&'a str, &'a Region>,
 }
@@ -93,6 +98,16 @@ impl<'a> Index<'a> {
             .filter_map(|a| node_pos.get(a.node.as_str()).map(|&n| (n, a)))
             .collect();
 
+        let by_price = [SpotRule::Never, SpotRule::Allowed].map(|rule| {
+            let mut order: Vec<(Money, usize)> = pools
+                .iter()
+                .enumerate()
+                .map(|(i, info)| (gpu_price(info.pool, market_for(info.pool, rule)), i))
+                .collect();
+            order.sort_unstable();
+            order
+        });
+
         Index {
             now,
             burst_enabled: snapshot.burst_enabled,
@@ -100,6 +115,7 @@ impl<'a> Index<'a> {
             nodes,
             node_pool,
             running,
+            by_price,
             region_keys,
             regions,
         }
@@ -112,6 +128,14 @@ impl<'a> Index<'a> {
 
     pub(crate) fn region(&self, id: &RegionId) -> Option<&'a Region> {
         self.regions.get(id.as_str()).copied()
+    }
+
+    /// Every pool with the GPU-hour price a job with this spot rule pays there, cheapest first.
+    pub(crate) fn pools_by_price(&self, spot: SpotRule) -> &[(Money, usize)] {
+        match spot {
+            SpotRule::Never => &self.by_price[0],
+            SpotRule::Allowed | SpotRule::Preferred => &self.by_price[1],
+        }
     }
 
     /// Only healthy, non-draining nodes receive work or count for waiting.

@@ -10,13 +10,14 @@
 //!
 //! Code map: `index` (the snapshot, sorted and indexed), `capacity` (free GPUs, releases and
 //! launches as the round goes), `constraints` (hard constraints and markets), `estimate` (one
-//! job × one pool → candidates; reusable by a batch optimiser), `explain` (explanations and hold
-//! reasons). This file holds the public types and the per-job greedy loop.
+//! job × one pool → candidates; reusable by a batch optimiser), `greedy` (the per-job loop that
+//! decides), `explain` (explanations and hold reasons). This file holds the public types.
 
 mod capacity;
 mod constraints;
 mod estimate;
 mod explain;
+mod greedy;
 mod index;
 #[cfg(test)]
 mod tests;
@@ -26,20 +27,12 @@ pub use constraints::hard_constraint;
 use crate::domain::*;
 use crate::money::Money;
 use crate::time::Timestamp;
-use capacity::Capacity;
-use estimate::{JobCtx, evaluate};
-use explain::{candidates, hold_reason, keep_best};
-use index::Index;
 use serde::{Deserialize, Serialize};
-use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 /// The most candidates one explanation lists: the winner, the best runners-up, then the blocked
 /// pools closest to feasible. Hold reasons still count every pool.
 pub const MAX_EXPLAINED_CANDIDATES: usize = 20;
-
-/// Hold reason for jobs that ask for more than one node (the broker refuses them at submit).
-const MULTI_NODE_HOLD_REASON: &str = "multi-node jobs are not supported yet";
 
 /// The planner's decisions for one round.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -192,133 +185,5 @@ pub struct Explanation {
 /// Jobs are taken one at a time in queue order (priority, then deadline, then submission, then
 /// id); each takes the best-scoring candidate given what earlier jobs took this round.
 pub fn plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
-    let index = Index::new(snapshot, now);
-    let mut capacity = Capacity::new(&index);
-    let mut queue: Vec<&QueuedJob> = snapshot.queued.iter().collect();
-    queue.sort_by(|a, b| queue_order(a, b));
-
-    let mut out = Plan::default();
-    let mut viable = Vec::new();
-    let mut blocked = Vec::new();
-    for job in queue {
-        viable.clear();
-        blocked.clear();
-        let explanation = place(
-            &index,
-            &mut capacity,
-            job,
-            &mut out,
-            &mut viable,
-            &mut blocked,
-        );
-        out.explanations.insert(job.id, explanation);
-    }
-    out
-}
-
-/// Queue order: priority (critical first), deadline (none last), submission, id.
-fn queue_order(a: &QueuedJob, b: &QueuedJob) -> Ordering {
-    let deadline = |j: &QueuedJob| (j.spec.deadline.is_none(), j.spec.deadline);
-    b.spec
-        .priority
-        .cmp(&a.spec.priority)
-        .then_with(|| deadline(a).cmp(&deadline(b)))
-        .then_with(|| a.submitted_at.cmp(&b.submitted_at))
-        .then_with(|| a.id.cmp(&b.id))
-}
-
-/// Decides one job: records its assignment, launch or hold in `out` and returns its
-/// explanation. `viable` and `blocked` are scratch buffers, empty on entry.
-fn place(
-    index: &Index,
-    capacity: &mut Capacity,
-    job: &QueuedJob,
-    out: &mut Plan,
-    viable: &mut Vec<estimate::Estimate>,
-    blocked: &mut Vec<estimate::Blocked>,
-) -> Explanation {
-    let now = index.now;
-    if job.spec.resources.nodes > 1 {
-        return hold(out, job, now, MULTI_NODE_HOLD_REASON.into(), Vec::new());
-    }
-    let ctx = JobCtx::new(index, &job.spec);
-    for pool in 0..index.pools.len() {
-        evaluate(index, capacity, &ctx, pool, viable, blocked);
-    }
-    keep_best(viable, MAX_EXPLAINED_CANDIDATES, |e| e.score);
-    let Some(&winner) = viable.first() else {
-        let reason = hold_reason(blocked);
-        keep_best(blocked, MAX_EXPLAINED_CANDIDATES, |b| b.order_key());
-        let shown = candidates(index, &ctx, viable, blocked);
-        return hold(out, job, now, reason, shown);
-    };
-    keep_best(blocked, MAX_EXPLAINED_CANDIDATES - viable.len(), |b| {
-        b.order_key()
-    });
-    let shown = candidates(index, &ctx, viable, blocked);
-
-    let s = winner.score;
-    let pool = index.pools[s.pool].pool;
-    let outcome = match (s.kind, s.node) {
-        (CandidateKind::FreeNow, Some(node)) => {
-            capacity.assign(index, node, ctx.gpus, ctx.releases_at(s.finish));
-            let node = index.nodes[node].id.clone();
-            out.assignments.push(Assignment {
-                job: job.id,
-                pool: pool.id.clone(),
-                node: node.clone(),
-                gpus: ctx.gpus,
-                market: winner.market,
-                estimated_cost: s.cost,
-                estimated_finish: s.finish,
-            });
-            Outcome::Assigned {
-                node,
-                pool: pool.id.clone(),
-            }
-        }
-        (CandidateKind::Launch, _) => {
-            capacity.launch(s.pool);
-            out.launches.push(Launch {
-                pool: pool.id.clone(),
-                market: winner.market,
-                for_job: job.id,
-            });
-            Outcome::Launch {
-                pool: pool.id.clone(),
-                market: winner.market,
-            }
-        }
-        // Waiting reserves nothing: the job is planned again next round. (A free-now candidate
-        // always names its node; without one it could only wait.)
-        (CandidateKind::Wait, _) | (CandidateKind::FreeNow, None) => Outcome::Wait {
-            pool: pool.id.clone(),
-            expected_start: winner.start,
-        },
-    };
-    Explanation {
-        job: job.id,
-        at: now,
-        outcome,
-        candidates: shown,
-    }
-}
-
-fn hold(
-    out: &mut Plan,
-    job: &QueuedJob,
-    now: Timestamp,
-    reason: String,
-    candidates: Vec<Candidate>,
-) -> Explanation {
-    out.holds.push(Hold {
-        job: job.id,
-        reason: reason.clone(),
-    });
-    Explanation {
-        job: job.id,
-        at: now,
-        outcome: Outcome::Hold { reason },
-        candidates,
-    }
+    greedy::plan(snapshot, now, greedy::Scan::Pruned)
 }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The one test command: formatting, lints, then every test in the workspace — core unit and
+# property tests, broker API tests on a real router and SQLite, agent and provider tests with
+# real processes, and end-to-end tests that start the real `switchyard` and `switchyard-agent`
+# binaries.
+#
+# It installs what the tests need when it is missing. Today that is only the Rust toolchain's
+# own components; the EC2 emulator (moto), Chromium and PostgreSQL join here with the suites
+# that use them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  step "installing rustfmt and clippy"
+  rustup component add rustfmt clippy
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "building the binaries the end-to-end tests start"
+cargo build --locked -p switchyard-broker -p switchyard-agent
+
+step "cargo test (workspace)"
+cargo test --workspace --locked
+
+step "all tests passed"
