@@ -6,7 +6,6 @@
 //! Objective, in order: no hard constraint broken, deadline met, lowest cost, earliest finish, and
 //! ties by id so the result never depends on input order. Waiting for cheaper capacity is a
 //! first-class choice: a job waits when waiting still meets its deadline and costs less.
-
 //!
 //! Code map: `index` (the snapshot, sorted and indexed), `capacity` (free GPUs, releases and
 //! launches as the round goes), `constraints` (hard constraints and markets), `estimate` (one
@@ -42,7 +41,7 @@ pub struct Plan {
     /// New nodes to ask providers for (only when the snapshot allows bursting).
     pub launches: Vec<Launch>,
     /// Jobs that cannot be placed at all as things stand (no candidate passes the hard
-    /// constraints), with why.
+    /// constraints, or none has capacity now, later or by a launch), with why.
     pub holds: Vec<Hold>,
     /// One explanation per queued job, keyed by job id.
     pub explanations: BTreeMap<JobId, Explanation>,
@@ -132,7 +131,9 @@ pub enum Rejection {
     Outscored,
 }
 
-/// One place a job could go, with the estimates that decided it.
+/// One place a job could go, with the estimates that decided it. A candidate ruled out by a
+/// constraint (not merely outscored) carries nominal estimates: what it would be had nothing
+/// blocked it (start now, or after the boot time for a launch; plus any data transfer).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Candidate {
     pub pool: PoolId,
