@@ -22,7 +22,7 @@ const POLL_MARGIN: Duration = Duration::from_secs(15);
 /// Why one call failed.
 #[derive(Debug, Error)]
 pub enum CallError {
-    #[error("cannot reach the broker: {0}")]
+    #[error("cannot reach the broker: {}", causes(.0))]
     Network(#[source] reqwest::Error),
     #[error("the broker answered HTTP {status}: {message}")]
     Status { status: StatusCode, message: String },
@@ -152,6 +152,21 @@ impl BrokerClient {
     }
 }
 
+/// An error with its causes: reqwest's own message leaves out why ("connection refused").
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// The message of the broker's error shape, or the start of whatever else came back.
 fn error_message(body: &[u8]) -> String {
     if let Ok(err) = serde_json::from_slice::<ErrorBody>(body) {
@@ -193,6 +208,24 @@ mod tests {
         assert_eq!(
             c.url("agent/v1/work").unwrap().as_str(),
             "http://b:8080/agent/v1/work"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_network_error_says_why() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let c = BrokerClient::new(&format!("http://127.0.0.1:{port}").parse().unwrap()).unwrap();
+        let err = c.work(1).await.unwrap_err();
+        assert!(err.is_retryable());
+        assert!(
+            err.to_string()
+                .to_lowercase()
+                .contains("connection refused"),
+            "{err}"
         );
     }
 
