@@ -94,7 +94,13 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    /// SIGTERM first, so an agent stops its jobs (they run in process groups of their own),
+    /// then SIGKILL whatever is left after 5 s.
     fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.signal_group(Signal::SIGTERM);
+            let _ = self.wait_exit(Duration::from_secs(5));
+        }
         self.signal_group(Signal::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();

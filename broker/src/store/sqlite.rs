@@ -50,6 +50,13 @@ impl SqliteStore {
         Self::connect(options).await
     }
 
+    /// Every transaction here writes, so it takes the write lock up front (`BEGIN IMMEDIATE`):
+    /// a deferred transaction that reads first and writes later fails with SQLITE_BUSY when
+    /// another writer committed in between, and the busy timeout cannot help it.
+    async fn write_tx(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
     async fn connect(options: SqliteConnectOptions) -> StoreResult<SqliteStore> {
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
@@ -345,7 +352,7 @@ impl Store for SqliteStore {
         node: NewNode,
         now: Timestamp,
     ) -> StoreResult<Result<NodeRecord, RegisterRefusal>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let Some(row) = sqlx::query("SELECT * FROM enrolment_tokens WHERE token_hash = $1")
             .bind(enrolment_hash)
             .fetch_optional(&mut *tx)
@@ -423,7 +430,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<bool> {
         let inventory_json =
             serde_json::to_string(inventory).map_err(|e| corrupt(format!("inventory: {e}")))?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let was_healthy: Option<bool> =
             sqlx::query_scalar("SELECT healthy FROM nodes WHERE id = $1")
                 .bind(node.as_str())
@@ -442,7 +449,7 @@ impl Store for SqliteStore {
     }
 
     async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let lost: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM nodes WHERE healthy = 1 AND revoked = 0 AND last_heartbeat < $1",
         )
@@ -543,7 +550,7 @@ impl Store for SqliteStore {
     }
 
     async fn cancel_job(&self, id: JobId, now: Timestamp) -> StoreResult<CancelOutcome> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let Some(row) = sqlx::query("SELECT state, current_attempt FROM jobs WHERE id = $1")
             .bind(id.to_string())
             .fetch_optional(&mut *tx)
@@ -648,7 +655,7 @@ impl Store for SqliteStore {
         assignments: &[NewAttempt],
         now: Timestamp,
     ) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         for a in assignments {
             let updated = sqlx::query(
                 "UPDATE jobs SET state = 'placed', attempts = attempts + 1, current_attempt = $1, \
@@ -757,7 +764,7 @@ impl Store for SqliteStore {
         events: &[AgentEvent],
         now: Timestamp,
     ) -> StoreResult<(Vec<EventResult>, Vec<EndedAttempt>)> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_tx().await?;
         let mut results = Vec::with_capacity(events.len());
         let mut ended = Vec::new();
         for event in events {
