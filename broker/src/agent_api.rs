@@ -92,7 +92,8 @@ async fn register(
         }
     };
     tracing::info!(node.id = %node.id, pool.id = %node.pool, gpus = node.gpus_total, "agent registered");
-    app.scheduler.send(SchedulerEvent::NodesChanged);
+    // A new node may be a burst instance its job was waiting for: reload all of it.
+    app.scheduler.send(SchedulerEvent::InstancesChanged);
     Ok((
         StatusCode::CREATED,
         Json(RegisterResponse {

@@ -8,6 +8,7 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use switchyard_core::{Money, NodeId, Pool, PoolId, Region, RegionId, Timestamp};
 use switchyard_protocol::api::Role;
+use switchyard_providers::Provider;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -25,6 +26,35 @@ pub struct AppInner {
     pub store: Arc<dyn Store>,
     pub scheduler: SchedulerHandle,
     pub agents: AgentWakers,
+    pub providers: ProviderSet,
+    /// Wakes the burst controller when the scheduler asked for launches.
+    pub burst: Arc<Notify>,
+}
+
+/// Which provider launches which pool. Pools without one are never launched.
+#[derive(Clone, Default)]
+pub struct ProviderSet {
+    providers: Vec<Arc<dyn Provider>>,
+    by_pool: HashMap<PoolId, usize>,
+}
+
+impl ProviderSet {
+    /// Adds a provider that launches `pools`.
+    pub fn add(&mut self, provider: Arc<dyn Provider>, pools: impl IntoIterator<Item = PoolId>) {
+        let index = self.providers.len();
+        self.providers.push(provider);
+        for pool in pools {
+            self.by_pool.insert(pool, index);
+        }
+    }
+
+    pub fn for_pool(&self, pool: &PoolId) -> Option<&Arc<dyn Provider>> {
+        self.by_pool.get(pool).map(|&i| &self.providers[i])
+    }
+
+    pub fn all(&self) -> &[Arc<dyn Provider>] {
+        &self.providers
+    }
 }
 
 impl Deref for App {
@@ -53,12 +83,13 @@ impl AgentWakers {
 pub struct Running {
     pub app: App,
     pub scheduler: JoinHandle<()>,
+    pub burst: JoinHandle<()>,
     /// The admin token, when this start created it (first start).
     pub created_admin_token: Option<String>,
 }
 
 impl App {
-    pub async fn start(config: Config) -> anyhow::Result<Running> {
+    pub async fn start(config: Config, providers: ProviderSet) -> anyhow::Result<Running> {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
         let url = config.database_url();
@@ -80,11 +111,15 @@ impl App {
             store,
             scheduler: handle,
             agents,
+            providers,
+            burst: Arc::new(Notify::new()),
         }));
         let scheduler = tokio::spawn(worker.run(app.clone()));
+        let burst = tokio::spawn(crate::burst::run(app.clone()));
         Ok(Running {
             app,
             scheduler,
+            burst,
             created_admin_token,
         })
     }

@@ -27,8 +27,20 @@ pub struct Config {
     pub scheduler_tick_ms: u64,
     /// Requests with larger bodies are refused.
     pub max_body_bytes: usize,
-    /// Whether the planner may ask for new cloud nodes (the burst controller is a later step).
+    /// Whether the planner may ask for new cloud nodes (pools also need a provider that can
+    /// launch them).
     pub burst_enabled: bool,
+    /// An instance idle this long is drained and terminated.
+    pub idle_ttl_s: u64,
+    /// An instance whose agent has not enrolled this long after launch is terminated.
+    pub boot_timeout_s: u64,
+    /// The provider bills at least this long per instance (EC2: 60 s); an idle instance is kept
+    /// until then, since it is paid for anyway.
+    pub min_billed_s: u64,
+    /// After a capacity or quota error, the pool gets no new launches for this long.
+    pub pool_backoff_s: u64,
+    /// Launch attempts per instance on throttling or transient errors before giving up.
+    pub launch_attempts: u32,
     /// Regions with capacity the broker does not launch (on-prem) or configures by hand.
     pub regions: Vec<RegionConfig>,
     pub pools: Vec<PoolConfig>,
@@ -125,6 +137,11 @@ impl Default for Config {
             scheduler_tick_ms: 1000,
             max_body_bytes: 1024 * 1024,
             burst_enabled: false,
+            idle_ttl_s: 300,
+            boot_timeout_s: 600,
+            min_billed_s: 60,
+            pool_backoff_s: 300,
+            launch_attempts: 5,
             regions: Vec::new(),
             pools: Vec::new(),
             catalogue_regions: Vec::new(),

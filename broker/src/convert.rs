@@ -274,6 +274,7 @@ pub fn explanation_view(e: &core::Explanation) -> wire::PlacementExplanation {
                     core::CandidateKind::FreeNow => "free_now",
                     core::CandidateKind::Wait => "wait",
                     core::CandidateKind::Launch => "launch",
+                    core::CandidateKind::Preempt => "preempt",
                 }
                 .to_string(),
                 market: market_name(c.market).to_string(),

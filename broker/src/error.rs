@@ -45,18 +45,22 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// 400 for one field; the message names the field so it reads well on its own.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
+        let field = field.into();
         ApiError::BadRequest {
             code: "invalid_field",
-            field: Some(field.into()),
-            message: message.into(),
+            message: format!("{field}: {}", message.into()),
+            field: Some(field),
         }
     }
 
+    /// 422 for a valid request that cannot be satisfied, naming the field to change.
     pub fn unprocessable(field: impl Into<String>, message: impl Into<String>) -> ApiError {
+        let field = field.into();
         ApiError::Unprocessable {
-            field: Some(field.into()),
-            message: message.into(),
+            message: format!("{field}: {}", message.into()),
+            field: Some(field),
             details: None,
         }
     }

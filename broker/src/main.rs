@@ -44,9 +44,15 @@ enum Command {
         /// On-prem agents to start (4 simulated H100 each).
         #[arg(long, default_value_t = 2)]
         agents: u32,
-        /// Simulated boot time of local cloud instances, in seconds.
-        #[arg(long, default_value_t = 3)]
-        boot_delay: u64,
+        /// Simulated boot time of local cloud instances (e.g. 3s).
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        boot_delay: Duration,
+        /// Terminate burst instances idle this long (e.g. 10s, 5m).
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        idle_ttl: Duration,
+        /// The simulated providers' minimum billed time per instance (EC2: 60s).
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        billing_minimum: Duration,
     },
     /// Run the broker alone.
     Serve {
@@ -97,6 +103,9 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Replay a job trace under Switchyard and the peers' strategies; writes report.json and
+    /// SVG plots.
+    Simulate(switchyard_broker::simulate::SimulateArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -160,13 +169,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
             data_dir,
             agents,
             boot_delay,
+            idle_ttl,
+            billing_minimum,
         } => {
             init_tracing(args.json_logs, "warn,switchyard_broker=info");
             up::run(up::UpOptions {
                 port,
                 data_dir,
                 agents,
-                boot_delay: Duration::from_secs(boot_delay),
+                boot_delay,
+                idle_ttl,
+                billing_minimum,
             })
             .await
         }
@@ -195,7 +208,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(cfg.listen)
                 .await
                 .with_context(|| format!("binding {}", cfg.listen))?;
-            let running = switchyard_broker::app::App::start(cfg.clone()).await?;
+            let running = switchyard_broker::app::App::start(
+                cfg.clone(),
+                switchyard_broker::app::ProviderSet::default(),
+            )
+            .await?;
             if running.created_admin_token.is_some() {
                 eprintln!(
                     "admin token written to {}",
@@ -223,5 +240,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Token {
             command: TokenCommand::Create { role, team },
         } => cli::token_create(&client(default_dir())?, role.into(), team).await,
+        Command::Simulate(sim) => {
+            switchyard_broker::simulate::run(&sim)?;
+            eprintln!(
+                "report written to {}",
+                sim.out.join("report.json").display()
+            );
+            Ok(())
+        }
     }
 }

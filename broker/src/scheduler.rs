@@ -18,8 +18,12 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::app::App;
+use crate::app::ProviderSet;
 use crate::clock;
-use crate::store::{AttemptRecord, EndedAttempt, JobRecord, NewAttempt, Store, StoreError};
+use crate::store::{
+    AttemptRecord, EndedAttempt, InstanceState, JobRecord, NewAttempt, NewInstance, Store,
+    StoreError,
+};
 
 #[derive(Debug)]
 pub enum SchedulerEvent {
@@ -29,6 +33,8 @@ pub enum SchedulerEvent {
     /// Nodes registered, came back or changed: reload them.
     NodesChanged,
     AttemptsEnded(Vec<EndedAttempt>),
+    /// Burst instances were launched, became ready, or ended: reload everything.
+    InstancesChanged,
 }
 
 /// Handlers' side of the scheduler: send events, read the latest explanations.
@@ -96,6 +102,11 @@ struct State {
     nodes: BTreeMap<NodeId, NodeState>,
     pending: BTreeMap<JobId, Pending>,
     live: BTreeMap<AttemptId, AttemptRecord>,
+    /// Jobs waiting for an instance that is still being launched or booting: not re-planned
+    /// until it is ready or gone.
+    waiting_for_instance: HashMap<JobId, String>,
+    /// Pools that may not launch now (capacity or quota errors lately).
+    backed_off: HashMap<switchyard_core::PoolId, Timestamp>,
 }
 
 impl State {
@@ -115,6 +126,21 @@ impl State {
         for job in store.pending_jobs().await? {
             state.add_pending(&job);
         }
+        for inst in store.instances(false).await? {
+            if matches!(
+                inst.state,
+                InstanceState::Requested | InstanceState::Booting
+            ) {
+                if let Some(job) = inst.for_job {
+                    state.waiting_for_instance.insert(job, inst.id);
+                }
+            }
+        }
+        state.backed_off = store
+            .pool_backoffs(clock::now())
+            .await?
+            .into_iter()
+            .collect();
         Ok(state)
     }
 
@@ -169,10 +195,20 @@ impl State {
         }
     }
 
-    fn snapshot(&self, burst_enabled: bool) -> Snapshot {
+    fn snapshot(&self, burst_enabled: bool, providers: &ProviderSet, now: Timestamp) -> Snapshot {
+        let pools = self
+            .pools
+            .iter()
+            .map(|p| {
+                let mut p = p.clone();
+                let backed_off = self.backed_off.get(&p.id).is_some_and(|until| *until > now);
+                p.launchable = p.launchable && !backed_off && providers.for_pool(&p.id).is_some();
+                p
+            })
+            .collect();
         Snapshot {
             regions: self.regions.clone(),
-            pools: self.pools.clone(),
+            pools,
             nodes: self
                 .nodes
                 .iter()
@@ -186,7 +222,12 @@ impl State {
                     last_heartbeat: n.last_heartbeat,
                 })
                 .collect(),
-            queued: self.pending.values().map(|p| p.job.clone()).collect(),
+            queued: self
+                .pending
+                .values()
+                .filter(|p| !self.waiting_for_instance.contains_key(&p.job.id))
+                .map(|p| p.job.clone())
+                .collect(),
             running: self
                 .live
                 .values()
@@ -201,6 +242,7 @@ impl State {
                 })
                 .collect(),
             burst_enabled,
+            ..Snapshot::default()
         }
     }
 }
@@ -283,6 +325,7 @@ impl Worker {
                     state.end_attempt(e.attempt);
                 }
             }
+            SchedulerEvent::InstancesChanged => return true,
         }
         false
     }
@@ -318,7 +361,7 @@ impl Worker {
             return Ok(());
         }
         let now = clock::now();
-        let snapshot = state.snapshot(app.config.burst_enabled);
+        let snapshot = state.snapshot(app.config.burst_enabled, &app.providers, now);
         let started = std::time::Instant::now();
         let plan = plan(&snapshot, now);
         let plan_us = started.elapsed().as_micros() as u64;
@@ -367,8 +410,46 @@ impl Worker {
                 explanation_json,
             });
         }
-        if !commits.is_empty() {
-            app.store.commit_assignments(&commits, now).await?;
+        let mut launches = Vec::new();
+        for l in &plan.launches {
+            let (Some(pending), Some(pool)) = (
+                state.pending.get(&l.for_job),
+                state.pools.iter().find(|p| p.id == l.pool),
+            ) else {
+                continue;
+            };
+            let Some(provider) = app.providers.for_pool(&l.pool) else {
+                continue;
+            };
+            let hourly_price = match l.market {
+                switchyard_core::Market::Spot => {
+                    pool.spot_per_hour.unwrap_or(pool.on_demand_per_hour)
+                }
+                switchyard_core::Market::OnDemand => pool.on_demand_per_hour,
+            };
+            launches.push(NewInstance {
+                id: Uuid::now_v7().to_string(),
+                provider: provider.name().to_string(),
+                pool: l.pool.clone(),
+                region: pool.region.to_string(),
+                market: l.market,
+                hourly_price,
+                for_job: l.for_job,
+                job_version: pending.version,
+            });
+        }
+        if !commits.is_empty() || !launches.is_empty() {
+            app.store.commit_plan(&commits, &launches, now).await?;
+        }
+        for l in &launches {
+            tracing::info!(job.id = %l.for_job, pool.id = %l.pool, instance.id = %l.id, market = ?l.market, "burst requested");
+            if let Some(p) = state.pending.get_mut(&l.for_job) {
+                p.version += 1;
+            }
+            state.waiting_for_instance.insert(l.for_job, l.id.clone());
+        }
+        if !launches.is_empty() {
+            app.burst.notify_one();
         }
         // Committed: bring the mirror up to date and wake the agents.
         {

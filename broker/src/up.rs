@@ -5,13 +5,14 @@
 
 use anyhow::Context;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use switchyard_core::PoolId;
 use switchyard_providers::local::{LocalConfig, LocalProvider};
 use tokio::net::TcpListener;
 
 use crate::api::tokens::issue_enrolment_token;
-use crate::app::{App, catalogue_from_config};
+use crate::app::{App, ProviderSet, catalogue_from_config};
 use crate::clock;
 use crate::config::{CatalogueRegion, Config, PoolConfig, RegionConfig};
 use crate::server;
@@ -24,6 +25,8 @@ pub struct UpOptions {
     pub data_dir: PathBuf,
     pub agents: u32,
     pub boot_delay: Duration,
+    pub idle_ttl: Duration,
+    pub billing_minimum: Duration,
 }
 
 /// The configuration `up` runs with: one on-prem region and three priced cloud regions.
@@ -39,6 +42,12 @@ pub fn up_config(opts: &UpOptions) -> Config {
     Config {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], opts.port)),
         data_dir: opts.data_dir.clone(),
+        burst_enabled: true,
+        idle_ttl_s: opts.idle_ttl.as_secs(),
+        min_billed_s: opts.billing_minimum.as_secs(),
+        // Local "instances" boot in `boot_delay`; give them ample room before calling it a
+        // failure.
+        boot_timeout_s: opts.boot_delay.as_secs() + 60,
         regions: vec![RegionConfig {
             id: "onprem:local-dc1".into(),
             latitude: None,
@@ -87,7 +96,25 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         )
     })?;
     let url = config.public_url();
-    let running = App::start(config.clone()).await?;
+    let agent_program = std::env::current_exe().context("locating the switchyard binary")?;
+    let log_dir = opts.data_dir.join("agents");
+    std::fs::create_dir_all(&log_dir)?;
+    let offers = catalogue_from_config(&config, clock::now())?;
+    let launchable: Vec<PoolId> = offers
+        .iter()
+        .flat_map(|(_, pools)| pools.iter().filter(|p| p.launchable).map(|p| p.id.clone()))
+        .collect();
+    let provider = Arc::new(LocalProvider::new(LocalConfig {
+        agent_program,
+        agent_args: vec!["agent".into()],
+        boot_delay: opts.boot_delay,
+        log_dir: log_dir.clone(),
+        regions: offers.iter().map(|(r, _)| r.clone()).collect(),
+        pools: offers.into_iter().flat_map(|(_, p)| p).collect(),
+    }));
+    let mut providers = ProviderSet::default();
+    providers.add(provider.clone(), launchable);
+    let running = App::start(config.clone(), providers).await?;
     let app = running.app.clone();
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
@@ -96,21 +123,9 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         let _ = rx.wait_for(|stop| *stop).await;
     }));
 
-    let agent_program = std::env::current_exe().context("locating the switchyard binary")?;
-    let log_dir = opts.data_dir.join("agents");
-    std::fs::create_dir_all(&log_dir)?;
-    let offers = catalogue_from_config(&config, clock::now())?;
-    let provider = LocalProvider::new(LocalConfig {
-        agent_program,
-        agent_args: vec!["agent".into()],
-        boot_delay: opts.boot_delay,
-        log_dir: log_dir.clone(),
-        regions: offers.iter().map(|(r, _)| r.clone()).collect(),
-        pools: offers.into_iter().flat_map(|(_, p)| p).collect(),
-    });
     let pool = PoolId(ONPREM_POOL.into());
     for i in 1..=opts.agents {
-        let (token, record) = issue_enrolment_token(&pool, 900);
+        let (token, record) = issue_enrolment_token(&pool, None, 900);
         app.store.insert_enrolment_token(&record).await?;
         provider
             .spawn_static_agent(&format!("onprem-{i}"), &pool, &token, &url)
@@ -145,6 +160,7 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     provider.shutdown().await;
     if let Some(res) = stopped_by_itself {
         running.scheduler.abort();
+        running.burst.abort();
         res.context("server task")??;
         anyhow::bail!("the server stopped unexpectedly");
     }
@@ -154,5 +170,6 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         Err(_) => tracing::warn!("server did not stop within 10 s"),
     }
     running.scheduler.abort();
+    running.burst.abort();
     Ok(())
 }

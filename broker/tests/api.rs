@@ -194,9 +194,11 @@ async fn bad_submissions_get_a_clear_error_and_store_nothing() {
         assert_eq!(r.status.as_u16(), status, "{what}: {}", r.body);
         assert_eq!(r.error_code(), code, "{what}: {}", r.body);
         assert_eq!(r.error_field(), field, "{what}: {}", r.body);
+        let message = r.body["error"]["message"].as_str().unwrap();
+        assert!(!message.is_empty(), "{what}");
         assert!(
-            !r.body["error"]["message"].as_str().unwrap().is_empty(),
-            "{what}"
+            message.contains(field),
+            "{what}: the message names the field: {message}"
         );
     }
 

@@ -68,13 +68,22 @@ pub fn test_config(dir: &std::path::Path) -> Config {
 
 impl TestApp {
     pub async fn spawn() -> TestApp {
+        TestApp::spawn_with(|_| {}, |_| switchyard_broker::app::ProviderSet::default()).await
+    }
+
+    /// A TestApp whose config `tweak` may change, with providers built from that config.
+    pub async fn spawn_with(
+        tweak: impl FnOnce(&mut Config),
+        providers: impl FnOnce(&Config) -> switchyard_broker::app::ProviderSet,
+    ) -> TestApp {
         let dir = tempfile::tempdir().unwrap();
-        let config = test_config(dir.path());
+        let mut config = test_config(dir.path());
+        tweak(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let mut config = config;
         config.public_url = Some(url.clone());
-        let running = App::start(config).await.unwrap();
+        let providers = providers(&config);
+        let running = App::start(config, providers).await.unwrap();
         let admin = running.created_admin_token.clone().unwrap();
         let app = running.app.clone();
         tokio::spawn(switchyard_broker::server::serve(
@@ -197,6 +206,24 @@ impl TestApp {
                 );
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Registers a hand-driven agent with an enrolment token it was given (a burst instance).
+    pub async fn agent_with_token(&self, enrol: &str, gpus: u32) -> TestAgent {
+        let r = self
+            .call(
+                Method::POST,
+                "/agent/v1/register",
+                None,
+                Some(register_body(enrol, gpus)),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        TestAgent {
+            token: r.body["agent_token"].as_str().unwrap().to_string(),
+            node: r.body["node_id"].as_str().unwrap().to_string(),
+            enrol: enrol.to_string(),
         }
     }
 

@@ -313,3 +313,34 @@ pub struct EnrolmentTokenCreated {
 pub struct Health {
     pub status: String,
 }
+
+/// A cloud instance the broker launched (burst), with its cost.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InstanceView {
+    pub id: String,
+    pub provider: String,
+    /// The provider's own id (EC2 instance id, …) once the launch was accepted.
+    pub provider_id: Option<String>,
+    pub region: String,
+    pub pool: String,
+    /// `requested`, `booting`, `ready`, `draining` or `terminated`.
+    pub state: String,
+    /// `on_demand` or `spot`.
+    pub market: String,
+    pub hourly_price_usd: f64,
+    /// Running instances: accrued so far; ended ones: what the ledger recorded.
+    pub cost_usd: f64,
+    /// The job it was launched for.
+    pub for_job: Option<Uuid>,
+    pub node: Option<String>,
+    pub requested_at: DateTime<Utc>,
+    pub launched_at: Option<DateTime<Utc>>,
+    pub ready_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InstanceList {
+    pub instances: Vec<InstanceView>,
+}

@@ -2,12 +2,16 @@
 //! price catalogue.
 //!
 //! - [`local`]: "instances" are agent processes on this machine with simulated GPUs.
-//! - `aws` (a later issue): EC2 through aws-sdk-ec2 — the only module that may import the SDK.
+//! - `aws` (cargo feature `aws`, on by default): EC2 through aws-sdk-ec2 — the only module that
+//!   may import the AWS SDK.
 //!
 //! Providers act; they never decide. The broker's burst controller decides what to launch and
 //! reconciles what providers report against what it asked for.
 
+#[cfg(feature = "aws")]
+pub mod aws;
 pub mod catalogue;
+pub mod fake;
 pub mod local;
 
 use async_trait::async_trait;

@@ -3,6 +3,7 @@
 //! and the console at `/`.
 
 pub mod catalogue;
+pub mod instances;
 pub mod jobs;
 pub mod tokens;
 
@@ -56,6 +57,7 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(jobs::placement))
         .routes(routes!(catalogue::pools))
         .routes(routes!(catalogue::regions))
+        .routes(routes!(instances::list))
         .routes(routes!(tokens::create))
         .routes(routes!(tokens::create_enrolment))
         .split_for_parts();

@@ -91,7 +91,7 @@ pub async fn create_enrolment(
             format!("unknown pool {pool}"),
         ));
     }
-    let (token, record) = issue_enrolment_token(&pool, ttl);
+    let (token, record) = issue_enrolment_token(&pool, None, ttl);
     app.store.insert_enrolment_token(&record).await?;
     Ok((
         StatusCode::CREATED,
@@ -103,13 +103,19 @@ pub async fn create_enrolment(
     ))
 }
 
-/// A fresh enrolment token for `pool`, and the record to store.
-pub fn issue_enrolment_token(pool: &PoolId, ttl_s: i64) -> (String, EnrolmentTokenRecord) {
+/// A fresh enrolment token for `pool` (and the launched instance it is for), and the record to
+/// store.
+pub fn issue_enrolment_token(
+    pool: &PoolId,
+    instance: Option<&str>,
+    ttl_s: i64,
+) -> (String, EnrolmentTokenRecord) {
     let token = new_token(ENROLMENT_TOKEN_PREFIX);
     let now = clock::now();
     let record = EnrolmentTokenRecord {
         token_hash: hash_token(&token),
         pool: pool.clone(),
+        instance: instance.map(str::to_string),
         created_at: now,
         expires_at: now.plus_secs(ttl_s),
     };

@@ -14,7 +14,7 @@ pub use records::*;
 pub use sqlite::{SqliteStore, role_name};
 
 use async_trait::async_trait;
-use switchyard_core::{JobId, NodeId, Pool, Region, Timestamp};
+use switchyard_core::{JobId, NodeId, Pool, PoolId, Region, Timestamp};
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventResult, Inventory};
 
 #[derive(Debug, thiserror::Error)]
@@ -76,13 +76,47 @@ pub trait Store: Send + Sync + 'static {
     // Scheduler.
     async fn pending_jobs(&self) -> StoreResult<Vec<JobRecord>>;
     async fn live_attempts(&self) -> StoreResult<Vec<AttemptRecord>>;
-    /// Commits a round's assignments in one transaction, each guarded by the job's version. A
-    /// job changed since it was read fails the whole commit with [`StoreError::Stale`].
-    async fn commit_assignments(
+    /// Commits a round's assignments and launch requests in one transaction, each guarded by
+    /// the job's version. A job changed since it was read fails the whole commit with
+    /// [`StoreError::Stale`]. Jobs given a launch become `provisioning`.
+    async fn commit_plan(
         &self,
         assignments: &[NewAttempt],
+        launches: &[NewInstance],
         now: Timestamp,
     ) -> StoreResult<()>;
+
+    // Burst instances.
+    async fn instances(&self, include_terminated: bool) -> StoreResult<Vec<InstanceRecord>>;
+    /// Pools backed off after capacity or quota errors, with until when.
+    async fn pool_backoffs(&self, now: Timestamp) -> StoreResult<Vec<(PoolId, Timestamp)>>;
+    /// The provider accepted the launch: `requested → booting`.
+    async fn instance_launched(
+        &self,
+        id: &str,
+        provider_id: &str,
+        now: Timestamp,
+    ) -> StoreResult<()>;
+    async fn instance_launch_failed(
+        &self,
+        id: &str,
+        error: &str,
+        next: LaunchFailure,
+        now: Timestamp,
+    ) -> StoreResult<()>;
+    async fn set_instance_idle(&self, id: &str, idle_since: Option<Timestamp>) -> StoreResult<()>;
+    /// Ends an instance in one transaction: state `terminated`, its lifetime cost in the
+    /// ledger (at least `min_billed_s`), its node retired and the node's live work requeued, and
+    /// a job still waiting for it back in the queue. Returns false if it had already ended.
+    async fn end_instance(
+        &self,
+        id: &str,
+        reason: Option<&str>,
+        min_billed_s: i64,
+        now: Timestamp,
+    ) -> StoreResult<bool>;
+    /// Sum of ledger entries (micro-dollars).
+    async fn ledger_total(&self) -> StoreResult<i64>;
 
     // Agent protocol.
     async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>>;

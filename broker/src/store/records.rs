@@ -22,6 +22,8 @@ pub struct ApiTokenRecord {
 pub struct EnrolmentTokenRecord {
     pub token_hash: String,
     pub pool: PoolId,
+    /// The launched instance this token belongs to; its agent binds to it at enrolment.
+    pub instance: Option<String>,
     pub created_at: Timestamp,
     pub expires_at: Timestamp,
 }
@@ -174,4 +176,89 @@ pub struct LogRecord {
     pub stream: String,
     pub data: String,
     pub at: Timestamp,
+}
+
+/// Where a launched instance is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InstanceState {
+    Requested,
+    Booting,
+    Ready,
+    Draining,
+    Terminated,
+}
+
+impl InstanceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Requested => "requested",
+            InstanceState::Booting => "booting",
+            InstanceState::Ready => "ready",
+            InstanceState::Draining => "draining",
+            InstanceState::Terminated => "terminated",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<InstanceState> {
+        [
+            InstanceState::Requested,
+            InstanceState::Booting,
+            InstanceState::Ready,
+            InstanceState::Draining,
+            InstanceState::Terminated,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+
+    pub fn is_live(self) -> bool {
+        self != InstanceState::Terminated
+    }
+}
+
+/// An instance the scheduler wants launched for a job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewInstance {
+    pub id: String,
+    pub provider: String,
+    pub pool: PoolId,
+    pub region: String,
+    pub market: Market,
+    pub hourly_price: Money,
+    pub for_job: JobId,
+    /// The job version the plan was made from (compare-and-swap).
+    pub job_version: i64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct InstanceRecord {
+    pub id: String,
+    pub provider: String,
+    pub provider_id: Option<String>,
+    pub pool: PoolId,
+    pub region: String,
+    pub market: Market,
+    pub state: InstanceState,
+    pub hourly_price: Money,
+    pub for_job: Option<JobId>,
+    pub node: Option<NodeId>,
+    pub launch_attempts: u32,
+    pub next_attempt_at: Timestamp,
+    pub last_error: Option<String>,
+    pub requested_at: Timestamp,
+    pub launched_at: Option<Timestamp>,
+    pub ready_at: Option<Timestamp>,
+    pub idle_since: Option<Timestamp>,
+    pub ended_at: Option<Timestamp>,
+}
+
+/// What a failed launch does next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LaunchFailure {
+    /// Transient: try again at this time.
+    RetryAt(Timestamp),
+    /// Give up on this instance (its job goes back to the queue); back the pool off until then.
+    GiveUp {
+        pool_backoff_until: Option<Timestamp>,
+    },
 }

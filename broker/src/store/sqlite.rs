@@ -334,13 +334,14 @@ impl Store for SqliteStore {
 
     async fn insert_enrolment_token(&self, token: &EnrolmentTokenRecord) -> StoreResult<()> {
         sqlx::query(
-            "INSERT INTO enrolment_tokens (token_hash, pool_id, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4)",
+            "INSERT INTO enrolment_tokens (token_hash, pool_id, created_at, expires_at, instance_id) \
+             VALUES ($1, $2, $3, $4, $5)",
         )
         .bind(&token.token_hash)
         .bind(token.pool.as_str())
         .bind(token.created_at.millis())
         .bind(token.expires_at.millis())
+        .bind(&token.instance)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -392,6 +393,17 @@ impl Store for SqliteStore {
         .bind(now.millis())
         .execute(&mut *tx)
         .await?;
+        if let Some(instance) = row.try_get::<Option<String>, _>("instance_id")? {
+            sqlx::query(
+                "UPDATE instances SET state = 'ready', node_id = $1, ready_at = $2, \
+                 idle_since = $2 WHERE id = $3 AND state IN ('requested', 'booting')",
+            )
+            .bind(node.id.as_str())
+            .bind(now.millis())
+            .bind(&instance)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(Ok(NodeRecord {
             id: node.id,
@@ -462,40 +474,15 @@ impl Store for SqliteStore {
                 .bind(&node)
                 .execute(&mut *tx)
                 .await?;
-            let attempts = sqlx::query(
-                "SELECT id, job_id FROM attempts WHERE node_id = $1 \
-                 AND state IN ('assigned', 'running')",
-            )
-            .bind(&node)
-            .fetch_all(&mut *tx)
-            .await?;
-            for a in attempts {
-                let attempt_id: String = a.try_get("id")?;
-                let job_id: String = a.try_get("job_id")?;
-                sqlx::query(
-                    "UPDATE attempts SET state = 'lost', finished_at = $1, \
-                     error = 'node lost: no heartbeat within the lease TTL' WHERE id = $2",
+            out.requeued.extend(
+                requeue_node_work(
+                    &mut tx,
+                    &node,
+                    "node lost: no heartbeat within the lease TTL",
+                    now,
                 )
-                .bind(now.millis())
-                .bind(&attempt_id)
-                .execute(&mut *tx)
-                .await?;
-                // A cancelled job whose node vanished is simply cancelled; others go back to
-                // the queue to run again elsewhere.
-                sqlx::query(
-                    "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
-                     ELSE 'queued' END, \
-                     finished_at = CASE WHEN cancel_requested = 1 THEN $1 ELSE NULL END, \
-                     reason = 'node lost; requeued', version = version + 1 \
-                     WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running')",
-                )
-                .bind(now.millis())
-                .bind(&job_id)
-                .bind(&attempt_id)
-                .execute(&mut *tx)
-                .await?;
-                out.requeued.push(JobId(parse_uuid(&job_id)?));
-            }
+                .await?,
+            );
             out.nodes.push(NodeId(node));
         }
         tx.commit().await?;
@@ -650,12 +637,46 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    async fn commit_assignments(
+    async fn commit_plan(
         &self,
         assignments: &[NewAttempt],
+        launches: &[NewInstance],
         now: Timestamp,
     ) -> StoreResult<()> {
         let mut tx = self.write_tx().await?;
+        for l in launches {
+            let updated = sqlx::query(
+                "UPDATE jobs SET state = 'provisioning', version = version + 1, \
+                 reason = 'waiting for a new instance in ' || $1 \
+                 WHERE id = $2 AND version = $3 AND state IN ('queued', 'held')",
+            )
+            .bind(l.pool.as_str())
+            .bind(l.for_job.to_string())
+            .bind(l.job_version)
+            .execute(&mut *tx)
+            .await?;
+            if updated.rows_affected() != 1 {
+                return Err(StoreError::Stale(format!(
+                    "job {} changed since planning",
+                    l.for_job
+                )));
+            }
+            sqlx::query(
+                "INSERT INTO instances (id, provider, pool_id, region_id, market, state, \
+                 hourly_price_micros, for_job, requested_at) \
+                 VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7, $8)",
+            )
+            .bind(&l.id)
+            .bind(&l.provider)
+            .bind(l.pool.as_str())
+            .bind(&l.region)
+            .bind(market_str(l.market))
+            .bind(l.hourly_price.micros())
+            .bind(l.for_job.to_string())
+            .bind(now.millis())
+            .execute(&mut *tx)
+            .await?;
+        }
         for a in assignments {
             let updated = sqlx::query(
                 "UPDATE jobs SET state = 'placed', attempts = attempts + 1, current_attempt = $1, \
@@ -913,6 +934,200 @@ impl Store for SqliteStore {
         Ok((results, ended))
     }
 
+    async fn instances(&self, include_terminated: bool) -> StoreResult<Vec<InstanceRecord>> {
+        let rows = sqlx::query(
+            "SELECT * FROM instances WHERE ($1 OR state <> 'terminated') ORDER BY requested_at, id",
+        )
+        .bind(include_terminated)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(instance_from_row).collect()
+    }
+
+    async fn pool_backoffs(&self, now: Timestamp) -> StoreResult<Vec<(PoolId, Timestamp)>> {
+        let rows = sqlx::query("SELECT id, backoff_until FROM pools WHERE backoff_until > $1")
+            .bind(now.millis())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    PoolId(r.try_get("id")?),
+                    Timestamp(r.try_get("backoff_until")?),
+                ))
+            })
+            .collect()
+    }
+
+    async fn instance_launched(
+        &self,
+        id: &str,
+        provider_id: &str,
+        now: Timestamp,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE instances SET state = 'booting', provider_id = $1, launched_at = $2, \
+             launch_attempts = launch_attempts + 1, last_error = NULL \
+             WHERE id = $3 AND state = 'requested'",
+        )
+        .bind(provider_id)
+        .bind(now.millis())
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn instance_launch_failed(
+        &self,
+        id: &str,
+        error: &str,
+        next: LaunchFailure,
+        now: Timestamp,
+    ) -> StoreResult<()> {
+        let mut tx = self.write_tx().await?;
+        match next {
+            LaunchFailure::RetryAt(at) => {
+                sqlx::query(
+                    "UPDATE instances SET launch_attempts = launch_attempts + 1, last_error = $1, \
+                     next_attempt_at = $2 WHERE id = $3 AND state = 'requested'",
+                )
+                .bind(error)
+                .bind(at.millis())
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            LaunchFailure::GiveUp { pool_backoff_until } => {
+                let row = sqlx::query("SELECT pool_id, for_job FROM instances WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "UPDATE instances SET state = 'terminated', launch_attempts = launch_attempts + 1, \
+                     last_error = $1, ended_at = $2 WHERE id = $3 AND state = 'requested'",
+                )
+                .bind(error)
+                .bind(now.millis())
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                if let Some(row) = row {
+                    let pool: String = row.try_get("pool_id")?;
+                    if let Some(until) = pool_backoff_until {
+                        sqlx::query(
+                            "UPDATE pools SET backoff_until = $1, \
+                             recent_capacity_failures = recent_capacity_failures + 1 WHERE id = $2",
+                        )
+                        .bind(until.millis())
+                        .bind(&pool)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    if let Some(job) = row.try_get::<Option<String>, _>("for_job")? {
+                        requeue_provisioning(
+                            &mut tx,
+                            &job,
+                            &format!("launch in {pool} failed: {error}"),
+                        )
+                        .await?;
+                    }
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn set_instance_idle(&self, id: &str, idle_since: Option<Timestamp>) -> StoreResult<()> {
+        sqlx::query("UPDATE instances SET idle_since = $1 WHERE id = $2")
+            .bind(idle_since.map(Timestamp::millis))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn end_instance(
+        &self,
+        id: &str,
+        reason: Option<&str>,
+        min_billed_s: i64,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        let mut tx = self.write_tx().await?;
+        let Some(row) = sqlx::query("SELECT * FROM instances WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(false);
+        };
+        let inst = instance_from_row(&row)?;
+        if inst.state == InstanceState::Terminated {
+            return Ok(false);
+        }
+        sqlx::query(
+            "UPDATE instances SET state = 'terminated', ended_at = $1, \
+             last_error = COALESCE($2, last_error), billed = 1 WHERE id = $3",
+        )
+        .bind(now.millis())
+        .bind(reason)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        if let Some(launched) = inst.launched_at {
+            let seconds = now.secs_since(launched).max(min_billed_s);
+            let amount = inst.hourly_price.per_hour_for_secs(seconds);
+            let (team, project): (Option<String>, Option<String>) = match inst.for_job {
+                Some(job) => sqlx::query_as("SELECT team, project FROM jobs WHERE id = $1")
+                    .bind(job.to_string())
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .unwrap_or((None, None)),
+                None => (None, None),
+            };
+            sqlx::query(
+                "INSERT INTO ledger (at, kind, team, project, job_id, instance_id, provider, \
+                 region_id, pool_id, period_start, period_end, amount_micros) \
+                 VALUES ($1, 'instance', $2, $3, $4, $5, $6, $7, $8, $9, $1, $10)",
+            )
+            .bind(now.millis())
+            .bind(team)
+            .bind(project)
+            .bind(inst.for_job.map(|j| j.to_string()))
+            .bind(id)
+            .bind(&inst.provider)
+            .bind(&inst.region)
+            .bind(inst.pool.as_str())
+            .bind(launched.millis())
+            .bind(amount.micros())
+            .execute(&mut *tx)
+            .await?;
+        }
+        if let Some(node) = &inst.node {
+            sqlx::query("UPDATE nodes SET healthy = 0, revoked = 1 WHERE id = $1")
+                .bind(node.as_str())
+                .execute(&mut *tx)
+                .await?;
+            let why = format!("instance {id} ended: {}", reason.unwrap_or("terminated"));
+            requeue_node_work(&mut tx, node.as_str(), &why, now).await?;
+        }
+        if let Some(job) = inst.for_job {
+            let why = format!("instance {id} ended before the job was placed");
+            requeue_provisioning(&mut tx, &job.to_string(), &why).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn ledger_total(&self) -> StoreResult<i64> {
+        let total: Option<i64> = sqlx::query_scalar("SELECT SUM(amount_micros) FROM ledger")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(total.unwrap_or(0))
+    }
+
     async fn logs(&self, job: JobId, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>> {
         let rows = sqlx::query(
             "SELECT id, attempt_no, stream, data, at FROM log_chunks \
@@ -935,6 +1150,93 @@ impl Store for SqliteStore {
             })
             .collect()
     }
+}
+
+type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+
+/// Moves a node's live attempts to `lost` and their jobs back to the queue (or to `cancelled`
+/// when a cancel was pending). Returns the requeued jobs.
+async fn requeue_node_work(
+    tx: &mut Tx,
+    node: &str,
+    why: &str,
+    now: Timestamp,
+) -> StoreResult<Vec<JobId>> {
+    let attempts = sqlx::query(
+        "SELECT id, job_id FROM attempts WHERE node_id = $1 AND state IN ('assigned', 'running')",
+    )
+    .bind(node)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut requeued = Vec::new();
+    for a in attempts {
+        let attempt_id: String = a.try_get("id")?;
+        let job_id: String = a.try_get("job_id")?;
+        sqlx::query(
+            "UPDATE attempts SET state = 'lost', finished_at = $1, error = $2 WHERE id = $3",
+        )
+        .bind(now.millis())
+        .bind(why)
+        .bind(&attempt_id)
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
+             ELSE 'queued' END, \
+             finished_at = CASE WHEN cancel_requested = 1 THEN $1 ELSE NULL END, \
+             reason = $2, version = version + 1 \
+             WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
+        )
+        .bind(now.millis())
+        .bind(format!("{why}; requeued"))
+        .bind(&job_id)
+        .bind(&attempt_id)
+        .execute(&mut **tx)
+        .await?;
+        requeued.push(JobId(parse_uuid(&job_id)?));
+    }
+    Ok(requeued)
+}
+
+/// A job waiting for an instance that will not come goes back to the queue.
+async fn requeue_provisioning(tx: &mut Tx, job: &str, why: &str) -> StoreResult<()> {
+    sqlx::query(
+        "UPDATE jobs SET state = 'queued', reason = $1, version = version + 1 \
+         WHERE id = $2 AND state = 'provisioning'",
+    )
+    .bind(why)
+    .bind(job)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+fn instance_from_row(r: &SqliteRow) -> StoreResult<InstanceRecord> {
+    let state: String = r.try_get("state")?;
+    Ok(InstanceRecord {
+        id: r.try_get("id")?,
+        provider: r.try_get("provider")?,
+        provider_id: r.try_get("provider_id")?,
+        pool: PoolId(r.try_get("pool_id")?),
+        region: r.try_get("region_id")?,
+        market: parse_market(&r.try_get::<String, _>("market")?)?,
+        state: InstanceState::parse(&state)
+            .ok_or_else(|| corrupt(format!("bad instance state {state:?}")))?,
+        hourly_price: Money(r.try_get("hourly_price_micros")?),
+        for_job: r
+            .try_get::<Option<String>, _>("for_job")?
+            .map(|j| parse_uuid(&j).map(JobId))
+            .transpose()?,
+        node: r.try_get::<Option<String>, _>("node_id")?.map(NodeId),
+        launch_attempts: u32_of(r.try_get("launch_attempts")?, "launch_attempts")?,
+        next_attempt_at: Timestamp(r.try_get("next_attempt_at")?),
+        last_error: r.try_get("last_error")?,
+        requested_at: Timestamp(r.try_get("requested_at")?),
+        launched_at: r.try_get::<Option<i64>, _>("launched_at")?.map(Timestamp),
+        ready_at: r.try_get::<Option<i64>, _>("ready_at")?.map(Timestamp),
+        idle_since: r.try_get::<Option<i64>, _>("idle_since")?.map(Timestamp),
+        ended_at: r.try_get::<Option<i64>, _>("ended_at")?.map(Timestamp),
+    })
 }
 
 fn attempt_ref_from_row(r: &SqliteRow) -> StoreResult<AttemptRef> {

@@ -1,0 +1,280 @@
+//! The burst controller: makes the instances the scheduler asked for exist, and no others.
+//!
+//! Level-triggered and idempotent: each pass reads the instances table and the providers'
+//! listings, not the event that woke it, and closes the gap —
+//! - `requested` → launch through the pool's provider (one enrolment token per instance; the
+//!   instance id is the provider's idempotency key, so a retried launch starts one machine);
+//!   capacity or quota errors back the pool off and send the job back to the planner, which
+//!   picks the next feasible region; throttling and transient errors retry with backoff;
+//! - `booting` past the boot timeout → terminated, its job re-planned;
+//! - `ready` with nothing running → idle; idle past the TTL (and past the provider's minimum
+//!   billed time, which is paid anyway) → terminated, its lifetime cost written to the ledger;
+//! - the orphan reaper: every tagged instance a provider lists that the broker does not know
+//!   (or knows as ended) is terminated; every live instance the provider no longer has is
+//!   marked gone and its work requeued.
+//!
+//! It never decides what to launch: that is the planner's job.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+use switchyard_core::Timestamp;
+use switchyard_providers::{LaunchRequest, ProviderError};
+
+use crate::api::tokens::issue_enrolment_token;
+use crate::app::App;
+use crate::clock;
+use crate::scheduler::SchedulerEvent;
+use crate::store::{InstanceRecord, InstanceState, LaunchFailure, StoreError};
+
+/// How often providers are listed for orphans and vanished instances.
+const REAP_EVERY: Duration = Duration::from_secs(5);
+/// How long one provider call may take before it counts as a transient failure.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub async fn run(app: App) {
+    let mut last_reap: Option<Instant> = None;
+    loop {
+        let reap = last_reap.is_none_or(|t| t.elapsed() >= REAP_EVERY);
+        if reap {
+            last_reap = Some(Instant::now());
+        }
+        match reconcile(&app, reap).await {
+            Ok(true) => app.scheduler.send(SchedulerEvent::InstancesChanged),
+            Ok(false) => {}
+            Err(e) => tracing::error!(error = %e, "burst reconcile failed"),
+        }
+        tokio::select! {
+            _ = app.burst.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// One pass. Returns whether anything the scheduler mirrors changed.
+pub async fn reconcile(app: &App, reap: bool) -> Result<bool, StoreError> {
+    let now = clock::now();
+    let instances = app.store.instances(false).await?;
+    let busy: HashSet<String> = app
+        .store
+        .live_attempts()
+        .await?
+        .into_iter()
+        .map(|a| a.node.to_string())
+        .collect();
+    let mut changed = false;
+    for inst in &instances {
+        changed |= match inst.state {
+            InstanceState::Requested if inst.next_attempt_at <= now => launch(app, inst).await?,
+            InstanceState::Requested => false,
+            InstanceState::Booting => {
+                let booting_for = inst.launched_at.map_or(0, |t| now.secs_since(t));
+                if booting_for >= app.config.boot_timeout_s as i64 {
+                    tracing::warn!(instance.id = %inst.id, pool.id = %inst.pool, booting_for_s = booting_for, "boot timeout");
+                    end(app, inst, Some("boot timeout: the agent never enrolled")).await?
+                } else {
+                    false
+                }
+            }
+            InstanceState::Ready | InstanceState::Draining => {
+                idle_check(app, inst, &busy, now).await?
+            }
+            InstanceState::Terminated => false,
+        };
+    }
+    if reap {
+        changed |= reap_orphans(app).await?;
+    }
+    Ok(changed)
+}
+
+async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
+    let now = clock::now();
+    let Some(provider) = app.providers.for_pool(&inst.pool) else {
+        let failure = LaunchFailure::GiveUp {
+            pool_backoff_until: None,
+        };
+        app.store
+            .instance_launch_failed(&inst.id, "no provider launches this pool", failure, now)
+            .await?;
+        return Ok(true);
+    };
+    let ttl = (app.config.boot_timeout_s as i64).max(60) + 300;
+    let (token, record) = issue_enrolment_token(&inst.pool, Some(&inst.id), ttl);
+    app.store.insert_enrolment_token(&record).await?;
+    let request = LaunchRequest {
+        pool: inst.pool.clone(),
+        market: inst.market,
+        instance_key: inst.id.clone(),
+        enrolment_token: token,
+        broker_url: app.config.public_url(),
+    };
+    let started = Instant::now();
+    let result = match tokio::time::timeout(CALL_TIMEOUT, provider.launch(&request)).await {
+        Ok(r) => r,
+        Err(_) => Err(ProviderError::Transient(format!(
+            "launch took longer than {}s",
+            CALL_TIMEOUT.as_secs()
+        ))),
+    };
+    let launch_ms = started.elapsed().as_millis() as u64;
+    match result {
+        Ok(info) => {
+            tracing::info!(instance.id = %inst.id, pool.id = %inst.pool, provider = provider.name(), provider_id = %info.provider_id, launch_ms, "instance launched");
+            app.store
+                .instance_launched(&inst.id, &info.provider_id, clock::now())
+                .await?;
+            Ok(false)
+        }
+        Err(e) => {
+            let attempts = inst.launch_attempts + 1;
+            let next = match &e {
+                ProviderError::Capacity { .. } | ProviderError::Quota { .. } => {
+                    LaunchFailure::GiveUp {
+                        pool_backoff_until: Some(now.plus_secs(app.config.pool_backoff_s as i64)),
+                    }
+                }
+                ProviderError::Throttled(_) | ProviderError::Transient(_)
+                    if attempts < app.config.launch_attempts =>
+                {
+                    // 1 s, 2 s, 4 s… capped at a minute.
+                    let delay = 1i64 << attempts.min(6);
+                    LaunchFailure::RetryAt(now.plus_secs(delay))
+                }
+                _ => LaunchFailure::GiveUp {
+                    pool_backoff_until: None,
+                },
+            };
+            tracing::warn!(instance.id = %inst.id, pool.id = %inst.pool, error = %e, attempts, next = ?next, "launch failed");
+            let give_up = matches!(next, LaunchFailure::GiveUp { .. });
+            app.store
+                .instance_launch_failed(&inst.id, &e.to_string(), next, now)
+                .await?;
+            Ok(give_up)
+        }
+    }
+}
+
+async fn idle_check(
+    app: &App,
+    inst: &InstanceRecord,
+    busy: &HashSet<String>,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let Some(node) = &inst.node else {
+        return Ok(false);
+    };
+    if busy.contains(node.as_str()) {
+        if inst.idle_since.is_some() {
+            app.store.set_instance_idle(&inst.id, None).await?;
+        }
+        return Ok(false);
+    }
+    let Some(idle_since) = inst.idle_since else {
+        app.store.set_instance_idle(&inst.id, Some(now)).await?;
+        return Ok(false);
+    };
+    let idle_until = idle_since.plus_secs(app.config.idle_ttl_s as i64);
+    let paid_until = inst
+        .launched_at
+        .unwrap_or(now)
+        .plus_secs(app.config.min_billed_s as i64);
+    if now < idle_until.max(paid_until) {
+        return Ok(false);
+    }
+    tracing::info!(instance.id = %inst.id, idle_s = now.secs_since(idle_since), "instance idle past its TTL; terminating");
+    end(app, inst, Some("idle")).await
+}
+
+/// Terminates at the provider first, then records the end: an instance is never marked ended
+/// while it may still be running (and billing).
+async fn end(app: &App, inst: &InstanceRecord, reason: Option<&str>) -> Result<bool, StoreError> {
+    if let (Some(provider_id), Some(provider)) =
+        (&inst.provider_id, app.providers.for_pool(&inst.pool))
+    {
+        match tokio::time::timeout(CALL_TIMEOUT, provider.terminate(provider_id)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(instance.id = %inst.id, error = %e, "terminate failed; will retry");
+                return Ok(false);
+            }
+            Err(_) => {
+                tracing::warn!(instance.id = %inst.id, "terminate timed out; will retry");
+                return Ok(false);
+            }
+        }
+    }
+    let ended = app
+        .store
+        .end_instance(
+            &inst.id,
+            reason,
+            app.config.min_billed_s as i64,
+            clock::now(),
+        )
+        .await?;
+    if ended {
+        tracing::info!(instance.id = %inst.id, pool.id = %inst.pool, reason = reason.unwrap_or(""), "instance terminated");
+        if let Some(node) = &inst.node {
+            app.agents.wake(node);
+        }
+    }
+    Ok(ended)
+}
+
+/// Terminates tagged instances the broker does not know; ends known ones the provider lost.
+async fn reap_orphans(app: &App) -> Result<bool, StoreError> {
+    let all = app.store.instances(true).await?;
+    let known: HashMap<&str, &InstanceRecord> = all.iter().map(|i| (i.id.as_str(), i)).collect();
+    let mut changed = false;
+    for provider in app.providers.all() {
+        let listed = match tokio::time::timeout(CALL_TIMEOUT, provider.list()).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                tracing::warn!(provider = provider.name(), error = %e, "listing instances failed");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let mut seen = HashSet::new();
+        for info in &listed {
+            seen.insert(info.provider_id.as_str());
+            let orphan = match known.get(info.instance_key.as_str()) {
+                None => true,
+                Some(k) => k.state == InstanceState::Terminated,
+            };
+            if orphan && info.state != switchyard_providers::InstanceState::Terminated {
+                tracing::warn!(provider = provider.name(), provider_id = %info.provider_id, instance.key = %info.instance_key, "terminating an instance the broker does not own");
+                if let Err(e) = provider.terminate(&info.provider_id).await {
+                    tracing::warn!(provider_id = %info.provider_id, error = %e, "orphan terminate failed; will retry");
+                }
+            }
+        }
+        for inst in all.iter().filter(|i| {
+            matches!(
+                i.state,
+                InstanceState::Booting | InstanceState::Ready | InstanceState::Draining
+            )
+        }) {
+            let Some(pid) = &inst.provider_id else {
+                continue;
+            };
+            let ours = app
+                .providers
+                .for_pool(&inst.pool)
+                .is_some_and(|p| std::ptr::addr_eq(p.as_ref(), provider.as_ref()));
+            if ours && !seen.contains(pid.as_str()) {
+                tracing::warn!(instance.id = %inst.id, provider_id = %pid, "the provider no longer has this instance");
+                changed |= app
+                    .store
+                    .end_instance(
+                        &inst.id,
+                        Some("gone: the provider no longer lists it"),
+                        app.config.min_billed_s as i64,
+                        clock::now(),
+                    )
+                    .await?;
+            }
+        }
+    }
+    Ok(changed)
+}

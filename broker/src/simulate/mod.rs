@@ -1,0 +1,220 @@
+//! `switchyard simulate`: replays a job trace against the bundled catalogue and a scenario on a
+//! virtual clock, under Switchyard and the peers' strategies, and writes `report.json` and SVG
+//! plots. The imperative shell around `switchyard_core::sim`: files, parsing, wall-clock timing
+//! of each scheduler's own decisions, output. Synchronous: it runs before any async runtime
+//! work and needs none.
+
+pub mod report;
+pub mod scenario;
+pub mod svg;
+pub mod trace;
+
+use anyhow::{Context, bail};
+use scenario::Scenario;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use switchyard_core::sim::{
+    self, Cheapest, Decisions, FifoBurst, Scheduler, SimConfig, SimResult, Switchyard, View,
+};
+use switchyard_core::{Money, Timestamp};
+use switchyard_providers::catalogue::Catalogue;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// Job trace to replay (plain CSV or gzip).
+    #[arg(long)]
+    pub trace: PathBuf,
+    #[arg(long, value_enum, default_value_t = TraceFormat::Philly)]
+    pub trace_format: TraceFormat,
+    /// Scenario TOML (defaults for every key; unknown keys are errors).
+    #[arg(long)]
+    pub scenario: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Which::All)]
+    pub scheduler: Which,
+    /// Skip malformed trace rows (and count them) instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad_rows: bool,
+    /// Output directory for report.json and the plots.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceFormat {
+    Philly,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Which {
+    Switchyard,
+    Cheapest,
+    FifoBurst,
+    All,
+}
+
+/// Measures a scheduler's own compute time with the wall clock (the engine has none).
+struct Timed<'a> {
+    inner: &'a mut dyn Scheduler,
+    spent: Duration,
+}
+
+impl Scheduler for Timed<'_> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn decide(&mut self, view: &View<'_>) -> Decisions {
+        let start = Instant::now();
+        let d = self.inner.decide(view);
+        self.spent += start.elapsed();
+        d
+    }
+}
+
+/// Runs the command; prints a one-line summary per scheduler.
+pub fn run(args: &SimulateArgs) -> anyhow::Result<report::Report> {
+    let scenario = match &args.scenario {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => Scenario::default(),
+    };
+    let TraceFormat::Philly = args.trace_format;
+    let trace = trace::read_philly(&args.trace, args.skip_bad_rows)?;
+    if trace.jobs.is_empty() {
+        bail!("{} has no jobs", args.trace.display());
+    }
+    let catalogue = Catalogue::bundled().context("loading the bundled catalogue")?;
+    let report = simulate(&scenario, &catalogue, &trace, args)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    write(
+        &args.out.join("report.json"),
+        &serde_json::to_string_pretty(&report)?,
+    )?;
+    Ok(report)
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Builds the world and jobs, runs the schedulers and the bound, writes the plots.
+pub fn simulate(
+    scenario: &Scenario,
+    catalogue: &Catalogue,
+    trace: &trace::Trace,
+    args: &SimulateArgs,
+) -> anyhow::Result<report::Report> {
+    let world = scenario.world(catalogue)?;
+    let jobs = scenario.jobs(&trace.jobs);
+    let cfg = SimConfig {
+        idle_ttl_s: scenario.idle_ttl_s,
+        min_billed_s: 60,
+        checkpoint_interval_s: scenario.checkpoint_interval_s,
+        tick_s: scenario.tick_s,
+        seed: scenario.seed,
+        measure_from: Timestamp::from_secs(
+            scenario::EPOCH_S + (scenario.start_day * 86_400.0) as i64,
+        ),
+    };
+    let mut schedulers: Vec<Box<dyn Scheduler>> = Vec::new();
+    let wants = |w: Which| args.scheduler == Which::All || args.scheduler == w;
+    if wants(Which::Switchyard) {
+        schedulers.push(Box::new(Switchyard));
+    }
+    if wants(Which::Cheapest) {
+        schedulers.push(Box::new(Cheapest));
+    }
+    if wants(Which::FifoBurst) {
+        schedulers.push(Box::new(FifoBurst {
+            burst_after_s: scenario.fifo_burst_after_s,
+        }));
+    }
+    let mut results: Vec<SimResult> = Vec::new();
+    let mut reports = BTreeMap::new();
+    for s in &mut schedulers {
+        let mut timed = Timed {
+            inner: s.as_mut(),
+            spent: Duration::ZERO,
+        };
+        let start = Instant::now();
+        let result = sim::run(&world, &jobs, &cfg, &mut timed);
+        let wall_ms = start.elapsed().as_secs_f64() * 1000.0;
+        let plan_ms = timed.spent.as_secs_f64() * 1000.0;
+        let r = report::scheduler_report(&result, plan_ms, wall_ms);
+        eprintln!(
+            "{:<11} cost ${:>12.2}  deadlines met {:>6.2}%  delay p50 {:>8.0}s p99 {:>9.0}s  \
+             bursts {:>6}  scheduler {:>8.0} ms  wall {:>8.0} ms",
+            result.scheduler,
+            r.total_cost_usd,
+            r.deadline_met_fraction * 100.0,
+            r.queue_delay_s.p50,
+            r.queue_delay_s.p99,
+            r.burst_instances,
+            plan_ms,
+            wall_ms
+        );
+        reports.insert(result.scheduler.clone(), r);
+        results.push(result);
+    }
+    let start = Instant::now();
+    let bound = sim::lp_lower_bound(&world, &jobs, scenario.lp_buckets);
+    let lp_time_ms = start.elapsed().as_secs_f64() * 1000.0;
+    eprintln!(
+        "lp lower bound ${:.2} ({lp_time_ms:.0} ms)",
+        bound.as_dollars()
+    );
+    let ratios = ratios(&reports, bound);
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let origin_ms = Timestamp::from_secs(scenario::EPOCH_S).millis();
+    for (name, svg) in report::plots(&results, origin_ms) {
+        write(&args.out.join(name), &svg)?;
+    }
+    let start_s = (scenario.start_day * 86_400.0) as i64;
+    let measured = trace.jobs.iter().filter(|j| j.submit_s >= start_s).count();
+    Ok(report::Report {
+        schedulers: reports,
+        lp_lower_bound_usd: bound.as_dollars(),
+        ratios,
+        lp_time_ms,
+        trace: report::TraceInfo {
+            file: args.trace.display().to_string(),
+            format: "philly".into(),
+            rows: trace.jobs.len(),
+            skipped_bad_rows: trace.skipped,
+            measured_jobs: measured,
+            warmup_jobs: trace.jobs.len() - measured,
+            multi_node_jobs_folded: trace.jobs.iter().filter(|j| j.nodes > 1).count(),
+        },
+        scenario: serde_json::to_value(scenario)?,
+    })
+}
+
+fn ratios(
+    reports: &BTreeMap<String, report::SchedulerReport>,
+    bound: Money,
+) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let lb = bound.as_dollars();
+    for (name, r) in reports {
+        if lb > 0.0 {
+            out.insert(format!("{name}_over_lp_bound"), r.total_cost_usd / lb);
+        }
+    }
+    if let Some(sy) = reports.get("switchyard") {
+        for base in ["cheapest", "fifo-burst"] {
+            if let Some(b) = reports.get(base).filter(|b| b.total_cost_usd > 0.0) {
+                out.insert(
+                    format!("switchyard_over_{base}"),
+                    sy.total_cost_usd / b.total_cost_usd,
+                );
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,231 @@
+//! `report.json` and the plots, from the engine's results. Latency metrics (deadlines met,
+//! queueing delay) cover the measured jobs (submitted on or after the scenario's start day);
+//! money covers the whole replay, warm-up jobs included, like the lower bound it is compared to.
+
+use super::svg::{Series, bar_chart, line_chart};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use switchyard_core::Money;
+use switchyard_core::sim::SimResult;
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub schedulers: BTreeMap<String, SchedulerReport>,
+    pub lp_lower_bound_usd: f64,
+    /// `total_cost / lp_lower_bound` per scheduler, and Switchyard against each baseline.
+    pub ratios: BTreeMap<String, f64>,
+    pub lp_time_ms: f64,
+    pub trace: TraceInfo,
+    pub scenario: serde_json::Value,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TraceInfo {
+    pub file: String,
+    pub format: String,
+    pub rows: usize,
+    pub skipped_bad_rows: u64,
+    pub measured_jobs: usize,
+    pub warmup_jobs: usize,
+    pub multi_node_jobs_folded: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SchedulerReport {
+    pub jobs: usize,
+    pub total_cost_usd: f64,
+    pub deadline_met_fraction: f64,
+    pub queue_delay_s: Delay,
+    pub onprem_gpu_utilization: f64,
+    pub burst_instances: u64,
+    pub plan_time_ms: f64,
+    pub cost_usd: Breakdown,
+    pub unfinished_jobs: usize,
+    pub spot_interruptions: u64,
+    pub preemptions: u64,
+    pub rejected_actions: u64,
+    pub scheduler_calls: u64,
+    pub simulation_wall_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Delay {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Breakdown {
+    pub cloud_busy: f64,
+    pub cloud_idle: f64,
+    pub onprem: f64,
+    pub egress: f64,
+}
+
+/// Nearest-rank percentile of sorted values (0 for none).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn usd(m: Money) -> f64 {
+    m.as_dollars()
+}
+
+pub fn scheduler_report(r: &SimResult, plan_time_ms: f64, wall_ms: f64) -> SchedulerReport {
+    let measured: Vec<_> = r.jobs.iter().filter(|j| j.measured).collect();
+    let mut delays: Vec<f64> = measured.iter().filter_map(|j| j.queue_delay_s()).collect();
+    delays.sort_by(f64::total_cmp);
+    let met = measured.iter().filter(|j| j.met_deadline()).count();
+    SchedulerReport {
+        jobs: measured.len(),
+        total_cost_usd: usd(r.total_cost()),
+        deadline_met_fraction: met as f64 / measured.len().max(1) as f64,
+        queue_delay_s: Delay {
+            p50: percentile(&delays, 50.0),
+            p99: percentile(&delays, 99.0),
+        },
+        onprem_gpu_utilization: r.onprem_gpu_utilization,
+        burst_instances: r.burst_instances,
+        plan_time_ms,
+        cost_usd: Breakdown {
+            cloud_busy: usd(r.cloud_busy_cost),
+            cloud_idle: usd(r.cloud_idle_cost),
+            onprem: usd(r.onprem_cost),
+            egress: usd(r.egress_cost),
+        },
+        unfinished_jobs: r.jobs.iter().filter(|j| j.finish.is_none()).count(),
+        spot_interruptions: r.spot_interruptions,
+        preemptions: r.preemptions,
+        rejected_actions: r.rejected_actions,
+        scheduler_calls: r.scheduler_calls,
+        simulation_wall_ms: wall_ms,
+    }
+}
+
+/// `(file name, SVG)` for the three plots. Time is in days since `origin_ms`.
+pub fn plots(results: &[SimResult], origin_ms: i64) -> Vec<(&'static str, String)> {
+    let day = 86_400_000.0;
+    let cost: Vec<Series> = results
+        .iter()
+        .map(|r| {
+            let mut sum = 0.0;
+            let mut points = vec![(0.0, 0.0)];
+            for &(t, m) in &r.timeline {
+                sum += usd(m);
+                points.push(((t.millis() - origin_ms) as f64 / day, sum));
+            }
+            Series {
+                name: r.scheduler.clone(),
+                points: thin(points, 2000),
+            }
+        })
+        .collect();
+    let cdf: Vec<Series> = results
+        .iter()
+        .map(|r| {
+            let mut d: Vec<f64> = r
+                .jobs
+                .iter()
+                .filter(|j| j.measured)
+                .filter_map(|j| j.queue_delay_s())
+                .collect();
+            d.sort_by(f64::total_cmp);
+            let n = d.len().max(1) as f64;
+            // Delays below a second are drawn at 1 s on the log axis.
+            let points = d
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| (x.max(1.0), (i + 1) as f64 / n))
+                .collect();
+            Series {
+                name: r.scheduler.clone(),
+                points: thin(points, 2000),
+            }
+        })
+        .collect();
+    let mut totals: BTreeMap<String, f64> = BTreeMap::new();
+    for r in results {
+        for (region, m) in &r.spend_by_region {
+            *totals.entry(region.to_string()).or_default() += usd(*m);
+        }
+    }
+    let mut regions: Vec<(String, f64)> = totals.into_iter().collect();
+    regions.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    regions.truncate(12);
+    let categories: Vec<String> = regions.into_iter().map(|(r, _)| r).collect();
+    let bars: Vec<(String, Vec<f64>)> = results
+        .iter()
+        .map(|r| {
+            let v = categories
+                .iter()
+                .map(|c| {
+                    r.spend_by_region
+                        .iter()
+                        .find(|(k, _)| k.as_str() == c)
+                        .map_or(0.0, |(_, m)| usd(*m))
+                })
+                .collect();
+            (r.scheduler.clone(), v)
+        })
+        .collect();
+    vec![
+        (
+            "cost_over_time.svg",
+            line_chart(
+                "Cumulative cost",
+                "days since trace start",
+                "USD",
+                &cost,
+                false,
+            ),
+        ),
+        (
+            "queue_delay_cdf.svg",
+            line_chart(
+                "Queueing delay CDF (measured jobs)",
+                "queueing delay, seconds (log)",
+                "fraction of jobs",
+                &cdf,
+                true,
+            ),
+        ),
+        (
+            "spend_by_region.svg",
+            bar_chart("Spend by region (top 12)", "USD", &categories, &bars),
+        ),
+    ]
+}
+
+/// Keeps at most about `max` points, always the last.
+fn thin(points: Vec<(f64, f64)>, max: usize) -> Vec<(f64, f64)> {
+    if points.len() <= max {
+        return points;
+    }
+    let step = points.len().div_ceil(max);
+    let last = points.last().copied();
+    let mut out: Vec<(f64, f64)> = points.into_iter().step_by(step).collect();
+    if let Some(l) = last
+        && out.last() != Some(&l)
+    {
+        out.push(l);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+}

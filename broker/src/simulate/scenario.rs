@@ -1,0 +1,438 @@
+//! The scenario: every assumption the trace lacks, as a TOML file whose every key has a
+//! default (so `switchyard simulate --trace FILE` works alone) and where an unknown key is an
+//! error. [`Scenario::world`] and [`Scenario::jobs`] turn it, the bundled catalogue and a trace
+//! into the engine's inputs; every random draw comes from the scenario's seed.
+
+use super::trace::TraceJob;
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use switchyard_core::sim::rng::SplitMix64;
+use switchyard_core::sim::{SimJob, SimPool, World};
+use switchyard_core::*;
+use switchyard_providers::catalogue::{Catalogue, pool_from_entry};
+
+/// Where replayed time starts: 2017-10-01T00:00:00Z (Philly ran Aug–Dec 2017; the trace has no
+/// date, so only differences matter).
+pub const EPOCH_S: i64 = 1_506_816_000;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scenario {
+    pub seed: u64,
+    /// Jobs submitted before this day are warm-up: replayed and billed, but left out of the
+    /// deadline and queueing metrics.
+    pub start_day: f64,
+    pub idle_ttl_s: i64,
+    pub tick_s: i64,
+    pub checkpoint_interval_s: i64,
+    pub fifo_burst_after_s: i64,
+    pub lp_buckets: usize,
+    pub onprem: Vec<OnPrem>,
+    pub cloud: Cloud,
+    pub deadlines: Deadlines,
+    pub spot: Spot,
+    pub data: Data,
+    pub egress_usd_per_gb: BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnPrem {
+    /// `onprem:CODE`.
+    pub region: String,
+    pub name: String,
+    pub gpu_model: String,
+    pub gpu_memory_gb: u32,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    /// The internal rate finance sets.
+    pub usd_per_gpu_hour: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Cloud {
+    /// Providers of the bundled catalogue to use; empty means all.
+    pub providers: Vec<String>,
+    /// `provider:region` allow-list; empty means all regions of those providers.
+    pub regions: Vec<String>,
+    /// GPU models a Philly job can use; empty means any.
+    pub gpu_models: Vec<String>,
+    pub min_gpu_memory_gb: u32,
+    pub boot_time_s: u32,
+    /// Quota per pool, in nodes.
+    pub node_limit: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Deadlines {
+    /// `deadline = submit + max(factor × runtime, runtime + min_slack_s)`, with `factor`
+    /// uniform in `[min_factor, max_factor)` per job.
+    pub min_factor: f64,
+    pub max_factor: f64,
+    pub min_slack_s: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Spot {
+    /// Share of jobs that allow spot (drawn per job).
+    pub share: f64,
+    /// Interruptions per node-hour, by provider.
+    pub interruptions_per_hour: BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Data {
+    /// Share of jobs with an input data set (drawn per job).
+    pub share: f64,
+    /// Where data sets live, with weights.
+    pub regions: Vec<Weighted>,
+    /// Data set sizes, drawn uniformly.
+    pub sizes_gb: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Weighted {
+    pub region: String,
+    pub weight: f64,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            seed: 42,
+            start_day: 48.0,
+            idle_ttl_s: 600,
+            tick_s: 300,
+            checkpoint_interval_s: 3600,
+            fifo_burst_after_s: 600,
+            lp_buckets: 256,
+            onprem: vec![OnPrem {
+                region: "onprem:philly".into(),
+                name: "v100-8x".into(),
+                gpu_model: "V100".into(),
+                gpu_memory_gb: 16,
+                nodes: 128,
+                gpus_per_node: 8,
+                usd_per_gpu_hour: 0.25,
+            }],
+            cloud: Cloud::default(),
+            deadlines: Deadlines::default(),
+            spot: Spot::default(),
+            data: Data::default(),
+            egress_usd_per_gb: [
+                ("onprem", 0.02),
+                ("aws", 0.09),
+                ("gcp", 0.12),
+                ("azure", 0.087),
+                ("lambda", 0.0),
+                ("vast", 0.0),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        }
+    }
+}
+
+impl Default for Cloud {
+    fn default() -> Self {
+        let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect();
+        Cloud {
+            providers: s(&["aws", "gcp", "azure", "lambda"]),
+            regions: s(&[
+                "aws:us-east-1",
+                "aws:us-west-2",
+                "aws:eu-west-1",
+                "gcp:us-central1",
+                "gcp:us-east4",
+                "gcp:europe-west4",
+                "azure:eastus",
+                "azure:westus2",
+                "azure:westeurope",
+                "lambda:us-east-1",
+                "lambda:us-west-1",
+                "lambda:us-south-1",
+            ]),
+            gpu_models: s(&[
+                "V100",
+                "V100-32GB",
+                "A10G",
+                "A10",
+                "L4",
+                "A100",
+                "A100-80GB",
+            ]),
+            min_gpu_memory_gb: 16,
+            boot_time_s: 180,
+            node_limit: 64,
+        }
+    }
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            min_factor: 1.5,
+            max_factor: 4.0,
+            min_slack_s: 900,
+        }
+    }
+}
+
+impl Default for Spot {
+    fn default() -> Self {
+        Spot {
+            share: 0.5,
+            interruptions_per_hour: [("aws", 0.01), ("gcp", 0.02), ("azure", 0.02)]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+        }
+    }
+}
+
+impl Default for Data {
+    fn default() -> Self {
+        let w = |region: &str, weight| Weighted {
+            region: region.into(),
+            weight,
+        };
+        Data {
+            share: 0.5,
+            regions: vec![
+                w("onprem:philly", 0.7),
+                w("aws:us-east-1", 0.2),
+                w("gcp:us-central1", 0.1),
+            ],
+            sizes_gb: vec![10, 50, 200, 1000],
+        }
+    }
+}
+
+impl Scenario {
+    pub fn from_toml(text: &str) -> anyhow::Result<Scenario> {
+        let s: Scenario = toml::from_str(text).context("invalid scenario")?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let d = &self.deadlines;
+        if !(d.min_factor >= 1.0 && d.max_factor >= d.min_factor) {
+            bail!("deadlines: need 1 <= min_factor <= max_factor");
+        }
+        if !(0.0..=1.0).contains(&self.spot.share) || !(0.0..=1.0).contains(&self.data.share) {
+            bail!("spot.share and data.share must be in [0, 1]");
+        }
+        if self.onprem.iter().any(|o| !o.region.starts_with("onprem:")) {
+            bail!("onprem regions must be `onprem:CODE`");
+        }
+        if self.data.share > 0.0 && (self.data.regions.is_empty() || self.data.sizes_gb.is_empty())
+        {
+            bail!("data.regions and data.sizes_gb must not be empty when data.share > 0");
+        }
+        Ok(())
+    }
+
+    /// On-prem pools from the scenario, cloud pools from the catalogue after the filters.
+    pub fn world(&self, catalogue: &Catalogue) -> anyhow::Result<World> {
+        let c = &self.cloud;
+        let has = |list: &[String], v: &str| {
+            list.is_empty() || list.iter().any(|x| x.eq_ignore_ascii_case(v))
+        };
+        let mut pools: Vec<SimPool> = Vec::new();
+        let mut regions: BTreeMap<RegionId, Region> = BTreeMap::new();
+        for o in &self.onprem {
+            let region = RegionId::new(&o.region);
+            regions.insert(region.clone(), self.region(&region));
+            let per_gpu = Money::from_dollars(o.usd_per_gpu_hour)
+                .with_context(|| format!("onprem {}: bad usd_per_gpu_hour", o.name))?;
+            pools.push(SimPool {
+                pool: Pool {
+                    id: PoolId::new(format!("{}/{}", o.region, o.name)),
+                    region,
+                    provider: "onprem".into(),
+                    instance_type: o.name.clone(),
+                    gpu_model: o.gpu_model.clone(),
+                    gpus_per_node: o.gpus_per_node,
+                    gpu_memory_gb: o.gpu_memory_gb,
+                    vcpus: 0,
+                    memory_gb: 0,
+                    on_demand_per_hour: per_gpu.saturating_mul(i64::from(o.gpus_per_node)),
+                    spot_per_hour: None,
+                    node_limit: o.nodes,
+                    launchable: false,
+                    boot_time_s: 0,
+                    price_updated_at: Timestamp(0),
+                    recent_capacity_failures: 0,
+                },
+                fixed_nodes: o.nodes,
+                interruptions_per_hour: 0.0,
+            });
+        }
+        for e in catalogue.entries() {
+            let region = e.region_id();
+            if !has(&c.providers, &e.provider)
+                || !has(&c.regions, region.as_str())
+                || !has(&c.gpu_models, &e.gpu_model)
+                || e.gpu_memory_gb < c.min_gpu_memory_gb
+            {
+                continue;
+            }
+            regions
+                .entry(region.clone())
+                .or_insert_with(|| self.region(&region));
+            pools.push(SimPool {
+                pool: pool_from_entry(e, c.boot_time_s, c.node_limit, Timestamp(0)),
+                fixed_nodes: 0,
+                interruptions_per_hour: self
+                    .spot
+                    .interruptions_per_hour
+                    .get(&e.provider)
+                    .copied()
+                    .unwrap_or(0.0),
+            });
+        }
+        if !pools.iter().any(|p| p.pool.launchable) {
+            bail!(
+                "no cloud offer is left after the scenario's filters (providers {:?}, regions \
+                 {:?}, gpu_models {:?}, min_gpu_memory_gb {}); widen them",
+                c.providers,
+                c.regions,
+                c.gpu_models,
+                c.min_gpu_memory_gb
+            );
+        }
+        for w in &self.data.regions {
+            let id = RegionId::new(&w.region);
+            regions
+                .entry(id.clone())
+                .or_insert_with(|| self.region(&id));
+        }
+        Ok(World {
+            regions: regions.into_values().collect(),
+            pools,
+        })
+    }
+
+    fn region(&self, id: &RegionId) -> Region {
+        let provider = id.provider().to_owned();
+        let egress = self
+            .egress_usd_per_gb
+            .get(&provider)
+            .copied()
+            .unwrap_or(0.0);
+        Region {
+            id: id.clone(),
+            code: id
+                .as_str()
+                .split_once(':')
+                .map_or("", |(_, c)| c)
+                .to_owned(),
+            provider,
+            latitude: None,
+            longitude: None,
+            egress_per_gb: Money::from_dollars(egress).unwrap_or(Money::ZERO),
+            latency_ms: 50,
+            ingress_gbps: 10,
+        }
+    }
+
+    /// The trace's jobs with the scenario's assumptions applied. A multi-node job becomes one
+    /// job on one node with `min(gpus, largest on-prem node)` GPUs and its runtime stretched so
+    /// its GPU-hours stay the same.
+    pub fn jobs(&self, trace: &[TraceJob]) -> Vec<SimJob> {
+        let largest = self
+            .onprem
+            .iter()
+            .map(|o| o.gpus_per_node)
+            .max()
+            .unwrap_or(8)
+            .max(1);
+        let start_s = (self.start_day * 86_400.0) as i64;
+        let mut deadlines = SplitMix64::stream(self.seed, 1);
+        let mut spot = SplitMix64::stream(self.seed, 2);
+        let mut data = SplitMix64::stream(self.seed, 3);
+        let total_weight: f64 = self.data.regions.iter().map(|w| w.weight.max(0.0)).sum();
+        trace
+            .iter()
+            .map(|t| {
+                let gpus = t.gpus.min(largest);
+                let runtime_s = if gpus < t.gpus {
+                    (t.runtime_s * i64::from(t.gpus) + i64::from(gpus) - 1) / i64::from(gpus)
+                } else {
+                    t.runtime_s
+                };
+                let d = &self.deadlines;
+                let factor = deadlines.uniform(d.min_factor, d.max_factor);
+                let window = ((factor * runtime_s as f64) as i64).max(runtime_s + d.min_slack_s);
+                let submit = Timestamp::from_secs(EPOCH_S + t.submit_s);
+                let spot_rule = if spot.bernoulli(self.spot.share) {
+                    SpotRule::Allowed
+                } else {
+                    SpotRule::Never
+                };
+                let data_loc = self.draw_data(&mut data, total_weight);
+                SimJob {
+                    submit,
+                    runtime_s,
+                    spec: JobSpec {
+                        name: format!("philly-{}", t.line),
+                        team: "philly".into(),
+                        project: None,
+                        command: Vec::new(),
+                        env: BTreeMap::new(),
+                        resources: Resources {
+                            gpus,
+                            gpu_models: Vec::new(),
+                            min_gpu_memory_gb: 0,
+                            cpus: 0,
+                            memory_gb: 0,
+                            nodes: 1,
+                        },
+                        estimated_runtime_s: Some(runtime_s),
+                        deadline: Some(submit.plus_secs(window)),
+                        priority: Priority::Normal,
+                        spot: spot_rule,
+                        max_price_per_hour: None,
+                        regions: Vec::new(),
+                        data: data_loc,
+                        kind: JobKind::Batch,
+                        max_latency_ms: None,
+                    },
+                    measured: t.submit_s >= start_s,
+                }
+            })
+            .collect()
+    }
+
+    fn draw_data(&self, rng: &mut SplitMix64, total_weight: f64) -> Option<DataLocation> {
+        // Three draws per job whatever the outcome, so one job's draw never shifts another's.
+        let (has, pick, size) = (rng.next_f64(), rng.next_f64(), rng.next_f64());
+        if has >= self.data.share || total_weight <= 0.0 || self.data.sizes_gb.is_empty() {
+            return None;
+        }
+        let mut left = pick * total_weight;
+        let region = self
+            .data
+            .regions
+            .iter()
+            .find(|w| {
+                left -= w.weight.max(0.0);
+                left < 0.0
+            })
+            .or(self.data.regions.last())?;
+        let n = self.data.sizes_gb.len();
+        let size_gb = self.data.sizes_gb[((size * n as f64) as usize).min(n - 1)];
+        Some(DataLocation {
+            region: RegionId::new(&region.region),
+            size_gb,
+        })
+    }
+}

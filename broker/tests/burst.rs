@@ -1,0 +1,385 @@
+//! The burst controller against the scripted fake provider: failover on capacity errors,
+//! retries on throttling without double launches, boot timeouts, idle termination with the
+//! cost in the ledger, vanished instances, and the orphan reaper. The test plays each launched
+//! instance's agent with the enrolment token the provider was given.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+use switchyard_broker::app::ProviderSet;
+use switchyard_broker::config::{PoolConfig, RegionConfig};
+use switchyard_core::PoolId;
+use switchyard_providers::fake::{FakeOutcome, FakeProvider};
+use switchyard_providers::{InstanceState, Offers, Provider};
+
+const CHEAP: &str = "aws:test-east/gpu8";
+const DEAR: &str = "gcp:test-west/gpu8";
+
+fn cloud_pool(id: &str, region: &str, price: f64) -> PoolConfig {
+    PoolConfig {
+        id: id.into(),
+        region: region.into(),
+        gpu_model: "H100".into(),
+        gpus_per_node: 8,
+        gpu_memory_gb: 80,
+        vcpus: 0,
+        memory_gb: 0,
+        price_per_gpu_hour_usd: price,
+        node_limit: 2,
+        launchable: true,
+        boot_time_s: 60,
+    }
+}
+
+fn region(id: &str) -> RegionConfig {
+    RegionConfig {
+        id: id.into(),
+        latitude: None,
+        longitude: None,
+        latency_ms: 20,
+        egress_per_gb_usd: 0.09,
+        ingress_gbps: 10,
+    }
+}
+
+/// A broker with no on-prem nodes and two launchable cloud pools behind one fake provider.
+async fn spawn(
+    tweak: impl FnOnce(&mut switchyard_broker::config::Config),
+) -> (TestApp, Arc<FakeProvider>) {
+    let slot: Arc<std::sync::Mutex<Option<Arc<FakeProvider>>>> = Arc::default();
+    let out = slot.clone();
+    let app = TestApp::spawn_with(
+        |c| {
+            c.burst_enabled = true;
+            c.idle_ttl_s = 1;
+            c.min_billed_s = 0;
+            c.regions.push(region("aws:test-east"));
+            c.regions.push(region("gcp:test-west"));
+            c.pools.push(cloud_pool(CHEAP, "aws:test-east", 4.0));
+            c.pools.push(cloud_pool(DEAR, "gcp:test-west", 5.0));
+            tweak(c);
+        },
+        move |config| {
+            let now = switchyard_broker::clock::now();
+            let offers = switchyard_broker::app::catalogue_from_config(config, now).unwrap();
+            let pools: Vec<_> = offers
+                .iter()
+                .flat_map(|(_, p)| p.clone())
+                .filter(|p| p.launchable)
+                .collect();
+            let fake = Arc::new(FakeProvider::new(
+                "fake",
+                Offers {
+                    regions: offers.iter().map(|(r, _)| r.clone()).collect(),
+                    pools: pools.clone(),
+                },
+            ));
+            *slot.lock().unwrap() = Some(fake.clone());
+            let mut set = ProviderSet::default();
+            set.add(fake, pools.into_iter().map(|p| p.id));
+            set
+        },
+    )
+    .await;
+    let fake = out.lock().unwrap().take().unwrap();
+    (app, fake)
+}
+
+/// A job that cannot wait: no on-prem capacity exists, so it must burst.
+fn urgent(name: &str) -> Value {
+    let deadline = chrono_like_in(3600);
+    json!({"name": name, "team": "ml", "command": ["true"], "resources": {"gpus": 2, "gpu_models": ["H100"]},
+           "estimated_runtime_s": 600, "deadline": deadline, "spot": "never"})
+}
+
+fn chrono_like_in(secs: i64) -> String {
+    let t = switchyard_broker::clock::now().plus_secs(secs);
+    switchyard_broker::clock::to_datetime(t).to_rfc3339()
+}
+
+async fn instances(app: &TestApp) -> Vec<Value> {
+    let r = app
+        .call(Method::GET, "/api/v1/instances", Some(&app.admin), None)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body["instances"].as_array().unwrap().clone()
+}
+
+async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_error_fails_over_to_the_next_region_and_the_job_runs_there() {
+    let (app, fake) = spawn(|_| {}).await;
+    fake.script(&PoolId(CHEAP.into()), [FakeOutcome::Capacity]);
+    let dev = app.token("developer", Some("ml")).await;
+    let id = app.submit(&dev, urgent("failover")).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // The cheap pool refuses; the dearer region gets the launch.
+    let launched = eventually("a launch in the second region", 20, async || {
+        fake.launches()
+            .into_iter()
+            .find(|l| l.pool.as_str() == DEAR)
+    })
+    .await;
+    let launches = fake.launches();
+    assert_eq!(
+        launches.iter().filter(|l| l.pool.as_str() == CHEAP).count(),
+        1,
+        "{launches:?}"
+    );
+    assert_eq!(
+        launches.iter().filter(|l| l.pool.as_str() == DEAR).count(),
+        1,
+        "{launches:?}"
+    );
+    let all = instances(&app).await;
+    let failed = all.iter().find(|i| i["pool"] == CHEAP).unwrap();
+    assert_eq!(failed["state"], "terminated");
+    assert!(
+        failed["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("InsufficientInstanceCapacity")
+    );
+    assert_eq!(app.job(&dev, &id).await.body["state"], "provisioning");
+
+    // The instance's agent enrols with the token it was given; the job is placed on it.
+    let agent = app.agent_with_token(&launched.enrolment_token, 8).await;
+    let job = app
+        .wait_for_job(&dev, &id, Duration::from_secs(10), |j| {
+            j["state"] == "placed"
+        })
+        .await;
+    assert_eq!(job["placement"]["node"], agent.node.as_str());
+    assert_eq!(job["placement"]["pool"], DEAR);
+    let inst = instances(&app)
+        .await
+        .into_iter()
+        .find(|i| i["pool"] == DEAR)
+        .unwrap();
+    assert_eq!(inst["state"], "ready");
+    assert_eq!(inst["node"], agent.node.as_str());
+
+    // It runs and finishes; the idle instance is terminated and its cost is in the ledger.
+    let work = app
+        .call(
+            Method::GET,
+            "/agent/v1/work?wait_s=5",
+            Some(&agent.token),
+            None,
+        )
+        .await;
+    let attempt = work.body["leases"][0]["attempt"].clone();
+    app.call(Method::POST, "/agent/v1/events", Some(&agent.token), Some(json!({"events": [
+        {"type": "started", "attempt": attempt, "pid": 1},
+        {"type": "finished", "attempt": attempt, "exit_code": 0, "signal": null, "error": null, "stopped": false}
+    ]}))).await;
+    eventually("the idle instance to be terminated", 20, async || {
+        let i = instances(&app)
+            .await
+            .into_iter()
+            .find(|i| i["pool"] == DEAR)?;
+        (i["state"] == "terminated").then_some(())
+    })
+    .await;
+    assert!(
+        fake.running().is_empty(),
+        "nothing left running at the provider"
+    );
+    let ledger = app.app.store.ledger_total().await.unwrap();
+    assert!(ledger > 0, "the instance's lifetime is in the ledger");
+    let inst = instances(&app)
+        .await
+        .into_iter()
+        .find(|i| i["pool"] == DEAR)
+        .unwrap();
+    assert_eq!(
+        (inst["cost_usd"].as_f64().unwrap() * 1e6).round() as i64,
+        ledger
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_retried_with_the_same_key_and_launches_once() {
+    let (app, fake) = spawn(|_| {}).await;
+    fake.script(
+        &PoolId(CHEAP.into()),
+        [FakeOutcome::Throttled, FakeOutcome::Transient],
+    );
+    let dev = app.token("developer", Some("ml")).await;
+    app.submit(&dev, urgent("throttled")).await;
+    eventually("a booting instance", 30, async || {
+        instances(&app)
+            .await
+            .into_iter()
+            .find(|i| i["state"] == "booting")
+    })
+    .await;
+    let launches = fake.launches();
+    assert_eq!(launches.len(), 3, "two failures then success: {launches:?}");
+    assert!(
+        launches
+            .iter()
+            .all(|l| l.instance_key == launches[0].instance_key),
+        "one need, one key"
+    );
+    assert_eq!(fake.running().len(), 1, "exactly one machine");
+    assert_eq!(instances(&app).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_never_enrols_is_terminated_and_the_job_replanned() {
+    let (app, fake) = spawn(|c| c.boot_timeout_s = 1).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let id = app.submit(&dev, urgent("slow-boot")).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let first = eventually("a first launch", 20, async || {
+        fake.launches().first().cloned()
+    })
+    .await;
+    // Nobody enrols it: after the boot timeout it is terminated and a new instance requested.
+    let second = eventually("a second launch", 20, async || {
+        fake.launches()
+            .into_iter()
+            .find(|l| l.instance_key != first.instance_key)
+    })
+    .await;
+    let all = instances(&app).await;
+    let timed_out = all
+        .iter()
+        .find(|i| i["id"] == first.instance_key.as_str())
+        .unwrap();
+    assert_eq!(timed_out["state"], "terminated");
+    assert!(
+        timed_out["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("boot timeout")
+    );
+    assert!(
+        !fake
+            .running()
+            .iter()
+            .any(|i| i.instance_key == first.instance_key)
+    );
+    // The second one enrols and gets the job.
+    let agent = app.agent_with_token(&second.enrolment_token, 8).await;
+    let job = app
+        .wait_for_job(&dev, &id, Duration::from_secs(10), |j| {
+            j["state"] == "placed"
+        })
+        .await;
+    assert_eq!(job["placement"]["node"], agent.node.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_instance_requeues_its_job_and_strays_are_reaped() {
+    let (app, fake) = spawn(|c| c.idle_ttl_s = 600).await;
+    let stray = fake.add_stray(&PoolId(CHEAP.into()), "not-from-this-broker");
+    let dev = app.token("developer", Some("ml")).await;
+    let id = app.submit(&dev, urgent("vanish")).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let launch = eventually("a launch", 20, async || fake.launches().first().cloned()).await;
+    let agent = app.agent_with_token(&launch.enrolment_token, 8).await;
+    app.wait_for_job(&dev, &id, Duration::from_secs(10), |j| {
+        j["state"] == "placed"
+    })
+    .await;
+    let work = app
+        .call(
+            Method::GET,
+            "/agent/v1/work?wait_s=5",
+            Some(&agent.token),
+            None,
+        )
+        .await;
+    let attempt = work.body["leases"][0]["attempt"].clone();
+    app.call(
+        Method::POST,
+        "/agent/v1/events",
+        Some(&agent.token),
+        Some(json!({"events": [{"type": "started", "attempt": attempt, "pid": 1}]})),
+    )
+    .await;
+
+    // The stray tagged instance is terminated by the reaper.
+    eventually("the stray to be reaped", 20, async || {
+        fake.terminations().contains(&stray).then_some(())
+    })
+    .await;
+
+    // The provider loses our instance mid-job: the job goes back to the queue and bursts again.
+    let provider_id = instances(&app).await[0]["provider_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fake.kill(&provider_id);
+    eventually("a replacement launch", 30, async || {
+        fake.launches()
+            .into_iter()
+            .find(|l| l.instance_key != launch.instance_key)
+    })
+    .await;
+    let gone = instances(&app)
+        .await
+        .into_iter()
+        .find(|i| i["id"] == launch.instance_key.as_str())
+        .unwrap();
+    assert_eq!(gone["state"], "terminated");
+    assert!(gone["last_error"].as_str().unwrap().contains("gone"));
+    let job = app.job(&dev, &id).await.body;
+    assert_eq!(job["state"], "provisioning", "{job}");
+    // Its late report is refused: the lease died with the instance.
+    let r = app.call(Method::POST, "/agent/v1/events", Some(&agent.token), Some(json!({"events": [
+        {"type": "finished", "attempt": attempt, "exit_code": 0, "signal": null, "error": null, "stopped": false}]}))).await;
+    assert_eq!(
+        r.status, 401,
+        "a retired node's token no longer works: {}",
+        r.body
+    );
+
+    // Invariant: the provider runs nothing the broker does not know as live, and vice versa.
+    let live: Vec<String> = instances(&app)
+        .await
+        .into_iter()
+        .filter(|i| i["state"] != "terminated")
+        .filter_map(|i| i["provider_id"].as_str().map(str::to_string))
+        .collect();
+    for running in fake.running() {
+        assert!(live.contains(&running.provider_id), "leaked {running:?}");
+    }
+    assert_eq!(
+        fake.list()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|i| i.state == InstanceState::Running)
+            .count(),
+        live.len()
+    );
+}
