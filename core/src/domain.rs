@@ -342,4 +342,113 @@ pub struct Snapshot {
     /// Whether the plan may ask for new cloud nodes. When false, launchable pools count only
     /// the nodes they already have.
     pub burst_enabled: bool,
+    /// Team and project policies, as plain inputs: every policy that matches a job applies.
+    #[serde(default)]
+    pub policies: Vec<TeamPolicy>,
+    /// Spot interruptions per hour, in millionths (50,000 = 5 % an hour), by pool; later
+    /// filled from observed history. A pool not listed gets
+    /// [`DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM`]; `0` states that spot there is never taken
+    /// back.
+    #[serde(default)]
+    pub spot_interruptions_per_hour_ppm: BTreeMap<PoolId, u32>,
+}
+
+/// Spot interruption rate assumed for a pool with no observed figure: 2 % an hour.
+pub const DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM: u32 = 20_000;
+
+/// A UTC time-of-day range, in minutes after midnight: `[start, end)`. `start > end` wraps past
+/// midnight (22:00–06:00 is `1320..360`); `start == end` is the whole day. The caller converts
+/// the team's time zone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TimeWindow {
+    pub start_minute: u16,
+    pub end_minute: u16,
+}
+
+impl TimeWindow {
+    /// Whether the minute of day `minute` (0..1440) falls in the window.
+    pub fn contains(self, minute: u16) -> bool {
+        let (s, e) = (self.start_minute, self.end_minute);
+        match s.cmp(&e) {
+            std::cmp::Ordering::Equal => true,
+            std::cmp::Ordering::Less => (s..e).contains(&minute),
+            std::cmp::Ordering::Greater => minute >= s || minute < e,
+        }
+    }
+}
+
+/// When jobs of some priorities may start: outside every window, they are held.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PriorityWindows {
+    /// The priorities this applies to; empty means all.
+    #[serde(default)]
+    pub priorities: Vec<Priority>,
+    pub windows: Vec<TimeWindow>,
+}
+
+/// A team's (or one of its projects') rules, as the placement engine takes them: plain values,
+/// every one a hard constraint. Empty lists and `None` mean "no rule". Policies are defined and
+/// stored by a later issue; the caller resolves time zones and budgets before planning.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TeamPolicy {
+    pub team: String,
+    /// `None`: the whole team; `Some`: only that project's jobs (on top of the team's policy).
+    #[serde(default)]
+    pub project: Option<String>,
+    /// Providers the team may use (`aws`, `onprem`…); empty means any.
+    #[serde(default)]
+    pub allowed_providers: Vec<String>,
+    /// Regions the team may use; empty means any.
+    #[serde(default)]
+    pub allowed_regions: Vec<RegionId>,
+    /// Most one GPU-hour may cost in the market used.
+    #[serde(default)]
+    pub max_price_per_gpu_hour: Option<Money>,
+    /// The most spot the team's jobs may use: a job's own rule is capped at this.
+    #[serde(default = "spot_preferred")]
+    pub spot: SpotRule,
+    /// Whether the team's jobs may have new cloud nodes launched for them.
+    #[serde(default = "yes")]
+    pub burst_allowed: bool,
+    /// When jobs may start, by priority.
+    #[serde(default)]
+    pub windows: Vec<PriorityWindows>,
+    /// The highest priority the team's jobs get; a job asking for more is planned at this.
+    #[serde(default)]
+    pub priority_ceiling: Option<Priority>,
+    /// What the team may still spend; a hard limit. Each job placed this round takes its
+    /// estimated cost from it.
+    #[serde(default)]
+    pub remaining_budget: Option<Money>,
+}
+
+fn spot_preferred() -> SpotRule {
+    SpotRule::Preferred
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl TeamPolicy {
+    /// A policy for `team` with no rules: add them with struct update syntax.
+    pub fn new(team: impl Into<String>) -> TeamPolicy {
+        TeamPolicy {
+            team: team.into(),
+            project: None,
+            allowed_providers: Vec::new(),
+            allowed_regions: Vec::new(),
+            max_price_per_gpu_hour: None,
+            spot: SpotRule::Preferred,
+            burst_allowed: true,
+            windows: Vec::new(),
+            priority_ceiling: None,
+            remaining_budget: None,
+        }
+    }
+
+    /// Whether the policy covers a job of `team` and `project`.
+    pub fn applies_to(&self, team: &str, project: Option<&str>) -> bool {
+        self.team == team && self.project.as_deref().is_none_or(|p| Some(p) == project)
+    }
 }

@@ -8,13 +8,15 @@ pub mod domain;
 pub mod gpu_model;
 pub mod money;
 pub mod placement;
+pub mod sim;
 pub mod time;
 pub mod validate;
 
 pub use domain::*;
 pub use money::Money;
 pub use placement::{
-    Assignment, Candidate, CandidateKind, Explanation, Hold, Launch, Outcome, Plan, Rejection, plan,
+    Assignment, Candidate, CandidateKind, Explanation, Hold, HoldCode, Launch, Outcome, Plan,
+    Planner, Preemption, Rejection, plan,
 };
 pub use time::Timestamp;
 pub use validate::{Unsatisfiable, check_satisfiable};

@@ -209,6 +209,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                 queued,
                 running,
                 burst_enabled,
+                ..Snapshot::default()
             }
         })
 }

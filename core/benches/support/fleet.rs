@@ -199,5 +199,6 @@ pub fn fleet(seed: u64, jobs: usize, pools: usize, nodes: usize) -> Snapshot {
         queued,
         running,
         burst_enabled: true,
+        ..Snapshot::default()
     }
 }

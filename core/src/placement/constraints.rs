@@ -16,7 +16,15 @@ use crate::money::Money;
 /// first; [`Reject::rank`] follows that order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Reject {
+    /// Only ever shown, never a hold reason: the joint assignment gave the capacity away.
+    ContendedCapacity,
+    BudgetExhausted {
+        cost: Money,
+        remaining: Money,
+    },
+    OutsideTimeWindow,
     BurstDisabled,
+    BurstNotAllowedByPolicy,
     QuotaReached {
         node_limit: u32,
     },
@@ -24,6 +32,10 @@ pub(crate) enum Reject {
     OverMaxPrice {
         price_per_hour: Money,
         max_per_hour: Money,
+    },
+    OverPolicyMaxPrice {
+        price_per_gpu_hour: Money,
+        max_per_gpu_hour: Money,
     },
     LatencyTooHigh {
         latency_ms: u32,
@@ -47,6 +59,8 @@ pub(crate) enum Reject {
     },
     GpuModelNotAllowed,
     RegionNotAllowed,
+    RegionNotAllowedByPolicy,
+    ProviderNotAllowedByPolicy,
 }
 
 impl Reject {
@@ -54,22 +68,44 @@ impl Reject {
     /// one in a forbidden region never is. Explanations list blocked candidates in this order.
     pub(crate) fn rank(self) -> u8 {
         match self {
-            Reject::BurstDisabled => 0,
-            Reject::QuotaReached { .. } => 1,
-            Reject::NoCapacity => 2,
-            Reject::OverMaxPrice { .. } => 3,
-            Reject::LatencyTooHigh { .. } => 4,
-            Reject::TooFewCpus { .. } => 5,
-            Reject::TooLittleMemory { .. } => 6,
-            Reject::GpuMemoryTooSmall { .. } => 7,
-            Reject::TooFewGpusPerNode { .. } => 8,
-            Reject::GpuModelNotAllowed => 9,
-            Reject::RegionNotAllowed => 10,
+            Reject::ContendedCapacity => 0,
+            Reject::BudgetExhausted { .. } => 1,
+            Reject::OutsideTimeWindow => 2,
+            Reject::BurstDisabled => 3,
+            Reject::BurstNotAllowedByPolicy => 4,
+            Reject::QuotaReached { .. } => 5,
+            Reject::NoCapacity => 6,
+            Reject::OverMaxPrice { .. } => 7,
+            Reject::OverPolicyMaxPrice { .. } => 8,
+            Reject::LatencyTooHigh { .. } => 9,
+            Reject::TooFewCpus { .. } => 10,
+            Reject::TooLittleMemory { .. } => 11,
+            Reject::GpuMemoryTooSmall { .. } => 12,
+            Reject::TooFewGpusPerNode { .. } => 13,
+            Reject::GpuModelNotAllowed => 14,
+            Reject::RegionNotAllowed => 15,
+            Reject::RegionNotAllowedByPolicy => 16,
+            Reject::ProviderNotAllowedByPolicy => 17,
         }
     }
 
     pub(crate) fn to_rejection(self, pool: &Pool) -> Rejection {
         match self {
+            Reject::ContendedCapacity => Rejection::ContendedCapacity,
+            Reject::BudgetExhausted { cost, remaining } => {
+                Rejection::BudgetExhausted { cost, remaining }
+            }
+            Reject::OutsideTimeWindow => Rejection::OutsideTimeWindow,
+            Reject::BurstNotAllowedByPolicy => Rejection::BurstNotAllowedByPolicy,
+            Reject::OverPolicyMaxPrice {
+                price_per_gpu_hour,
+                max_per_gpu_hour,
+            } => Rejection::OverPolicyMaxPrice {
+                price_per_gpu_hour,
+                max_per_gpu_hour,
+            },
+            Reject::RegionNotAllowedByPolicy => Rejection::RegionNotAllowedByPolicy,
+            Reject::ProviderNotAllowedByPolicy => Rejection::ProviderNotAllowedByPolicy,
             Reject::BurstDisabled => Rejection::BurstDisabled,
             Reject::QuotaReached { node_limit } => Rejection::QuotaReached { node_limit },
             Reject::NoCapacity => Rejection::NoCapacity,
@@ -102,6 +138,23 @@ impl Reject {
     /// job's requirement, not the pool's figure).
     pub(crate) fn summary(self) -> String {
         match self {
+            Reject::ContendedCapacity => "capacity given to other jobs this round".into(),
+            Reject::BudgetExhausted { remaining, .. } => {
+                format!("costs more than the team's remaining budget of {remaining}")
+            }
+            Reject::OutsideTimeWindow => {
+                "outside the time windows the team's policy allows for its priority".into()
+            }
+            Reject::BurstNotAllowedByPolicy => {
+                "needs a new node but the team's policy forbids bursting".into()
+            }
+            Reject::OverPolicyMaxPrice {
+                max_per_gpu_hour, ..
+            } => format!("costs more than the team's maximum of {max_per_gpu_hour}/GPU-h"),
+            Reject::RegionNotAllowedByPolicy => "region not allowed by the team's policy".into(),
+            Reject::ProviderNotAllowedByPolicy => {
+                "provider not allowed by the team's policy".into()
+            }
             Reject::BurstDisabled => "needs a new node but bursting is disabled".into(),
             Reject::QuotaReached { .. } => "needs a new node but its node quota is reached".into(),
             Reject::NoCapacity => "no healthy node has or will free enough GPUs".into(),
@@ -202,7 +255,8 @@ pub(crate) fn latency_violation(spec: &JobSpec, region: Option<&Region>) -> Opti
 
 /// The market a job uses in a pool: spot where the job allows it and the pool sells it cheaper;
 /// on demand otherwise. Pools the broker cannot launch in (on-prem, static) charge their internal
-/// on-demand rate. Spot interruption risk is not priced yet.
+/// on-demand rate. This is the cheapest market the job may use there (the pruning order); the
+/// market actually used also weighs interruption risk (`estimate`).
 pub(crate) fn market_for(pool: &Pool, spot: SpotRule) -> Market {
     match (spot, pool.spot_per_hour) {
         (SpotRule::Allowed | SpotRule::Preferred, Some(price))

@@ -5,7 +5,8 @@
 //! This is the reusable half of placement: it reads the index and the round's capacity but
 //! decides nothing, so the per-job greedy planner and a later batch optimiser can share it.
 //! Costs and prices follow DESIGN.md "Placement"; data gravity adds egress to the cost and
-//! transfer time to the start.
+//! transfer time to the start; spot adds the expected cost and delay of interruptions; a gang
+//! (multi-node job) needs all its nodes in one pool and pays for each.
 
 use super::CandidateKind;
 use super::capacity::Capacity;
@@ -13,7 +14,8 @@ use super::constraints::{
     Reject, gpu_price, latency_violation, market_for, node_price, static_violation,
 };
 use super::index::{Index, PoolInfo};
-use crate::domain::{JobKind, JobSpec, Market};
+use super::policy::JobPolicy;
+use crate::domain::{JobKind, JobSpec, Market, Priority, SpotRule};
 use crate::money::Money;
 use crate::time::Timestamp;
 use std::collections::BinaryHeap;
@@ -22,13 +24,31 @@ use std::collections::BinaryHeap;
 pub(crate) const MIN_DEADLINE_MARGIN_S: i64 = 60;
 /// Ingress assumed for a region that states none.
 pub(crate) const DEFAULT_INGRESS_GBPS: u32 = 10;
+/// Work an interrupted spot run loses on average, at most: half of a 1-hour checkpoint interval.
+pub(crate) const SPOT_LOST_WORK_CAP_S: i64 = 1800;
+/// Seconds a preempted attempt gets to checkpoint and stop before its GPUs are taken.
+pub(crate) const PREEMPTION_GRACE_S: i64 = 120;
+
+/// Expected extra seconds of a spot run from interruptions: expected interruptions (rate ×
+/// runtime) times what each costs — a replacement node's boot plus the work lost since the last
+/// checkpoint, half the runtime but at most [`SPOT_LOST_WORK_CAP_S`]. Rounded up.
+pub(crate) fn spot_overhead_s(rate_ppm: u32, runtime_s: i64, boot_s: u32) -> i64 {
+    let runtime_s = runtime_s.max(0);
+    let per_interruption = i128::from(boot_s) + i128::from((runtime_s / 2).min(SPOT_LOST_WORK_CAP_S));
+    let num = i128::from(rate_ppm) * i128::from(runtime_s) * per_interruption;
+    let den: i128 = 3600 * 1_000_000;
+    i64::try_from((num + den - 1) / den).unwrap_or(i64::MAX)
+}
 
 /// What makes one candidate better than another; field order is priority order (STYLE.md):
-/// meet the deadline, then cost, then finish, then the simpler way to get capacity, then ids
-/// (positions in the index, which sort like ids).
+/// meet the deadline; when it cannot be met, the earliest finish (the least lateness); then
+/// cost, then finish, then the simpler way to get capacity, then ids (positions in the index,
+/// which sort like ids).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Score {
     pub misses_deadline: bool,
+    /// The finish of a candidate that misses the deadline; zero for one that meets it.
+    pub late_finish: Timestamp,
     pub cost: Money,
     pub finish: Timestamp,
     pub kind: CandidateKind,
@@ -63,8 +83,16 @@ impl Blocked {
 #[derive(Debug)]
 pub(crate) struct JobCtx<'a> {
     pub spec: &'a JobSpec,
+    /// GPUs per node.
     pub gpus: u32,
+    /// Nodes: more than one for a gang.
+    pub nodes: u32,
     pub runtime_s: i64,
+    pub policy: JobPolicy,
+    /// The job's spot rule, capped by its policies.
+    pub spot: SpotRule,
+    /// The job's priority, capped by its policies.
+    pub priority: Priority,
     margin_ms: i64,
     data: Option<DataCtx>,
 }
@@ -88,10 +116,15 @@ impl<'a> JobCtx<'a> {
                 .map_or(Money::ZERO, |r| r.egress_per_gb)
                 .saturating_mul(i64::from(d.size_gb)),
         });
+        let policy = JobPolicy::new(&index.policies, spec, index.now);
         JobCtx {
             spec,
             gpus: spec.resources.gpus,
+            nodes: spec.resources.nodes.max(1),
             runtime_s,
+            spot: policy.spot,
+            priority: policy.priority,
+            policy,
             // max(60 s, 5% of the runtime), in milliseconds: 5% of a second is 50 ms.
             margin_ms: (MIN_DEADLINE_MARGIN_S * 1000).max(runtime_s.saturating_mul(50)),
             data,
@@ -126,17 +159,27 @@ impl<'a> JobCtx<'a> {
         let info = &index.pools[pool];
         let (egress, transfer_s) = self.data_move(info);
         let start = ready.plus_secs(transfer_s);
-        let finish = start.plus_secs(self.runtime_s);
-        let compute = match kind {
-            // A new node is the job's alone: it pays for all of it, boot included.
-            CandidateKind::Launch => node_price(info.pool, market).per_hour_for_secs(
-                self.runtime_s
-                    .saturating_add(i64::from(info.pool.boot_time_s)),
-            ),
-            CandidateKind::FreeNow | CandidateKind::Wait => gpu_price(info.pool, market)
-                .saturating_mul(i64::from(self.gpus.max(1)))
-                .per_hour_for_secs(self.runtime_s),
+        let boot_s = info.pool.boot_time_s;
+        let run_s = match market {
+            Market::Spot => self.runtime_s.saturating_add(spot_overhead_s(
+                info.spot_interruptions_ppm,
+                self.runtime_s,
+                boot_s,
+            )),
+            Market::OnDemand => self.runtime_s,
         };
+        let finish = start.plus_secs(run_s);
+        let per_node = match kind {
+            // A new node is the job's alone: it pays for all of it, boot included.
+            CandidateKind::Launch => node_price(info.pool, market)
+                .per_hour_for_secs(run_s.saturating_add(i64::from(boot_s))),
+            CandidateKind::FreeNow | CandidateKind::Wait | CandidateKind::Preempt => {
+                gpu_price(info.pool, market)
+                    .saturating_mul(i64::from(self.gpus.max(1)))
+                    .per_hour_for_secs(run_s)
+            }
+        };
+        let compute = per_node.saturating_mul(i64::from(self.nodes));
         let misses_deadline = self
             .spec
             .deadline
@@ -144,6 +187,11 @@ impl<'a> JobCtx<'a> {
         Estimate {
             score: Score {
                 misses_deadline,
+                late_finish: if misses_deadline {
+                    finish
+                } else {
+                    Timestamp(0)
+                },
                 cost: compute.saturating_add(egress),
                 finish,
                 kind,
@@ -155,14 +203,73 @@ impl<'a> JobCtx<'a> {
         }
     }
 
+    /// The best market for a candidate: on demand, or spot where the job (after its policies)
+    /// allows it and the pool sells it cheaper. `Allowed` takes spot when it scores better
+    /// with its interruption risk priced in; `Preferred` takes it whenever it still meets the
+    /// deadline. Markets over a price ceiling are out; [`JobCtx::priced_out_everywhere`] has
+    /// already ruled out pools where every market is.
+    pub(crate) fn best_market(
+        &self,
+        index: &Index,
+        pool: usize,
+        node: Option<usize>,
+        kind: CandidateKind,
+        ready: Timestamp,
+    ) -> Estimate {
+        let p = index.pools[pool].pool;
+        let spot_ok = market_for(p, self.spot) == Market::Spot
+            && self.priced_out(index, pool, Market::Spot).is_none();
+        let od = self.estimate(index, pool, node, kind, Market::OnDemand, ready);
+        if !spot_ok {
+            return od;
+        }
+        let spot = self.estimate(index, pool, node, kind, Market::Spot, ready);
+        let od_ok = self.priced_out(index, pool, Market::OnDemand).is_none();
+        let prefer = self.spot == SpotRule::Preferred && !spot.score.misses_deadline;
+        if !od_ok || prefer || spot.score < od.score {
+            spot
+        } else {
+            od
+        }
+    }
+
+    /// Why no market of `pool` is within the job's price ceilings (the cheapest market's
+    /// reason); `None` when one is.
+    pub(crate) fn priced_out_everywhere(&self, index: &Index, pool: usize) -> Option<Reject> {
+        let p = index.pools[pool].pool;
+        let cheapest = market_for(p, self.spot);
+        let reject = self.priced_out(index, pool, cheapest)?;
+        if cheapest == Market::Spot && self.priced_out(index, pool, Market::OnDemand).is_none() {
+            return None;
+        }
+        Some(reject)
+    }
+
+    /// The price ceiling `market` in `pool` breaks, if any: the job's own (whole job, per
+    /// hour) or its policies' (per GPU-hour).
+    fn priced_out(&self, index: &Index, pool: usize, market: Market) -> Option<Reject> {
+        let p = index.pools[pool].pool;
+        if let Some(max) = self.spec.max_price_per_hour {
+            let price = gpu_price(p, market).saturating_mul(i64::from(self.gpus.max(1)));
+            if price > max {
+                return Some(Reject::OverMaxPrice {
+                    price_per_hour: price,
+                    max_per_hour: max,
+                });
+            }
+        }
+        self.policy.price_violation(&index.policies, p, market)
+    }
+
     /// The estimate shown for a blocked candidate: what it would be had nothing blocked it.
     pub(crate) fn nominal(&self, index: &Index, blocked: &Blocked) -> Estimate {
         let pool = index.pools[blocked.pool].pool;
         let ready = match blocked.kind {
             CandidateKind::Launch => index.now.plus_secs(i64::from(pool.boot_time_s)),
+            CandidateKind::Preempt => index.now.plus_secs(PREEMPTION_GRACE_S),
             CandidateKind::FreeNow | CandidateKind::Wait => index.now,
         };
-        let market = market_for(pool, self.spec.spot);
+        let market = market_for(pool, self.spot);
         self.estimate(index, blocked.pool, None, blocked.kind, market, ready)
     }
 
@@ -177,6 +284,16 @@ impl<'a> JobCtx<'a> {
         Money::from_micros(gpu_price.micros() - 1)
             .saturating_mul(i64::from(self.gpus.max(1)))
             .per_hour_for_secs(self.runtime_s)
+            .saturating_mul(i64::from(self.nodes))
+    }
+
+    /// Whether the job may take GPUs from low-priority work: it is urgent (high or critical,
+    /// after its policies' ceilings), fits on one node, and none of its other candidates
+    /// (`best`, the best of them) meets its deadline.
+    pub(crate) fn may_preempt(&self, best: Option<&Estimate>) -> bool {
+        self.priority >= Priority::High
+            && self.nodes == 1
+            && best.is_none_or(|e| e.score.misses_deadline)
     }
 
     /// When a job placed now releases its GPUs: never for a service.
@@ -185,10 +302,21 @@ impl<'a> JobCtx<'a> {
     }
 }
 
+/// The constraints that rule `pool` out for the job whatever its capacity: the job's own, its
+/// region's latency, and its policies' allow-lists (price ceilings depend on the market).
+pub(crate) fn pool_violation(index: &Index, job: &JobCtx, pool: usize) -> Option<Reject> {
+    let info = &index.pools[pool];
+    static_violation(info.pool, job.spec)
+        .or_else(|| latency_violation(job.spec, info.region))
+        .or_else(|| job.policy.allow_violation(&index.policies, info.pool))
+        .or_else(|| job.priced_out_everywhere(index, pool))
+}
+
 /// Adds the candidates `pool` offers the job to `viable`, and the ways it cannot to `blocked`.
 ///
-/// A pool with a node free now offers only that (a launch would cost more and start later).
-/// Otherwise it offers waiting for its nodes and, when launchable, a new node.
+/// A pool with nodes free now offers only that (a launch would cost more and start later).
+/// Otherwise it offers waiting for its nodes and, when launchable, new nodes. A gang needs all
+/// its nodes free (or launched) together: no partial starts.
 pub(crate) fn evaluate(
     index: &Index,
     capacity: &mut Capacity,
@@ -205,34 +333,25 @@ pub(crate) fn evaluate(
     } else {
         CandidateKind::FreeNow
     };
-    if let Some(reject) =
-        static_violation(p, job.spec).or_else(|| latency_violation(job.spec, info.region))
-    {
+    if let Some(reject) = pool_violation(index, job, pool) {
         block(nominal_kind, reject);
         return;
     }
-    let market = market_for(p, job.spec.spot);
-    if let Some(max) = job.spec.max_price_per_hour {
-        // The static check allows the cheapest market; the one actually used may cost more
-        // (an on-prem pool with a spot figure still charges its internal rate).
-        let price = gpu_price(p, market).saturating_mul(i64::from(job.gpus.max(1)));
-        if price > max {
-            let reject = Reject::OverMaxPrice {
-                price_per_hour: price,
-                max_per_hour: max,
-            };
-            block(nominal_kind, reject);
-            return;
-        }
-    }
-    if let Some(node) = capacity.best_fit(pool, job.gpus) {
-        let now = index.now;
-        viable.push(job.estimate(index, pool, Some(node), CandidateKind::FreeNow, market, now));
+    let now = index.now;
+    let free_now = if job.nodes == 1 {
+        capacity.best_fit(pool, job.gpus)
+    } else {
+        capacity
+            .best_fit_n(pool, job.gpus, job.nodes)
+            .map(|nodes| nodes[0])
+    };
+    if let Some(node) = free_now {
+        viable.push(job.best_market(index, pool, Some(node), CandidateKind::FreeNow, now));
         return;
     }
-    match capacity.earliest_free(index, pool, job.gpus) {
+    match capacity.earliest_free_n(index, pool, job.gpus, job.nodes) {
         Some((at, node)) => {
-            viable.push(job.estimate(index, pool, Some(node), CandidateKind::Wait, market, at));
+            viable.push(job.best_market(index, pool, Some(node), CandidateKind::Wait, at));
         }
         None if !p.launchable || !info.nodes.is_empty() => {
             block(CandidateKind::Wait, Reject::NoCapacity);
@@ -242,14 +361,16 @@ pub(crate) fn evaluate(
     if p.launchable {
         if !index.burst_enabled {
             block(CandidateKind::Launch, Reject::BurstDisabled);
-        } else if capacity.pool_size(index, pool) >= p.node_limit {
+        } else if !job.policy.burst_allowed {
+            block(CandidateKind::Launch, Reject::BurstNotAllowedByPolicy);
+        } else if capacity.pool_size(index, pool).saturating_add(job.nodes) > p.node_limit {
             let reject = Reject::QuotaReached {
                 node_limit: p.node_limit,
             };
             block(CandidateKind::Launch, reject);
         } else {
-            let ready = index.now.plus_secs(i64::from(p.boot_time_s));
-            viable.push(job.estimate(index, pool, None, CandidateKind::Launch, market, ready));
+            let ready = now.plus_secs(i64::from(p.boot_time_s));
+            viable.push(job.best_market(index, pool, None, CandidateKind::Launch, ready));
         }
     }
 }

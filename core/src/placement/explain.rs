@@ -26,17 +26,21 @@ pub(crate) fn keep_best<T, K: Ord>(items: &mut Vec<T>, limit: usize, key: impl F
 }
 
 /// The public candidates: `viable` best first (the first is the winner), then `blocked`.
-/// Both must already be cut and sorted by [`keep_best`].
+/// Both must already be cut and sorted by [`keep_best`], except that the joint assignment may
+/// have moved the winner ahead of the `displaced` candidates after it, which scored better
+/// but whose capacity went to other jobs.
 pub(crate) fn candidates(
     index: &Index,
     job: &JobCtx,
     viable: &[Estimate],
+    displaced: usize,
     blocked: &[Blocked],
 ) -> Vec<Candidate> {
     let mut out = Vec::with_capacity(viable.len() + blocked.len());
     for (i, e) in viable.iter().enumerate() {
         let rejected = match (i, job.spec.deadline) {
             (0, _) => None,
+            _ if i <= displaced => Some(Rejection::ContendedCapacity),
             (_, Some(deadline)) if e.score.misses_deadline => Some(Rejection::MissesDeadline {
                 finish: e.score.finish,
                 deadline,

@@ -8,7 +8,10 @@
 //! Ids are assumed unique within each vector of the snapshot (the broker's stores key them).
 
 use super::constraints::{gpu_price, market_for};
-use crate::domain::{Node, Pool, Region, RegionId, RunningAttempt, Snapshot, SpotRule};
+use crate::domain::{
+    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, Node, Pool, Priority, Region, RegionId,
+    RunningAttempt, Snapshot, SpotRule, TeamPolicy,
+};
 use crate::money::Money;
 use crate::time::Timestamp;
 use std::collections::HashMap;
@@ -24,6 +27,8 @@ pub(crate) struct PoolInfo<'a> {
     /// Every node of the pool, whatever its health (they all count against the node limit),
     /// by id.
     pub nodes: Vec<usize>,
+    /// Spot interruptions per hour, in millionths.
+    pub spot_interruptions_ppm: u32,
 }
 
 #[derive(Debug)]
@@ -38,6 +43,14 @@ pub(crate) struct Index<'a> {
     pub node_pool: Vec<usize>,
     /// Running attempts on known nodes, as (node position, attempt).
     pub running: Vec<(usize, &'a RunningAttempt)>,
+    /// Per node, its low-priority attempts (positions in `running`) in the order preemption
+    /// takes them: the latest started first (the least work lost), ties by attempt id.
+    pub preemptible: Vec<Vec<usize>>,
+    /// Per pool, its usable nodes with low-priority work, by id: where preemption may look.
+    pub preemptible_nodes: Vec<Vec<usize>>,
+    /// The snapshot's policies, sorted, so which one is reported first never depends on input
+    /// order.
+    pub policies: Vec<&'a TeamPolicy>,
     /// Pools by the GPU-hour price a job pays there, cheapest first (ties by id): for jobs that
     /// never use spot, and for jobs that may.
     by_price: [Vec<(Money, usize)>; 2],
@@ -72,6 +85,11 @@ impl<'a> Index<'a> {
                     region_key,
                     region: regions.get(pool.region.as_str()).copied(),
                     nodes: Vec::new(),
+                    spot_interruptions_ppm: snapshot
+                        .spot_interruptions_per_hour_ppm
+                        .get(&pool.id)
+                        .copied()
+                        .unwrap_or(DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM),
                 }
             })
             .collect();
@@ -92,11 +110,33 @@ impl<'a> Index<'a> {
             .enumerate()
             .map(|(i, n)| (n.id.as_str(), i))
             .collect();
-        let running = snapshot
+        let mut running: Vec<(usize, &RunningAttempt)> = snapshot
             .running
             .iter()
             .filter_map(|a| node_pos.get(a.node.as_str()).map(|&n| (n, a)))
             .collect();
+        running.sort_by(|a, b| (a.0, a.1.attempt).cmp(&(b.0, b.1.attempt)));
+        let mut preemptible = vec![Vec::new(); nodes.len()];
+        for (i, (node, attempt)) in running.iter().enumerate() {
+            if attempt.priority == Priority::Low {
+                preemptible[*node].push(i);
+            }
+        }
+        for list in &mut preemptible {
+            list.sort_by(|&a, &b| {
+                let (x, y) = (running[a].1, running[b].1);
+                (y.started_at, x.attempt).cmp(&(x.started_at, y.attempt))
+            });
+        }
+        let mut preemptible_nodes = vec![Vec::new(); pools.len()];
+        for (node, list) in preemptible.iter().enumerate() {
+            let n = nodes[node];
+            if !list.is_empty() && n.healthy && !n.draining {
+                preemptible_nodes[node_pool[node]].push(node);
+            }
+        }
+        let mut policies: Vec<&TeamPolicy> = snapshot.policies.iter().collect();
+        policies.sort();
 
         let by_price = [SpotRule::Never, SpotRule::Allowed].map(|rule| {
             let mut order: Vec<(Money, usize)> = pools
@@ -115,6 +155,9 @@ impl<'a> Index<'a> {
             nodes,
             node_pool,
             running,
+            preemptible,
+            preemptible_nodes,
+            policies,
             by_price,
             region_keys,
             regions,

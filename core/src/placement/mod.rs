@@ -5,19 +5,33 @@
 //! enough capacity frees); `finish = start + runtime`; `cost = price × (runtime + boot) + egress`.
 //! Objective, in order: no hard constraint broken, deadline met, lowest cost, earliest finish, and
 //! ties by id so the result never depends on input order. Waiting for cheaper capacity is a
-//! first-class choice: a job waits when waiting still meets its deadline and costs less.
+//! first-class choice: a job waits when waiting still meets its deadline and costs less. When
+//! no candidate meets the deadline, the earliest finish wins (the least lateness), then cost.
+//!
+//! On top: spot only where the job and its policies allow it, priced with its interruption risk
+//! (expected restarts × lost work) and only when the deadline absorbs the expected delay;
+//! `high`/`critical` jobs whose deadline is at risk may preempt `low` work; multi-node jobs
+//! (gangs) take all their nodes in one pool or none; team policies (allow-lists, price
+//! ceilings, spot caps, bursting, time windows, priority ceilings, budgets) are hard
+//! constraints; and contended free capacity is assigned jointly (`batch`).
 //!
 //! Code map: `index` (the snapshot, sorted and indexed), `capacity` (free GPUs, releases and
-//! launches as the round goes), `constraints` (hard constraints and markets), `estimate` (one
-//! job × one pool → candidates; reusable by a batch optimiser), `greedy` (the per-job loop that
-//! decides), `explain` (explanations and hold reasons). This file holds the public types.
+//! launches as the round goes), `constraints` (hard constraints and markets), `policy` (team
+//! policies and budgets), `estimate` (one job × one pool → candidates, spot risk, gangs),
+//! `preempt` (where an urgent job may take low-priority GPUs), `batch` (the joint min-cost
+//! assignment of contended capacity), `greedy` (the per-job loop that decides; also the warm
+//! state behind [`Planner`]), `explain` (explanations and hold reasons). This file holds the
+//! public types.
 
+mod batch;
 mod capacity;
 mod constraints;
 mod estimate;
 mod explain;
 mod greedy;
 mod index;
+mod policy;
+mod preempt;
 #[cfg(test)]
 mod tests;
 
@@ -45,6 +59,46 @@ pub struct Plan {
     pub holds: Vec<Hold>,
     /// One explanation per queued job, keyed by job id.
     pub explanations: BTreeMap<JobId, Explanation>,
+    /// Running low-priority attempts to stop (checkpoint signal, grace period, requeue) so that
+    /// an urgent job can have their GPUs. The job's assignment to the node is in `assignments`.
+    #[serde(default)]
+    pub preemptions: Vec<Preemption>,
+}
+
+/// A running attempt the plan takes GPUs from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    /// The victim.
+    pub attempt: AttemptId,
+    pub job: JobId,
+    pub node: NodeId,
+    pub gpus: u32,
+    /// The urgent job the GPUs go to.
+    pub for_job: JobId,
+    pub reason: String,
+}
+
+/// Why a job is held, as a stable code (the `reason` says it in words).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldCode {
+    /// No candidate passes the hard constraints or has capacity.
+    #[default]
+    NoCandidate,
+    /// Every workable candidate costs more than a policy's remaining budget.
+    BudgetExhausted,
+    /// A policy allows the job's priority to start only in time windows, and now is outside them.
+    OutsideTimeWindow,
+}
+
+impl HoldCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldCode::NoCandidate => "no_candidate",
+            HoldCode::BudgetExhausted => "budget_exhausted",
+            HoldCode::OutsideTimeWindow => "outside_time_window",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +111,10 @@ pub struct Assignment {
     /// Estimated cost of the whole run at this placement.
     pub estimated_cost: Money,
     pub estimated_finish: Timestamp,
+    /// A multi-node job has one assignment per node, ranks `0..nodes`, all in one pool; each
+    /// carries the whole job's cost. Single-node jobs: 0.
+    #[serde(default)]
+    pub rank: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +129,8 @@ pub struct Launch {
 pub struct Hold {
     pub job: JobId,
     pub reason: String,
+    #[serde(default)]
+    pub code: HoldCode,
 }
 
 /// How a candidate would get its capacity.
@@ -83,6 +143,8 @@ pub enum CandidateKind {
     Wait,
     /// Launch a new node (burst).
     Launch,
+    /// Take GPUs from low-priority running work (an urgent job whose deadline is at risk).
+    Preempt,
 }
 
 /// Why a candidate was ruled out or lost.
@@ -129,6 +191,27 @@ pub enum Rejection {
     },
     /// Feasible but another candidate scored better.
     Outscored,
+    /// A team policy does not allow the pool's provider.
+    ProviderNotAllowedByPolicy,
+    /// A team policy does not allow the pool's region.
+    RegionNotAllowedByPolicy,
+    /// Over a team policy's most per GPU-hour.
+    OverPolicyMaxPrice {
+        price_per_gpu_hour: Money,
+        max_per_gpu_hour: Money,
+    },
+    /// A team policy forbids launching new nodes for the team.
+    BurstNotAllowedByPolicy,
+    /// A team policy lets the job's priority start only in time windows; now is outside them.
+    OutsideTimeWindow,
+    /// The estimated cost is more than a team policy's remaining budget.
+    BudgetExhausted {
+        cost: Money,
+        remaining: Money,
+    },
+    /// Cheaper, but the round's joint assignment gave this capacity to other jobs, for a lower
+    /// total cost or to meet their deadlines.
+    ContendedCapacity,
 }
 
 /// One place a job could go, with the estimates that decided it. A candidate ruled out by a
@@ -183,8 +266,43 @@ pub struct Explanation {
 
 /// Plans one round. See the module docs for the rules.
 ///
-/// Jobs are taken one at a time in queue order (priority, then deadline, then submission, then
-/// id); each takes the best-scoring candidate given what earlier jobs took this round.
+/// Jobs are decided one at a time in queue order (priority after policy ceilings, then
+/// deadline, then submission, then id); each takes the best-scoring candidate given what earlier
+/// jobs took this round, except where the joint assignment (`batch`) gave contended free
+/// capacity to the jobs it saves most for.
 pub fn plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
     greedy::plan(snapshot, now, greedy::Scan::Pruned)
+}
+
+/// A warm planning state for placing jobs one at a time, as they arrive: the snapshot is
+/// indexed once, then each [`Planner::place`] decides one job against what is left, as `plan`
+/// would for a job at that point of its queue (without the joint assignment). Decisions add up
+/// in [`Planner::plan`]. Place each job once.
+pub struct Planner<'a> {
+    round: greedy::Round<'a>,
+}
+
+impl<'a> Planner<'a> {
+    /// Indexes the snapshot's pools, nodes, running work and policies. Its queued jobs are not
+    /// placed.
+    pub fn new(snapshot: &'a Snapshot, now: Timestamp) -> Planner<'a> {
+        let index = index::Index::new(snapshot, now);
+        Planner {
+            round: greedy::Round::new(index, greedy::Scan::Pruned),
+        }
+    }
+
+    /// Decides `job` now, takes what it takes from the warm state, and explains it.
+    pub fn place(&mut self, job: &QueuedJob) -> &Explanation {
+        self.round.place(job)
+    }
+
+    /// The decisions so far.
+    pub fn plan(&self) -> &Plan {
+        &self.round.plan
+    }
+
+    pub fn into_plan(self) -> Plan {
+        self.round.plan
+    }
 }

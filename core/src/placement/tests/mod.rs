@@ -7,6 +7,7 @@
 //! Jobs default to 1 GPU for one hour, normal priority, no deadline, on-demand only.
 
 mod cases;
+mod rules;
 #[path = "../../../benches/support/fleet.rs"]
 mod fleet;
 mod pruning;
@@ -218,6 +219,31 @@ impl W {
     }
     fn priority(self, p: Priority) -> W {
         self.with(|j| j.priority = p)
+    }
+    fn team(self, team: &str) -> W {
+        self.with(|j| j.team = team.into())
+    }
+    fn gang(self, nodes: u32) -> W {
+        self.with(|j| j.resources.nodes = nodes)
+    }
+    fn policy(mut self, p: TeamPolicy) -> W {
+        self.snap.policies.push(p);
+        self
+    }
+    /// Spot interruptions per hour in `pool`, in millionths.
+    fn risk(mut self, pool: &str, ppm: u32) -> W {
+        self.snap
+            .spot_interruptions_per_hour_ppm
+            .insert(PoolId::new(pool), ppm);
+        self
+    }
+    /// Low-priority work holding `gpus` on `node`, started `ago_s` ago, ending in `ends_in_s`.
+    fn low(mut self, node: &str, gpus: u32, ago_s: i64, ends_in_s: i64) -> W {
+        self = self.busy(node, gpus, ends_in_s);
+        let a = self.snap.running.last_mut().expect("just added");
+        a.priority = Priority::Low;
+        a.started_at = NOW.plus_secs(-ago_s);
+        self
     }
 }
 

@@ -1,0 +1,49 @@
+//! Preemption: where an urgent job could have GPUs by stopping low-priority work. Only `low`
+//! attempts are ever victims; on a node, the fewest of them that free enough GPUs, the latest
+//! started first (the least work lost). Per pool, the node that needs the fewest GPUs taken.
+//!
+//! This module finds the candidate; the planner decides whether the job may preempt at all
+//! ([`JobCtx::may_preempt`]) and records the preemptions.
+
+use super::CandidateKind;
+use super::capacity::Capacity;
+use super::estimate::{Estimate, JobCtx, PREEMPTION_GRACE_S, pool_violation};
+use super::index::Index;
+
+/// The best preemption candidate for the job and its victims (positions in the index's running
+/// attempts). Only candidates that meet the deadline count, unless `any_finish` (the job has
+/// no other candidate at all).
+pub(crate) fn best_preemption(
+    index: &Index,
+    capacity: &Capacity,
+    job: &JobCtx,
+    any_finish: bool,
+) -> Option<(Estimate, Vec<usize>)> {
+    let ready = index.now.plus_secs(PREEMPTION_GRACE_S);
+    let mut best: Option<(Estimate, Vec<usize>)> = None;
+    for (pool, nodes) in index.preemptible_nodes.iter().enumerate() {
+        if nodes.is_empty() || pool_violation(index, job, pool).is_some() {
+            continue;
+        }
+        // The node needing the fewest GPUs taken, ties by id.
+        let pick = nodes
+            .iter()
+            .filter_map(|&node| {
+                let victims = capacity.preemption_on(index, node, job.gpus)?;
+                let taken: u32 = victims.iter().map(|&a| index.running[a].1.gpus).sum();
+                Some((taken, node, victims))
+            })
+            .min_by_key(|(taken, node, _)| (*taken, *node));
+        let Some((_, node, victims)) = pick else {
+            continue;
+        };
+        let e = job.best_market(index, pool, Some(node), CandidateKind::Preempt, ready);
+        if e.score.misses_deadline && !any_finish {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(b, _)| e.score < b.score) {
+            best = Some((e, victims));
+        }
+    }
+    best
+}

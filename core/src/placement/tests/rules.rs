@@ -1,0 +1,275 @@
+//! The rules beyond "cheapest feasible": spot risk, preemption, gangs, team policies, budgets,
+//! time windows, the joint assignment of contended capacity, and the warm [`Planner`].
+
+use super::*;
+
+const P5: &str = "aws:use1/p5";
+const P4: &str = "aws:use1/p4";
+const DGX: &str = "onprem:dc1/dgx";
+
+/// AWS 8×H100 at $80/h ($10/GPU-h), spot $32/h ($4/GPU-h), node `a1` free.
+fn spot_pool() -> W {
+    w().pool(P5, "H100", 8, 80.0, Some(32.0)).node(P5, "a1", 8)
+}
+
+#[rustfmt::skip]
+#[test]
+fn spot_prices_its_interruptions() {
+    check(spot_pool().job(1).spot(SpotRule::Allowed), "assign a1 spot");
+    // 5 interruptions an hour: 10,500 s expected extra (boot + 30 min lost, 5 × 1 h): dearer.
+    check(spot_pool().risk(P5, 5_000_000).job(1).spot(SpotRule::Allowed), "assign a1 on_demand");
+    // Preferred leans to spot whenever the deadline allows it…
+    check(spot_pool().risk(P5, 5_000_000).job(1).spot(SpotRule::Preferred), "assign a1 spot");
+    // …and neither takes it when the expected delay (2/h: 4,200 s) would miss the deadline.
+    check(spot_pool().risk(P5, 2_000_000).job(1).spot(SpotRule::Allowed).deadline_in(7200), "assign a1 on_demand");
+    check(spot_pool().risk(P5, 2_000_000).job(1).spot(SpotRule::Preferred).deadline_in(7200), "assign a1 on_demand");
+    check(spot_pool().risk(P5, 2_000_000).job(1).spot(SpotRule::Allowed).deadline_in(9000), "assign a1 spot");
+}
+
+#[test]
+fn spot_cost_includes_expected_restarts() {
+    let cost = |ppm| plan_of(spot_pool().risk(P5, ppm).job(1).spot(SpotRule::Allowed)).assignments[0].estimated_cost;
+    assert_eq!(cost(0), usd(4.0));
+    // 2 %/h × 1 h × (300 s boot + 1,800 s lost) = 42 s more at $4/h.
+    assert_eq!(cost(20_000), usd(4.046667));
+}
+
+/// On-prem node `d1` fully held by low-priority work started an hour ago, ending in 10 h.
+fn low_busy() -> W {
+    w().onprem("dgx", 16.0).node(DGX, "d1", 0).low("d1", 8, 3600, 36_000).no_burst()
+}
+
+#[rustfmt::skip]
+#[test]
+fn urgent_jobs_preempt_low_work_only_when_their_deadline_is_at_risk() {
+    check(low_busy().job(8).priority(Priority::Critical).deadline_in(7200), "assign d1 on_demand");
+    check(low_busy().job(8).priority(Priority::High).deadline_in(7200), "assign d1 on_demand");
+    // Normal jobs never preempt; nor does anyone whose deadline waiting still meets.
+    check(low_busy().job(8).deadline_in(7200), "wait onprem:dc1/dgx +36000s");
+    check(low_busy().job(8).priority(Priority::Critical).deadline_in(72_000), "wait onprem:dc1/dgx +36000s");
+    // Normal work is never a victim.
+    let normal = w().onprem("dgx", 16.0).node(DGX, "d1", 0).busy("d1", 8, 36_000).no_burst();
+    check(normal.job(8).priority(Priority::Critical).deadline_in(7200), "wait onprem:dc1/dgx +36000s");
+    // No candidate at all (services hold the node): an urgent job preempts low services too.
+    let mut services = w().onprem("dgx", 16.0).node(DGX, "d1", 0).low("d1", 8, 60, 0).no_burst();
+    services.snap.running[0].expected_end = Timestamp::MAX;
+    check(services.clone().job(8).priority(Priority::Critical), "assign d1 on_demand");
+    // A policy's priority ceiling makes a critical job normal: no preemption.
+    check(low_busy().policy(TeamPolicy { priority_ceiling: Some(Priority::Normal), ..TeamPolicy::new("ml") }).job(8).priority(Priority::Critical).deadline_in(7200), "wait onprem:dc1/dgx +36000s");
+}
+
+#[test]
+fn preemption_takes_the_fewest_latest_started_victims() {
+    let world = w()
+        .onprem("dgx", 16.0)
+        .node(DGX, "d1", 4)
+        .low("d1", 2, 1000, 36_000)
+        .low("d1", 2, 100, 36_000)
+        .no_burst()
+        .job(6)
+        .priority(Priority::Critical)
+        .deadline_in(7200)
+        .job(2);
+    let p = plan_of(world.clone());
+    assert_eq!(p.preemptions.len(), 1, "{:?}", p.preemptions);
+    let victim = &p.preemptions[0];
+    let latest = &world.snap.running[1];
+    assert_eq!((victim.attempt, victim.gpus), (latest.attempt, 2));
+    assert_eq!(victim.for_job, JobId(Uuid::from_u128(1)));
+    assert_eq!(p.assignments[0].estimated_finish, NOW.plus_secs(120 + 3600));
+    // The job used the 4 free GPUs and 2 of the victim's: nothing is left for j2 now, and the
+    // explanation names the preemption.
+    let j2 = &p.explanations[&JobId(Uuid::from_u128(2))];
+    assert!(matches!(j2.outcome, Outcome::Wait { .. }), "{j2:?}");
+    let j1 = &p.explanations[&JobId(Uuid::from_u128(1))];
+    assert_eq!(j1.candidates[0].kind, CandidateKind::Preempt);
+}
+
+#[rustfmt::skip]
+#[test]
+fn gangs_take_all_their_nodes_in_one_pool_or_none() {
+    let dgx = |free: &[u32]| free.iter().enumerate().fold(w().onprem("dgx", 16.0), |w, (i, &f)| w.node(DGX, &format!("d{i}"), f));
+    check(dgx(&[8, 8, 8]).job(8).gang(2), "assign d0 on_demand");
+    check(dgx(&[8, 4, 8]).job(8).gang(2), "assign d0 on_demand");
+    check(dgx(&[8, 4, 4]).no_burst().job(8).gang(2), &hold(&[(NO_CAPACITY, 1)]));
+    // Never partial: one free node and a cloud pool means two new cloud nodes.
+    check(dgx(&[8]).pool(P5, "H100", 8, 80.0, None).job(8).gang(2), "launch aws:use1/p5 on_demand");
+    check(dgx(&[8]).pool(P5, "H100", 8, 80.0, None).limit(P5, 1).job(8).gang(2), &hold(&[(QUOTA, 1), (NO_CAPACITY, 1)]));
+}
+
+#[test]
+fn gang_assignments_have_ranks_and_launches_one_per_node() {
+    let world = w()
+        .onprem("dgx", 16.0)
+        .node(DGX, "d0", 8)
+        .node(DGX, "d1", 2)
+        .node(DGX, "d2", 8)
+        .job(4)
+        .gang(2);
+    let p = plan_of(world);
+    let placed: Vec<(&str, u32, u32)> = p
+        .assignments
+        .iter()
+        .map(|a| (a.node.as_str(), a.rank, a.gpus))
+        .collect();
+    assert_eq!(placed, [("d0", 0, 4), ("d2", 1, 4)]);
+    // Two nodes × 4 GPUs × $2/GPU-h.
+    assert_eq!(p.assignments[0].estimated_cost, usd(16.0));
+    let p = plan_of(w().pool(P5, "H100", 8, 80.0, None).job(8).gang(3));
+    assert_eq!(p.launches.len(), 3);
+}
+
+/// On-prem busy for an hour; AWS free now.
+fn busy_onprem() -> W {
+    w().onprem("dgx", 16.0)
+        .node(DGX, "d1", 0)
+        .busy("d1", 8, 3600)
+        .pool(P5, "H100", 8, 80.0, Some(32.0))
+        .node(P5, "a1", 8)
+}
+
+fn team(f: impl FnOnce(&mut TeamPolicy)) -> TeamPolicy {
+    let mut p = TeamPolicy::new("ml");
+    f(&mut p);
+    p
+}
+
+#[rustfmt::skip]
+#[test]
+fn team_policies_are_hard_constraints() {
+    let urgent = || busy_onprem().job(1).deadline_in(5400);
+    check(urgent(), "assign a1 on_demand");
+    check(urgent().policy(team(|p| p.allowed_providers = vec!["onprem".into()])), "wait onprem:dc1/dgx +3600s");
+    check(urgent().policy(team(|p| p.allowed_regions = vec![RegionId::new("onprem:dc1")])), "wait onprem:dc1/dgx +3600s");
+    check(urgent().policy(team(|p| p.max_price_per_gpu_hour = Some(usd(5.0)))), "wait onprem:dc1/dgx +3600s");
+    // Another team's policy, or a project's the job is not in, changes nothing.
+    check(urgent().policy(TeamPolicy { allowed_providers: vec!["onprem".into()], ..TeamPolicy::new("web") }), "assign a1 on_demand");
+    check(urgent().policy(team(|p| { p.project = Some("x".into()); p.allowed_providers = vec!["onprem".into()] })), "assign a1 on_demand");
+    // The spot rule is capped.
+    check(urgent().spot(SpotRule::Preferred), "assign a1 spot");
+    check(urgent().spot(SpotRule::Preferred).policy(team(|p| p.spot = SpotRule::Never)), "assign a1 on_demand");
+    // Bursting.
+    check(w().pool(P5, "H100", 8, 80.0, None).job(1).policy(team(|p| p.burst_allowed = false)), &hold(&[("needs a new node but the team's policy forbids bursting", 1)]));
+    check(w().pool(P5, "H100", 8, 80.0, None).job(1).team("web").policy(team(|p| p.burst_allowed = false)), "launch aws:use1/p5 on_demand");
+}
+
+#[rustfmt::skip]
+#[test]
+fn time_windows_gate_starts() {
+    // NOW is 08:00 UTC.
+    let window = |start, end| team(|p| p.windows = vec![PriorityWindows { priorities: vec![Priority::Normal], windows: vec![TimeWindow { start_minute: start, end_minute: end }] }]);
+    let closed = "hold: no pool can take this job now: outside the time windows the team's policy allows for its priority (1 pool)";
+    check(spot_pool().job(1).policy(window(0, 60)), closed);
+    check(spot_pool().job(1).policy(window(420, 540)), "assign a1 on_demand");
+    check(spot_pool().job(1).policy(window(1320, 500)), "assign a1 on_demand");
+    check(spot_pool().job(1).policy(window(1320, 480)), closed);
+    // Other priorities are not gated.
+    check(spot_pool().job(1).priority(Priority::High).policy(window(0, 60)), "assign a1 on_demand");
+    let p = plan_of(spot_pool().job(1).policy(window(0, 60)));
+    assert_eq!(p.holds[0].code, HoldCode::OutsideTimeWindow);
+}
+
+#[test]
+fn budgets_are_hard_and_spent_across_the_round() {
+    // $3 left; each job costs $2 on-prem: the second would overspend.
+    let world = w()
+        .onprem("dgx", 16.0)
+        .node(DGX, "d1", 8)
+        .policy(team(|p| p.remaining_budget = Some(usd(3.0))))
+        .job(1)
+        .job(1)
+        .job(1)
+        .team("web");
+    let p = plan_of(world);
+    assert_eq!(p.assignments.len(), 2, "{:?}", p.holds);
+    assert_eq!(p.holds.len(), 1);
+    assert_eq!(p.holds[0].code, HoldCode::BudgetExhausted);
+    assert_eq!(p.holds[0].job, JobId(Uuid::from_u128(2)));
+    assert_eq!(
+        p.holds[0].reason,
+        "no pool can take this job now: costs more than the team's remaining budget of $1.000000 (1 pool)"
+    );
+    let e = &p.explanations[&JobId(Uuid::from_u128(2))];
+    assert_eq!(
+        e.candidates[0].rejected,
+        Some(Rejection::BudgetExhausted {
+            cost: usd(2.0),
+            remaining: usd(1.0)
+        })
+    );
+}
+
+/// One free on-prem H100 GPU (the rest busy for 10 h) at $2/GPU-h; A100s at $4/GPU-h and
+/// H100s at $10/GPU-h in AWS, free. j1 can run on anything, j2 needs an H100; j1 is first in
+/// the queue (earlier deadline).
+fn contended() -> W {
+    w().onprem("dgx", 16.0)
+        .node(DGX, "d1", 1)
+        .busy("d1", 7, 36_000)
+        .pool(P4, "A100-80GB", 8, 32.0, None)
+        .node(P4, "b1", 8)
+        .pool(P5, "H100", 8, 80.0, None)
+        .node(P5, "a1", 8)
+        .job(1)
+        .deadline_in(3 * 3600)
+        .job(1)
+        .models(&["H100"])
+        .deadline_in(4 * 3600)
+}
+
+#[test]
+fn the_round_assigns_contended_capacity_jointly() {
+    let world = contended();
+    // Arrival order: j1 takes the cheap GPU, j2 pays for an AWS H100: $2 + $10.
+    let mut planner = Planner::new(&world.snap, NOW);
+    for job in &world.snap.queued {
+        planner.place(job);
+    }
+    let greedy: Money = planner
+        .plan()
+        .assignments
+        .iter()
+        .map(|a| a.estimated_cost)
+        .fold(Money::ZERO, |a, b| a + b);
+    assert_eq!(greedy, usd(12.0), "{:#?}", planner.plan().explanations);
+    // Jointly: j2 gets the on-prem GPU, j1 an A100: $2 + $4.
+    check(world.clone(), "j1: assign b1 on_demand | j2: assign d1 on_demand");
+    let p = plan_of(world);
+    let total = p.assignments.iter().map(|a| a.estimated_cost).fold(Money::ZERO, |a, b| a + b);
+    assert_eq!(total, usd(6.0));
+    // j1's explanation says why the cheaper GPU was not its own.
+    let j1 = &p.explanations[&JobId(Uuid::from_u128(1))];
+    let reasons: Vec<_> = j1.candidates.iter().map(|c| (c.pool.as_str(), c.rejected.clone())).collect();
+    assert!(reasons.contains(&(DGX, Some(Rejection::ContendedCapacity))), "{reasons:?}");
+}
+
+#[test]
+fn the_joint_assignment_meets_deadlines_before_saving() {
+    // j2 can only meet its deadline on the on-prem GPU (no other H100 capacity, no burst);
+    // j1 is first in the queue and the cheapest there.
+    let world = w()
+        .onprem("dgx", 16.0)
+        .node(DGX, "d1", 1)
+        .busy("d1", 7, 36_000)
+        .pool(P4, "A100-80GB", 8, 32.0, None)
+        .node(P4, "b1", 8)
+        .no_burst()
+        .job(1)
+        .deadline_in(3 * 3600)
+        .job(1)
+        .models(&["H100"])
+        .deadline_in(4 * 3600);
+    check(world, "j1: assign b1 on_demand | j2: assign d1 on_demand");
+}
+
+#[test]
+fn the_planner_places_one_job_at_a_time_into_warm_state() {
+    let world = w().onprem("dgx", 16.0).node(DGX, "d1", 8).job(8).job(8);
+    let mut planner = Planner::new(&world.snap, NOW);
+    let first = planner.place(&world.snap.queued[0]).outcome.clone();
+    assert!(matches!(first, Outcome::Assigned { .. }));
+    let second = planner.place(&world.snap.queued[1]).outcome.clone();
+    assert!(matches!(second, Outcome::Wait { .. }), "{second:?}");
+    assert_eq!(planner.plan().assignments.len(), 1);
+    assert_eq!(planner.into_plan().explanations.len(), 2);
+}

@@ -1,0 +1,209 @@
+//! The peers' strategies, implemented as faithfully as the simulated world allows. Neither
+//! knows deadlines or waits on purpose; both see the same pools and pay the same prices.
+//!
+//! **`cheapest`** — what SkyPilot (`sky launch` / managed jobs) and dstack do: a job runs on
+//! on-prem capacity if some node has its GPUs free *now* (SkyPilot's Kubernetes / dstack's SSH
+//! fleet as the first, zero-price "cloud"), else on an idle, already running cloud node that
+//! fits (dstack reuses idle fleet instances), else it launches at once the cheapest offer that
+//! can host it — the cheapest node-hour price × runtime plus egress, spot when the job allows
+//! spot (`use_spot`) — among all allowed pools with quota left. It never waits for capacity to
+//! free; it retries each round when every pool is at quota.
+//!
+//! **`fifo-burst`** — Slurm with power-saving cloud nodes (`SuspendProgram`/`ResumeProgram`,
+//! cloud nodes resumed for pending jobs) or Kueue with an on-prem flavour and a
+//! ProvisioningRequest flavour: jobs are scheduled in submission order onto on-prem nodes
+//! (best-effort FIFO: a job that does not fit does not block smaller ones behind it, like Slurm's
+//! backfill or Kueue's `BestEffortFIFO`); a job that does not fit may run on an already powered
+//! up, idle cloud node at once; a job that has waited longer than the threshold (default
+//! 10 min, Slurm's `ResumeTimeout`-style knob / Kueue's admission wait) gets the cheapest cloud
+//! node launched for it. Idle cloud nodes are suspended after the idle TTL (`SuspendTime`).
+//!
+//! Both pick nodes by best fit (fewest GPUs left over), ties by pool price and node id, so
+//! results never depend on input order.
+
+use super::{Action, Decisions, Scheduler, View};
+use crate::domain::{Market, Pool, QueuedJob, SpotRule};
+use crate::money::Money;
+use crate::placement::hard_constraint;
+use std::collections::HashMap;
+
+/// Default wait before `fifo-burst` bursts a job.
+pub const DEFAULT_BURST_AFTER_S: i64 = 600;
+
+/// The on-prem-first, cheapest-offer-at-once peer (SkyPilot, dstack).
+#[derive(Debug, Default)]
+pub struct Cheapest;
+
+/// The FIFO on-prem, burst-after-a-wait peer (Slurm power save, Kueue provisioning).
+#[derive(Debug)]
+pub struct FifoBurst {
+    pub burst_after_s: i64,
+}
+
+impl Default for FifoBurst {
+    fn default() -> Self {
+        FifoBurst {
+            burst_after_s: DEFAULT_BURST_AFTER_S,
+        }
+    }
+}
+
+impl Scheduler for Cheapest {
+    fn name(&self) -> &str {
+        "cheapest"
+    }
+
+    fn decide(&mut self, view: &View<'_>) -> Decisions {
+        fifo_round(view, |_| true)
+    }
+}
+
+impl Scheduler for FifoBurst {
+    fn name(&self) -> &str {
+        "fifo-burst"
+    }
+
+    fn decide(&mut self, view: &View<'_>) -> Decisions {
+        let after_ms = self.burst_after_s.max(0) * 1000;
+        let now = view.now;
+        let mut d = fifo_round(view, |job| {
+            now.millis() - job.submitted_at.millis() >= after_ms
+        });
+        d.wake_at = view
+            .snapshot
+            .queued
+            .iter()
+            .map(|j| j.submitted_at.plus_millis(after_ms))
+            .filter(|&t| t > now)
+            .min();
+        d
+    }
+}
+
+/// A node with GPUs free, as a round sees it.
+struct Free {
+    node: usize,
+    pool: usize,
+    gpus_free: u32,
+    /// Price per GPU-hour on the node's market: the tie-breaker between nodes that fit.
+    gpu_price: Money,
+}
+
+/// One round shared by both peers: submission order; on-prem free capacity, then idle cloud
+/// capacity, then — for jobs `may_burst` allows — the cheapest launch.
+fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisions {
+    let snap = view.snapshot;
+    let pool_ix: HashMap<_, usize> = snap.pools.iter().enumerate().map(|(i, p)| (&p.id, i)).collect();
+    let mut onprem = Vec::new();
+    let mut cloud = Vec::new();
+    let mut pool_size = vec![0u32; snap.pools.len()];
+    for (node, n) in snap.nodes.iter().enumerate() {
+        let Some(&pool) = pool_ix.get(&n.pool) else {
+            continue;
+        };
+        pool_size[pool] += 1;
+        if !n.healthy || n.draining || n.gpus_free == 0 {
+            continue;
+        }
+        let p = &snap.pools[pool];
+        let market = view.markets.get(&n.id).copied().unwrap_or(Market::OnDemand);
+        let free = Free {
+            node,
+            pool,
+            gpus_free: n.gpus_free,
+            gpu_price: gpu_price(p, market),
+        };
+        if p.launchable { cloud.push(free) } else { onprem.push(free) }
+    }
+    let mut queue: Vec<&QueuedJob> = snap.queued.iter().collect();
+    queue.sort_by_key(|j| (j.submitted_at, j.id));
+    let mut actions = Vec::new();
+    for job in queue {
+        let ok = |pool: usize| hard_constraint(&snap.pools[pool], &job.spec).is_none();
+        let taken = take_best_fit(&mut onprem, job.spec.resources.gpus, ok)
+            .or_else(|| take_best_fit(&mut cloud, job.spec.resources.gpus, ok));
+        if let Some(node) = taken {
+            actions.push(Action::Assign {
+                job: job.id,
+                node: snap.nodes[node].id.clone(),
+            });
+            continue;
+        }
+        if view.is_provisioning(job.id) || !may_burst(job) {
+            continue;
+        }
+        if let Some((pool, market)) = cheapest_offer(view, job, &pool_size) {
+            pool_size[pool] += 1;
+            actions.push(Action::Launch {
+                pool: snap.pools[pool].id.clone(),
+                market,
+                for_job: job.id,
+            });
+        }
+    }
+    Decisions {
+        actions,
+        wake_at: None,
+    }
+}
+
+/// Takes `gpus` on the best-fitting node of `free` whose pool `ok` allows; returns the node.
+fn take_best_fit(free: &mut [Free], gpus: u32, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    let best = free
+        .iter_mut()
+        .filter(|f| f.gpus_free >= gpus && ok(f.pool))
+        .min_by_key(|f| (f.gpus_free - gpus, f.gpu_price, f.node))?;
+    best.gpus_free -= gpus;
+    Some(best.node)
+}
+
+/// The cheapest launchable pool for the job with quota left: node price × runtime plus egress;
+/// ties by pool id.
+fn cheapest_offer(view: &View<'_>, job: &QueuedJob, pool_size: &[u32]) -> Option<(usize, Market)> {
+    let snap = view.snapshot;
+    let runtime_s = job.spec.runtime_s();
+    let data = job.spec.data.as_ref();
+    snap.pools
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| {
+            p.launchable && pool_size[*i] < p.node_limit && hard_constraint(p, &job.spec).is_none()
+        })
+        .map(|(i, p)| {
+            let market = market_for(p, job.spec.spot);
+            let egress = data
+                .filter(|d| d.region != p.region)
+                .and_then(|d| snap.regions.iter().find(|r| r.id == d.region))
+                .map_or(Money::ZERO, |r| {
+                    r.egress_per_gb.saturating_mul(i64::from(data.map_or(0, |d| d.size_gb)))
+                });
+            let boot = i64::from(p.boot_time_s);
+            let cost = node_price(p, market).per_hour_for_secs(runtime_s + boot) + egress;
+            ((cost, &p.id), (i, market))
+        })
+        .min_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, choice)| choice)
+}
+
+/// Spot when the job allows it and the pool has a cheaper spot market.
+pub(crate) fn market_for(pool: &Pool, spot: SpotRule) -> Market {
+    match (spot, pool.spot_per_hour) {
+        (SpotRule::Allowed | SpotRule::Preferred, Some(price))
+            if pool.launchable && price < pool.on_demand_per_hour =>
+        {
+            Market::Spot
+        }
+        _ => Market::OnDemand,
+    }
+}
+
+pub(crate) fn node_price(pool: &Pool, market: Market) -> Money {
+    match market {
+        Market::Spot => pool.spot_per_hour.unwrap_or(pool.on_demand_per_hour),
+        Market::OnDemand => pool.on_demand_per_hour,
+    }
+}
+
+pub(crate) fn gpu_price(pool: &Pool, market: Market) -> Money {
+    node_price(pool, market).div_ceil(i64::from(pool.gpus_per_node.max(1)))
+}

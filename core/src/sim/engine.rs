@@ -1,0 +1,668 @@
+//! The event loop and the world's state. See the parent module for the physics.
+//!
+//! The live [`Snapshot`] is kept up to date in place: each queued job, running attempt and
+//! node sits at a position tracked per entity, and leaves by `swap_remove`, so a scheduler call
+//! costs nothing to prepare. `plan` is independent of input order, so the shuffling is harmless.
+
+use super::rng::SplitMix64;
+use super::*;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use uuid::Uuid;
+
+/// How long only wake-ups may pass, with nothing else pending and no action taken, before the
+/// run stops: whatever still waits then can never run.
+const STALL_LIMIT_MS: i64 = 2 * 86_400_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrive(usize),
+    End { job: usize, epoch: u32 },
+    Ready(usize),
+    IdleCheck { node: usize, epoch: u32 },
+    Interrupt(usize),
+    Wake,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JobState {
+    NotArrived,
+    Queued,
+    Running {
+        node: usize,
+        start_ms: i64,
+        work_start_ms: i64,
+    },
+    Done,
+}
+
+struct JobRec {
+    id: JobId,
+    remaining_s: i64,
+    state: JobState,
+    epoch: u32,
+    first_start: Option<Timestamp>,
+    finish: Option<Timestamp>,
+}
+
+struct NodeRec {
+    id: NodeId,
+    pool: usize,
+    market: Market,
+    launched_ms: i64,
+    ready: bool,
+    released: bool,
+    gpus_free: u32,
+    on_node: Vec<usize>,
+    busy_since_ms: i64,
+    busy_ms: i64,
+    idle_epoch: u32,
+    for_job: Option<usize>,
+}
+
+struct Engine<'w> {
+    world: &'w World,
+    jobs_in: &'w [SimJob],
+    cfg: &'w SimConfig,
+    snap: Snapshot,
+    jobs: Vec<JobRec>,
+    nodes: Vec<NodeRec>,
+    queued_at: Vec<Option<usize>>,
+    queued_idx: Vec<usize>,
+    running_at: Vec<Option<usize>>,
+    running_idx: Vec<usize>,
+    node_at: Vec<Option<usize>>,
+    node_idx: Vec<usize>,
+    node_by_id: HashMap<NodeId, usize>,
+    pool_by_id: HashMap<PoolId, usize>,
+    region_by_id: HashMap<RegionId, usize>,
+    live_per_pool: Vec<u32>,
+    markets: BTreeMap<NodeId, Market>,
+    provisioning: BTreeMap<JobId, NodeId>,
+    heap: BinaryHeap<Reverse<(i64, u64, Event)>>,
+    seq: u64,
+    real_pending: usize,
+    wake_pending: Option<i64>,
+    rng: SplitMix64,
+    measure: (i64, i64),
+    onprem_busy_gpu_ms: f64,
+    out: SimResult,
+}
+
+/// Replays `jobs` against `world` under `scheduler`. Deterministic: the same inputs give the
+/// same result.
+pub fn run(
+    world: &World,
+    jobs: &[SimJob],
+    cfg: &SimConfig,
+    scheduler: &mut dyn Scheduler,
+) -> SimResult {
+    let mut e = Engine::new(world, jobs, cfg, scheduler.name());
+    for (i, j) in jobs.iter().enumerate() {
+        e.push(j.submit.millis(), Event::Arrive(i));
+    }
+    let mut now = 0;
+    let mut last_progress = 0;
+    while let Some(Reverse((t, _, first))) = e.heap.pop() {
+        now = t;
+        let mut dirty = e.apply(first, now);
+        while let Some(&Reverse((t2, _, _))) = e.heap.peek() {
+            if t2 != now {
+                break;
+            }
+            if let Some(Reverse((_, _, ev))) = e.heap.pop() {
+                dirty |= e.apply(ev, now);
+            }
+        }
+        if dirty && !e.snap.queued.is_empty() {
+            let view = View {
+                now: Timestamp(now),
+                snapshot: &e.snap,
+                markets: &e.markets,
+                provisioning: &e.provisioning,
+            };
+            let decisions = scheduler.decide(&view);
+            e.out.scheduler_calls += 1;
+            let acted = !decisions.actions.is_empty();
+            for action in decisions.actions {
+                if !e.act(action, now) {
+                    e.out.rejected_actions += 1;
+                }
+            }
+            if acted {
+                last_progress = now;
+            }
+            if !e.snap.queued.is_empty() {
+                let tick = now.saturating_add(cfg.tick_s.max(1) * 1000);
+                let wake = decisions
+                    .wake_at
+                    .map(|w| w.millis())
+                    .filter(|&w| w > now)
+                    .map_or(tick, |w| w.min(tick));
+                e.schedule_wake(wake);
+            }
+        }
+        if e.real_pending > 0 {
+            last_progress = last_progress.max(now);
+        } else if now - last_progress > STALL_LIMIT_MS {
+            break;
+        }
+    }
+    e.finish(now)
+}
+
+impl<'w> Engine<'w> {
+    fn new(world: &'w World, jobs_in: &'w [SimJob], cfg: &'w SimConfig, name: &str) -> Self {
+        let n = jobs_in.len();
+        let mut e = Engine {
+            world,
+            jobs_in,
+            cfg,
+            snap: Snapshot {
+                regions: world.regions.clone(),
+                pools: world.pools.iter().map(|p| p.pool.clone()).collect(),
+                burst_enabled: true,
+                spot_interruptions_per_hour_ppm: world
+                    .pools
+                    .iter()
+                    .filter(|p| p.pool.launchable)
+                    .map(|p| {
+                        let ppm = (p.interruptions_per_hour.max(0.0) * 1e6).round();
+                        (p.pool.id.clone(), ppm.min(f64::from(u32::MAX)) as u32)
+                    })
+                    .collect(),
+                ..Snapshot::default()
+            },
+            jobs: jobs_in
+                .iter()
+                .enumerate()
+                .map(|(i, j)| JobRec {
+                    id: job_id(i),
+                    remaining_s: j.runtime_s.max(0),
+                    state: JobState::NotArrived,
+                    epoch: 0,
+                    first_start: None,
+                    finish: None,
+                })
+                .collect(),
+            nodes: Vec::new(),
+            queued_at: vec![None; n],
+            queued_idx: Vec::new(),
+            running_at: vec![None; n],
+            running_idx: Vec::new(),
+            node_at: Vec::new(),
+            node_idx: Vec::new(),
+            node_by_id: HashMap::new(),
+            pool_by_id: HashMap::new(),
+            region_by_id: HashMap::new(),
+            live_per_pool: vec![0; world.pools.len()],
+            markets: BTreeMap::new(),
+            provisioning: BTreeMap::new(),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            real_pending: 0,
+            wake_pending: None,
+            rng: SplitMix64::stream(cfg.seed, 0x5107),
+            measure: measure_window(jobs_in, cfg),
+            onprem_busy_gpu_ms: 0.0,
+            out: SimResult {
+                scheduler: name.to_owned(),
+                ..SimResult::default()
+            },
+        };
+        for (i, p) in world.pools.iter().enumerate() {
+            e.pool_by_id.insert(p.pool.id.clone(), i);
+            if !p.pool.launchable {
+                for _ in 0..p.fixed_nodes {
+                    let node = e.add_node(i, Market::OnDemand, 0);
+                    e.set_ready(node);
+                }
+            }
+        }
+        for (i, r) in world.regions.iter().enumerate() {
+            e.region_by_id.insert(r.id.clone(), i);
+        }
+        e
+    }
+
+    fn push(&mut self, at_ms: i64, ev: Event) {
+        if ev != Event::Wake {
+            self.real_pending += 1;
+        }
+        self.seq += 1;
+        self.heap.push(Reverse((at_ms, self.seq, ev)));
+    }
+
+    fn schedule_wake(&mut self, at_ms: i64) {
+        if self.wake_pending.is_none_or(|p| at_ms < p) {
+            self.wake_pending = Some(at_ms);
+            self.push(at_ms, Event::Wake);
+        }
+    }
+
+    /// Applies one event; true when the world changed in a way a scheduler may act on.
+    fn apply(&mut self, ev: Event, now: i64) -> bool {
+        if ev != Event::Wake {
+            self.real_pending -= 1;
+        }
+        match ev {
+            Event::Arrive(j) => {
+                self.enqueue(j);
+                true
+            }
+            Event::End { job, epoch } => {
+                let live = self.jobs[job].epoch == epoch
+                    && matches!(self.jobs[job].state, JobState::Running { .. });
+                if live {
+                    self.stop(job, now, true);
+                }
+                live
+            }
+            Event::Ready(node) => {
+                if self.nodes[node].released {
+                    return false;
+                }
+                self.set_ready(node);
+                self.push_idle_check(node, now);
+                true
+            }
+            Event::IdleCheck { node, epoch } => {
+                let n = &self.nodes[node];
+                if n.released || n.idle_epoch != epoch || !n.on_node.is_empty() {
+                    return false;
+                }
+                self.release(node, now);
+                true
+            }
+            Event::Interrupt(node) => {
+                if self.nodes[node].released {
+                    return false;
+                }
+                self.out.spot_interruptions += 1;
+                for job in self.nodes[node].on_node.clone() {
+                    self.stop(job, now, false);
+                }
+                self.release(node, now);
+                true
+            }
+            Event::Wake => {
+                let due = self.wake_pending == Some(now);
+                if due {
+                    self.wake_pending = None;
+                }
+                due
+            }
+        }
+    }
+
+    /// Applies one action; false when it is invalid and ignored.
+    fn act(&mut self, action: Action, now: i64) -> bool {
+        match action {
+            Action::Assign { job, node } => {
+                let (Some(j), Some(&n)) = (job_index(job, self.jobs.len()), self.node_by_id.get(&node))
+                else {
+                    return false;
+                };
+                let gpus = self.jobs_in[j].spec.resources.gpus;
+                let nr = &self.nodes[n];
+                if self.jobs[j].state != JobState::Queued
+                    || !nr.ready
+                    || nr.released
+                    || nr.gpus_free < gpus
+                {
+                    return false;
+                }
+                self.start(j, n, now);
+                true
+            }
+            Action::Launch {
+                pool,
+                market,
+                for_job,
+            } => {
+                let (Some(&p), Some(j)) = (
+                    self.pool_by_id.get(&pool),
+                    job_index(for_job, self.jobs.len()),
+                ) else {
+                    return false;
+                };
+                let sp = &self.world.pools[p];
+                let spot_ok = market == Market::OnDemand || sp.pool.spot_per_hour.is_some();
+                if !sp.pool.launchable
+                    || !spot_ok
+                    || self.live_per_pool[p] >= sp.pool.node_limit
+                    || self.jobs[j].state != JobState::Queued
+                {
+                    return false;
+                }
+                let node = self.add_node(p, market, now);
+                self.out.burst_instances += 1;
+                self.nodes[node].for_job = Some(j);
+                let node_id = self.nodes[node].id.clone();
+                if let Some(old) = self.provisioning.insert(self.jobs[j].id, node_id)
+                    && let Some(&o) = self.node_by_id.get(&old)
+                {
+                    self.nodes[o].for_job = None;
+                }
+                let boot_ms = i64::from(sp.pool.boot_time_s) * 1000;
+                self.push(now + boot_ms, Event::Ready(node));
+                if market == Market::Spot {
+                    let hours = self.rng.exponential(sp.interruptions_per_hour);
+                    if hours.is_finite() && hours < 1.0e6 {
+                        let at = now + (hours * 3_600_000.0).ceil() as i64;
+                        self.push(at.max(now + 1), Event::Interrupt(node));
+                    }
+                }
+                true
+            }
+            Action::Preempt { job } => {
+                let Some(j) = job_index(job, self.jobs.len()) else {
+                    return false;
+                };
+                if !matches!(self.jobs[j].state, JobState::Running { .. }) {
+                    return false;
+                }
+                self.stop(j, now, false);
+                self.out.preemptions += 1;
+                true
+            }
+        }
+    }
+
+    fn add_node(&mut self, pool: usize, market: Market, now: i64) -> usize {
+        let p = &self.world.pools[pool].pool;
+        let idx = self.nodes.len();
+        let id = NodeId::new(format!("{}#{:06}", p.id, idx));
+        self.nodes.push(NodeRec {
+            id: id.clone(),
+            pool,
+            market,
+            launched_ms: now,
+            ready: false,
+            released: false,
+            gpus_free: p.gpus_per_node,
+            on_node: Vec::new(),
+            busy_since_ms: 0,
+            busy_ms: 0,
+            idle_epoch: 0,
+            for_job: None,
+        });
+        self.node_at.push(Some(self.snap.nodes.len()));
+        self.node_idx.push(idx);
+        self.snap.nodes.push(Node {
+            id: id.clone(),
+            pool: p.id.clone(),
+            gpus_total: p.gpus_per_node,
+            gpus_free: p.gpus_per_node,
+            healthy: false,
+            draining: false,
+            last_heartbeat: Timestamp(now),
+        });
+        self.node_by_id.insert(id.clone(), idx);
+        self.markets.insert(id, market);
+        self.live_per_pool[pool] += 1;
+        idx
+    }
+
+    fn set_ready(&mut self, node: usize) {
+        self.nodes[node].ready = true;
+        if let Some(pos) = self.node_at[node] {
+            self.snap.nodes[pos].healthy = true;
+        }
+    }
+
+    fn push_idle_check(&mut self, node: usize, now: i64) {
+        let n = &self.nodes[node];
+        if self.world.pools[n.pool].pool.launchable && n.on_node.is_empty() {
+            let ev = Event::IdleCheck {
+                node,
+                epoch: n.idle_epoch,
+            };
+            self.push(now + self.cfg.idle_ttl_s.max(0) * 1000, ev);
+        }
+    }
+
+    fn enqueue(&mut self, j: usize) {
+        self.jobs[j].state = JobState::Queued;
+        let mut spec = self.jobs_in[j].spec.clone();
+        spec.estimated_runtime_s = Some(self.jobs[j].remaining_s);
+        self.queued_at[j] = Some(self.snap.queued.len());
+        self.queued_idx.push(j);
+        self.snap.queued.push(QueuedJob {
+            id: self.jobs[j].id,
+            spec,
+            submitted_at: self.jobs_in[j].submit,
+        });
+    }
+
+    fn dequeue(&mut self, j: usize) {
+        if let Some(pos) = self.queued_at[j].take() {
+            self.snap.queued.swap_remove(pos);
+            self.queued_idx.swap_remove(pos);
+            if let Some(&moved) = self.queued_idx.get(pos) {
+                self.queued_at[moved] = Some(pos);
+            }
+        }
+    }
+
+    fn start(&mut self, j: usize, n: usize, now: i64) {
+        self.dequeue(j);
+        let job = &self.jobs_in[j];
+        let gpus = job.spec.resources.gpus;
+        let pool = &self.world.pools[self.nodes[n].pool].pool;
+        let mut transfer_s = 0;
+        if let Some(d) = job.spec.data.as_ref().filter(|d| d.region != pool.region) {
+            let (egress, src) = match self.region_by_id.get(&d.region) {
+                Some(&r) => (self.world.regions[r].egress_per_gb, d.region.clone()),
+                None => (Money::ZERO, d.region.clone()),
+            };
+            let cost = egress.saturating_mul(i64::from(d.size_gb));
+            self.charge(now, &src, cost);
+            self.out.egress_cost += cost;
+            let gbps = match self.region_by_id.get(&pool.region) {
+                Some(&r) if self.world.regions[r].ingress_gbps > 0 => {
+                    self.world.regions[r].ingress_gbps
+                }
+                _ => 10,
+            };
+            transfer_s = i64::try_from((u64::from(d.size_gb) * 8).div_ceil(u64::from(gbps)))
+                .unwrap_or(i64::MAX / 4_000);
+        }
+        let rec = &mut self.jobs[j];
+        let work_start_ms = now + transfer_s * 1000;
+        let end_ms = work_start_ms + rec.remaining_s * 1000;
+        rec.state = JobState::Running {
+            node: n,
+            start_ms: now,
+            work_start_ms,
+        };
+        rec.first_start.get_or_insert(Timestamp(now));
+        let (id, epoch) = (rec.id, rec.epoch);
+        let nr = &mut self.nodes[n];
+        nr.gpus_free -= gpus;
+        if nr.on_node.is_empty() {
+            nr.busy_since_ms = now;
+            nr.idle_epoch += 1;
+        }
+        nr.on_node.push(j);
+        if let Some(other) = nr.for_job.take() {
+            self.provisioning.remove(&self.jobs[other].id);
+        }
+        if let Some(m) = self.provisioning.remove(&id)
+            && let Some(&o) = self.node_by_id.get(&m)
+        {
+            self.nodes[o].for_job = None;
+        }
+        let node_id = self.nodes[n].id.clone();
+        if let Some(pos) = self.node_at[n] {
+            self.snap.nodes[pos].gpus_free = self.nodes[n].gpus_free;
+        }
+        self.running_at[j] = Some(self.snap.running.len());
+        self.running_idx.push(j);
+        self.snap.running.push(RunningAttempt {
+            job: id,
+            attempt: AttemptId(Uuid::from_u128(((j as u128 + 1) << 32) | u128::from(epoch))),
+            node: node_id,
+            gpus,
+            priority: job.spec.priority,
+            started_at: Timestamp(now),
+            expected_end: Timestamp(end_ms),
+        });
+        self.push(end_ms, Event::End { job: j, epoch });
+    }
+
+    /// Ends job `j`'s attempt: done, or back to the queue with its checkpointed progress.
+    fn stop(&mut self, j: usize, now: i64, completed: bool) {
+        let JobState::Running {
+            node,
+            start_ms,
+            work_start_ms,
+        } = self.jobs[j].state
+        else {
+            return;
+        };
+        let gpus = self.jobs_in[j].spec.resources.gpus;
+        let nr = &mut self.nodes[node];
+        nr.gpus_free += gpus;
+        nr.on_node.retain(|&x| x != j);
+        let pool = &self.world.pools[nr.pool].pool;
+        if nr.on_node.is_empty() {
+            nr.busy_ms += now - nr.busy_since_ms;
+            nr.idle_epoch += 1;
+        }
+        if let Some(pos) = self.node_at[node] {
+            self.snap.nodes[pos].gpus_free = self.nodes[node].gpus_free;
+        }
+        if !pool.launchable {
+            let secs = (now - start_ms + 999) / 1000;
+            let cost = pool
+                .on_demand_per_gpu_hour()
+                .saturating_mul(i64::from(gpus))
+                .per_hour_for_secs(secs);
+            let region = pool.region.clone();
+            self.charge(now, &region, cost);
+            self.out.onprem_cost += cost;
+            let (lo, hi) = self.measure;
+            let overlap = (now.min(hi) - start_ms.max(lo)).max(0);
+            self.onprem_busy_gpu_ms += overlap as f64 * f64::from(gpus);
+        }
+        if let Some(pos) = self.running_at[j].take() {
+            self.snap.running.swap_remove(pos);
+            self.running_idx.swap_remove(pos);
+            if let Some(&moved) = self.running_idx.get(pos) {
+                self.running_at[moved] = Some(pos);
+            }
+        }
+        let rec = &mut self.jobs[j];
+        rec.epoch += 1;
+        if completed {
+            rec.state = JobState::Done;
+            rec.finish = Some(Timestamp(now));
+        } else {
+            let done_s = ((now - work_start_ms).max(0)) / 1000;
+            let ckpt = self.cfg.checkpoint_interval_s;
+            let kept = if ckpt > 0 { done_s / ckpt * ckpt } else { 0 };
+            rec.remaining_s = (rec.remaining_s - kept).max(0);
+            self.enqueue(j);
+        }
+        self.push_idle_check(node, now);
+    }
+
+    fn release(&mut self, node: usize, now: i64) {
+        let nr = &mut self.nodes[node];
+        nr.released = true;
+        let pool = &self.world.pools[nr.pool].pool;
+        let price = match nr.market {
+            Market::Spot => pool.spot_per_hour.unwrap_or(pool.on_demand_per_hour),
+            Market::OnDemand => pool.on_demand_per_hour,
+        };
+        let billed_s = ((now - nr.launched_ms + 999) / 1000).max(self.cfg.min_billed_s);
+        let total = price.per_hour_for_secs(billed_s);
+        let busy = price
+            .per_hour_for_secs(nr.busy_ms / 1000)
+            .min(total);
+        self.out.cloud_busy_cost += busy;
+        self.out.cloud_idle_cost += total - busy;
+        if let Some(j) = nr.for_job.take() {
+            self.provisioning.remove(&self.jobs[j].id);
+        }
+        let (pool_idx, id, region) = (nr.pool, nr.id.clone(), pool.region.clone());
+        self.charge(now, &region, total);
+        self.live_per_pool[pool_idx] -= 1;
+        self.markets.remove(&id);
+        self.node_by_id.remove(&id);
+        if let Some(pos) = self.node_at[node].take() {
+            self.snap.nodes.swap_remove(pos);
+            self.node_idx.swap_remove(pos);
+            if let Some(&moved) = self.node_idx.get(pos) {
+                self.node_at[moved] = Some(pos);
+            }
+        }
+    }
+
+    fn charge(&mut self, now: i64, region: &RegionId, cost: Money) {
+        if cost == Money::ZERO {
+            return;
+        }
+        *self.out.spend_by_region.entry(region.clone()).or_default() += cost;
+        self.out.timeline.push((Timestamp(now), cost));
+    }
+
+    fn finish(mut self, now: i64) -> SimResult {
+        for node in 0..self.nodes.len() {
+            let n = &self.nodes[node];
+            if !n.released && self.world.pools[n.pool].pool.launchable {
+                self.release(node, now);
+            }
+        }
+        let (lo, hi) = self.measure;
+        let capacity: f64 = self
+            .world
+            .pools
+            .iter()
+            .filter(|p| !p.pool.launchable)
+            .map(|p| f64::from(p.fixed_nodes) * f64::from(p.pool.gpus_per_node))
+            .sum::<f64>()
+            * (hi - lo).max(0) as f64;
+        self.out.onprem_gpu_utilization = if capacity > 0.0 {
+            self.onprem_busy_gpu_ms / capacity
+        } else {
+            0.0
+        };
+        self.out.jobs = self
+            .jobs
+            .iter()
+            .zip(self.jobs_in)
+            .map(|(r, j)| JobOutcome {
+                submit: j.submit,
+                first_start: r.first_start,
+                finish: r.finish,
+                deadline: j.spec.deadline,
+                measured: j.measured,
+            })
+            .collect();
+        self.out.end = Timestamp(now);
+        self.out
+    }
+}
+
+fn measure_window(jobs: &[SimJob], cfg: &SimConfig) -> (i64, i64) {
+    let lo = cfg.measure_from.millis();
+    let hi = jobs
+        .iter()
+        .filter(|j| j.measured)
+        .map(|j| j.submit.millis())
+        .max()
+        .unwrap_or(lo);
+    (lo, hi.max(lo))
+}
+
+/// The id of the `i`-th job of a trace.
+pub fn job_id(i: usize) -> JobId {
+    JobId(Uuid::from_u128(i as u128 + 1))
+}
+
+fn job_index(id: JobId, n: usize) -> Option<usize> {
+    let v = id.0.as_u128();
+    (v >= 1 && v <= n as u128).then(|| (v - 1) as usize)
+}

@@ -1,0 +1,203 @@
+//! The simulator's engine: replays a job trace against a world of pools on a virtual clock.
+//!
+//! Pure like the rest of `core`: no I/O, no clock, no threads. The engine keeps an event heap
+//! (arrivals, attempt ends, nodes ready, idle releases, spot interruptions, wake-ups), jumps to
+//! the next event, applies every event due at that instant, then asks a [`Scheduler`] what to do
+//! and applies its [`Action`]s. It keeps a live [`Snapshot`] of the world up to date as it goes,
+//! so a scheduler that calls [`crate::plan`] sees exactly what the broker would build.
+//!
+//! The physics, the same for every scheduler:
+//! - On-prem pools (`launchable == false`) have a fixed set of nodes, ready from the start and
+//!   never released. Their GPU-hours cost the pool's internal rate while a job holds them; idle
+//!   on-prem capacity costs nothing (it is sunk, and equal for every scheduler).
+//! - Cloud pools launch a node on request; it is ready `boot_time_s` later and bills per second
+//!   from launch to release, with a [`SimConfig::min_billed_s`] minimum, at the market's node
+//!   price. A node idle for [`SimConfig::idle_ttl_s`] is released. Up to `node_limit` nodes.
+//! - A spot node is interrupted after an exponential time with the pool's rate per hour, drawn
+//!   from a seeded generator in launch order. The jobs on it go back to the queue, keeping the
+//!   progress of their last checkpoint ([`SimConfig::checkpoint_interval_s`]).
+//! - A job whose data lives in another region pays the data region's egress per GB on every
+//!   attempt start and holds its node for the transfer time first (`size × 8 / ingress_gbps`).
+//!
+//! Code map: `engine` (state and event loop), `baselines` (the `cheapest` and `fifo-burst`
+//! peers), `switchyard` (the adapter over `plan`), `lower_bound` (the offline LP bound),
+//! `rng` (a seeded generator with stable output).
+
+mod baselines;
+mod engine;
+pub mod lower_bound;
+pub mod rng;
+mod switchyard;
+
+pub use baselines::{Cheapest, FifoBurst};
+pub use engine::{job_id, run};
+pub use lower_bound::lp_lower_bound;
+pub use switchyard::Switchyard;
+
+use crate::domain::*;
+use crate::money::Money;
+use crate::time::Timestamp;
+use std::collections::BTreeMap;
+
+/// One pool of the simulated world.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimPool {
+    pub pool: Pool,
+    /// Nodes that exist from the start (on-prem). Ignored for launchable pools.
+    pub fixed_nodes: u32,
+    /// Spot interruptions per node-hour (0: never).
+    pub interruptions_per_hour: f64,
+}
+
+/// The capacity and the geography a trace is replayed against.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct World {
+    pub regions: Vec<Region>,
+    pub pools: Vec<SimPool>,
+}
+
+/// One job of the trace, with the assumptions the trace lacks already applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimJob {
+    pub submit: Timestamp,
+    /// True runtime; the scheduler is told the same figure as the estimate.
+    pub runtime_s: i64,
+    pub spec: JobSpec,
+    /// Counted in the metrics (false for warm-up jobs, which only load the world).
+    pub measured: bool,
+}
+
+/// Engine parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// A cloud node with nothing to run is released after this long.
+    pub idle_ttl_s: i64,
+    /// Minimum billed time of a cloud node.
+    pub min_billed_s: i64,
+    /// Progress a job keeps when its spot node is interrupted: whole intervals of this length.
+    /// 0: restarts from scratch.
+    pub checkpoint_interval_s: i64,
+    /// While jobs wait, the scheduler is called at least this often.
+    pub tick_s: i64,
+    /// Seed of the spot interruption draws.
+    pub seed: u64,
+    /// Utilisation is measured over `[measure_from, last measured arrival]`.
+    pub measure_from: Timestamp,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            idle_ttl_s: 600,
+            min_billed_s: 60,
+            checkpoint_interval_s: 3600,
+            tick_s: 300,
+            seed: 1,
+            measure_from: Timestamp(0),
+        }
+    }
+}
+
+/// What a scheduler sees on each call.
+#[derive(Debug)]
+pub struct View<'a> {
+    pub now: Timestamp,
+    /// The world as the broker would sense it: pools, nodes (booting ones unhealthy), queued
+    /// jobs and running attempts.
+    pub snapshot: &'a Snapshot,
+    /// Per node id: the market it was launched on (on-prem nodes: on-demand).
+    pub markets: &'a BTreeMap<NodeId, Market>,
+    /// Jobs that a node being booted was launched for.
+    pub provisioning: &'a BTreeMap<JobId, NodeId>,
+}
+
+impl View<'_> {
+    pub fn is_provisioning(&self, job: JobId) -> bool {
+        self.provisioning.contains_key(&job)
+    }
+}
+
+/// A scheduler's decision; invalid ones (a full node, an unknown job) are counted and ignored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Start a queued job on a ready node with the GPUs free.
+    Assign { job: JobId, node: NodeId },
+    /// Launch a node in a cloud pool for a job (which stays queued until assigned).
+    Launch {
+        pool: PoolId,
+        market: Market,
+        for_job: JobId,
+    },
+    /// Stop a running job and requeue it, keeping its checkpointed progress.
+    Preempt { job: JobId },
+}
+
+/// What a scheduler returns from one call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decisions {
+    pub actions: Vec<Action>,
+    /// Call again no later than this, even if nothing happens.
+    pub wake_at: Option<Timestamp>,
+}
+
+/// A scheduling policy under test.
+pub trait Scheduler {
+    fn name(&self) -> &str;
+    fn decide(&mut self, view: &View<'_>) -> Decisions;
+}
+
+/// What happened to one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobOutcome {
+    pub submit: Timestamp,
+    pub first_start: Option<Timestamp>,
+    pub finish: Option<Timestamp>,
+    pub deadline: Option<Timestamp>,
+    pub measured: bool,
+}
+
+impl JobOutcome {
+    pub fn queue_delay_s(&self) -> Option<f64> {
+        self.first_start
+            .map(|s| (s.millis() - self.submit.millis()) as f64 / 1000.0)
+    }
+
+    /// Finished by the deadline (a job without one meets it by finishing).
+    pub fn met_deadline(&self) -> bool {
+        match (self.finish, self.deadline) {
+            (Some(f), Some(d)) => f <= d,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+}
+
+/// Everything a run measured. Money is split by where it went; `timeline` lists each charge
+/// in time order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimResult {
+    pub scheduler: String,
+    pub jobs: Vec<JobOutcome>,
+    /// Cloud node time while running at least one job.
+    pub cloud_busy_cost: Money,
+    /// Cloud node time booting or idle (the idle TTL tail, the billing minimum).
+    pub cloud_idle_cost: Money,
+    pub onprem_cost: Money,
+    pub egress_cost: Money,
+    pub timeline: Vec<(Timestamp, Money)>,
+    pub spend_by_region: BTreeMap<RegionId, Money>,
+    pub burst_instances: u64,
+    pub spot_interruptions: u64,
+    pub preemptions: u64,
+    pub rejected_actions: u64,
+    pub scheduler_calls: u64,
+    /// On-prem GPU-seconds busy / available within the measured window.
+    pub onprem_gpu_utilization: f64,
+    pub end: Timestamp,
+}
+
+impl SimResult {
+    pub fn total_cost(&self) -> Money {
+        self.cloud_busy_cost + self.cloud_idle_cost + self.onprem_cost + self.egress_cost
+    }
+}

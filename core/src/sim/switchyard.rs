@@ -1,0 +1,76 @@
+//! Switchyard under simulation: each call runs the same pure [`crate::plan`] the broker runs on
+//! the live snapshot, and turns its plan into actions — assignments as they are, launches
+//! unless a node is already booting for that job (the broker's burst controller is idempotent in
+//! the same way), preemptions (the victim is requeued with its checkpointed progress), holds and
+//! waits as nothing. The pools' spot interruption rates are in the snapshot, so `plan` can price
+//! the risk.
+//!
+//! `plan` does not say when waiting stops being enough, so the adapter asks to be called again
+//! at the latest moment a waiting job could still launch a node and meet its deadline
+//! (`deadline − margin − runtime − the shortest boot time`), besides the engine's coarse tick.
+
+use super::{Action, Decisions, Scheduler, View};
+use crate::placement::Outcome;
+
+/// Deadline margin `plan` keeps: `max(60 s, 5% of the runtime)`.
+const MIN_MARGIN_S: i64 = 60;
+
+#[derive(Debug, Default)]
+pub struct Switchyard;
+
+impl Scheduler for Switchyard {
+    fn name(&self) -> &str {
+        "switchyard"
+    }
+
+    fn decide(&mut self, view: &View<'_>) -> Decisions {
+        let snap = view.snapshot;
+        let plan = crate::plan(snap, view.now);
+        // Victims first: the jobs they make room for are assigned to the freed GPUs.
+        let mut actions: Vec<Action> = plan
+            .preemptions
+            .iter()
+            .map(|p| Action::Preempt { job: p.job })
+            .collect();
+        actions.extend(plan.assignments.iter().map(|a| Action::Assign {
+            job: a.job,
+            node: a.node.clone(),
+        }));
+        actions.extend(
+            plan.launches
+                .iter()
+                .filter(|l| !view.is_provisioning(l.for_job))
+                .map(|l| Action::Launch {
+                    pool: l.pool.clone(),
+                    market: l.market,
+                    for_job: l.for_job,
+                }),
+        );
+        let min_boot_s = snap
+            .pools
+            .iter()
+            .filter(|p| p.launchable)
+            .map(|p| i64::from(p.boot_time_s))
+            .min()
+            .unwrap_or(0);
+        let wake_at = snap
+            .queued
+            .iter()
+            .filter(|j| {
+                matches!(
+                    plan.explanations.get(&j.id).map(|e| &e.outcome),
+                    Some(Outcome::Wait { .. })
+                )
+            })
+            .filter_map(|j| {
+                let runtime = j.spec.runtime_s();
+                let margin = MIN_MARGIN_S.max(runtime / 20);
+                j.spec
+                    .deadline
+                    .map(|d| d.plus_secs(-(margin + runtime + min_boot_s)))
+            })
+            .filter(|&t| t > view.now)
+            .min();
+        Decisions { actions, wake_at }
+    }
+}
