@@ -64,23 +64,21 @@ pub fn up_config(opts: &UpOptions) -> Config {
             gpu_memory_gb: 80,
             vcpus: 64,
             memory_gb: 512,
-            price_per_gpu_hour_usd: 1.80,
+            price_per_gpu_hour_usd: 1.50,
             node_limit: opts.agents,
             launchable: false,
             boot_time_s: 0,
         }],
+        // Datacenter GPUs only, so that on-prem H100s at the internal rate are the cheapest
+        // home for ordinary work and the cloud is where deadlines send it.
         catalogue_regions: vec![
+            cloud("aws:us-east-1", &["p5.48xlarge", "p4d.24xlarge"], 12),
+            cloud("gcp:us-central1", &["a3-highgpu-8g", "a2-ultragpu-1g"], 25),
             cloud(
-                "aws:us-east-1",
-                &["p5.48xlarge", "p4d.24xlarge", "g5.xlarge", "g6.xlarge"],
-                12,
+                "lambda:us-east-1",
+                &["gpu_1x_h100_pcie", "gpu_1x_a100_sxm4", "gpu_8x_h100_sxm5"],
+                18,
             ),
-            cloud(
-                "gcp:us-central1",
-                &["a3-highgpu-8g", "a2-ultragpu-1g", "g2-standard-4"],
-                25,
-            ),
-            cloud("lambda:us-east-1", &[], 18),
         ],
         ..Config::default()
     }

@@ -1,0 +1,311 @@
+//! The EC2 provider's configuration: its serde shape (the `[aws]` table of the broker's TOML)
+//! and its validation. This module reads no environment and calls no API; credentials come from
+//! the AWS default chain unless static ones are given here (tests, moto).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// Environment variables the provider itself writes into the agent's env file; `agent.env`
+/// may not override them.
+pub const RESERVED_AGENT_ENV: [&str; 4] = [
+    "SWITCHYARD_BROKER",
+    "SWITCHYARD_ENROL_TOKEN",
+    "SWITCHYARD_STATE_DIR",
+    "SWITCHYARD_AGENT_NAME",
+];
+
+/// How Switchyard launches and finds its EC2 instances.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AwsConfig {
+    /// Value of the `switchyard:cluster` tag: `list` and the orphan reaper see only instances
+    /// carrying it, so two brokers in one account never touch each other's instances.
+    pub cluster: String,
+    /// Region codes to offer and launch in, e.g. `["us-east-1", "us-west-2"]`.
+    pub regions: Vec<String>,
+    /// Instance types to offer; empty means every GPU type the bundled catalogue has there.
+    #[serde(default)]
+    pub instance_types: Vec<String>,
+    /// EC2 endpoint for every region instead of AWS's own (moto, LocalStack, a proxy).
+    #[serde(default)]
+    pub endpoint_url: Option<String>,
+    /// Static credentials (tests); without them the AWS default chain is used (env, profile,
+    /// SSO, instance role…).
+    #[serde(default)]
+    pub credentials: Option<StaticCredentials>,
+    pub image: ImageConfig,
+    /// Per-region network and image settings, keyed by region code.
+    #[serde(default)]
+    pub per_region: BTreeMap<String, RegionSettings>,
+    /// IAM instance profile: a name, or an ARN (starting with `arn:`).
+    #[serde(default)]
+    pub instance_profile: Option<String>,
+    /// EC2 key pair for SSH; none by default.
+    #[serde(default)]
+    pub key_name: Option<String>,
+    /// Require IMDSv2 session tokens on the instances. Leave off until the agent's
+    /// interruption watcher fetches a token first (it reads the metadata service).
+    #[serde(default)]
+    pub require_imdsv2: bool,
+    #[serde(default = "default_boot_time_s")]
+    pub boot_time_s: u32,
+    /// Node limit per pool (the broker's quota estimate; EC2's vCPU quota is enforced by EC2).
+    #[serde(default = "default_node_limit")]
+    pub node_limit: u32,
+    #[serde(default = "default_latency_ms")]
+    pub latency_ms: u32,
+    #[serde(default = "default_egress")]
+    pub egress_per_gb_usd: f64,
+    /// Spot prices older than this are ignored and the catalogue's price is kept.
+    #[serde(default = "default_spot_price_max_age_s")]
+    pub spot_price_max_age_s: u64,
+    /// Timeout of one API attempt.
+    #[serde(default = "default_request_timeout_s")]
+    pub request_timeout_s: u64,
+    #[serde(default)]
+    pub retry: RetrySettings,
+    pub agent: AgentInstall,
+}
+
+/// Access keys for tests and emulators. The secret never appears in `Debug` output.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticCredentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    #[serde(default)]
+    pub session_token: Option<String>,
+}
+
+impl fmt::Debug for StaticCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StaticCredentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// The machine image: a fixed AMI id, or the newest available image whose name matches a
+/// filter (`DescribeImages`), owned by one of `owners`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageConfig {
+    #[serde(default)]
+    pub id: Option<String>,
+    /// EC2 name filter, wildcards allowed, e.g. `switchyard-agent-ubuntu-24.04-*`.
+    #[serde(default)]
+    pub name_filter: Option<String>,
+    /// Image owners for the name filter: account ids, `self`, `amazon`.
+    #[serde(default = "default_owners")]
+    pub owners: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegionSettings {
+    /// AMI ids are regional: this one wins over `image` in its region.
+    #[serde(default)]
+    pub image_id: Option<String>,
+    #[serde(default)]
+    pub subnet_id: Option<String>,
+    #[serde(default)]
+    pub security_group_ids: Vec<String>,
+}
+
+/// Throttling and transient failures are retried with jittered exponential backoff. The SDK's
+/// own retries are off, so every attempt is counted here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Attempts per API call, the first included.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "default_base_delay_ms")]
+    pub base_delay_ms: u64,
+    #[serde(default = "default_max_delay_ms")]
+    pub max_delay_ms: u64,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            max_attempts: default_max_attempts(),
+            base_delay_ms: default_base_delay_ms(),
+            max_delay_ms: default_max_delay_ms(),
+        }
+    }
+}
+
+/// How the instance gets and starts `switchyard-agent` (cloud-init user-data). The broker URL
+/// and the enrolment token come with each launch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentInstall {
+    /// Where to download the agent binary from (curl), or…
+    #[serde(default)]
+    pub download_url: Option<String>,
+    /// …the SHA-256 (hex) the download must have.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// …a shell command that installs the binary at `binary_path` (e.g. from a package).
+    #[serde(default)]
+    pub install_command: Option<String>,
+    #[serde(default = "default_binary_path")]
+    pub binary_path: String,
+    /// Extra `SWITCHYARD_*` settings for the agent (e.g. its interruption-notice URL).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[error("aws config: {0}")]
+pub struct AwsConfigError(pub String);
+
+impl AwsConfig {
+    pub fn spot_price_max_age(&self) -> Duration {
+        Duration::from_secs(self.spot_price_max_age_s)
+    }
+
+    /// Settings of one region (defaults when it has none).
+    pub fn region_settings(&self, region: &str) -> RegionSettings {
+        self.per_region.get(region).cloned().unwrap_or_default()
+    }
+
+    /// Checks everything that can be checked without calling AWS.
+    pub fn validate(&self) -> Result<(), AwsConfigError> {
+        let fail = |m: String| Err(AwsConfigError(m));
+        if self.cluster.trim().is_empty() {
+            return fail("cluster is empty".into());
+        }
+        if self.regions.is_empty() {
+            return fail("regions is empty".into());
+        }
+        if let Some(r) = self.per_region.keys().find(|r| !self.regions.contains(r)) {
+            return fail(format!("per_region.{r} names a region not in regions"));
+        }
+        match (&self.image.id, &self.image.name_filter) {
+            (Some(_), Some(_)) => return fail("image: give id or name_filter, not both".into()),
+            (None, None) => {
+                if let Some(r) = self
+                    .regions
+                    .iter()
+                    .find(|r| self.region_settings(r).image_id.is_none())
+                {
+                    return fail(format!(
+                        "image: give id or name_filter (region {r} has no per_region image_id)"
+                    ));
+                }
+            }
+            (None, Some(_)) if self.image.owners.is_empty() => {
+                return fail("image.owners is empty".into());
+            }
+            _ => {}
+        }
+        if let Some(url) = &self.endpoint_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return fail(format!("endpoint_url {url:?} is not an http(s) URL"));
+        }
+        if self.retry.max_attempts == 0 {
+            return fail("retry.max_attempts must be at least 1".into());
+        }
+        if self.retry.base_delay_ms > self.retry.max_delay_ms {
+            return fail("retry.base_delay_ms exceeds retry.max_delay_ms".into());
+        }
+        if self.request_timeout_s == 0 {
+            return fail("request_timeout_s must be positive".into());
+        }
+        self.agent.validate()
+    }
+}
+
+impl AgentInstall {
+    fn validate(&self) -> Result<(), AwsConfigError> {
+        let fail = |m: String| Err(AwsConfigError(m));
+        match (&self.download_url, &self.install_command) {
+            (Some(_), Some(_)) => {
+                return fail("agent: give download_url or install_command, not both".into());
+            }
+            (None, None) => return fail("agent: give download_url or install_command".into()),
+            (Some(url), None) if !(url.starts_with("https://") || url.starts_with("http://")) => {
+                return fail(format!("agent.download_url {url:?} is not an http(s) URL"));
+            }
+            (None, Some(_)) if self.sha256.is_some() => {
+                return fail("agent.sha256 applies only to download_url".into());
+            }
+            _ => {}
+        }
+        if let Some(sum) = &self.sha256
+            && (sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return fail("agent.sha256 must be 64 hex digits".into());
+        }
+        if !self.binary_path.starts_with('/') || !is_plain(&self.binary_path) {
+            return fail(format!(
+                "agent.binary_path {:?} must be an absolute path without spaces or quotes",
+                self.binary_path
+            ));
+        }
+        for (key, value) in &self.env {
+            if !key.starts_with("SWITCHYARD_")
+                || !key
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return fail(format!("agent.env: {key:?} is not a SWITCHYARD_* name"));
+            }
+            if RESERVED_AGENT_ENV.contains(&key.as_str()) {
+                return fail(format!("agent.env: {key} is set by the provider"));
+            }
+            if value.chars().any(char::is_control) {
+                return fail(format!("agent.env.{key} contains a control character"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Safe to write unquoted into a shell script and a systemd unit.
+pub(crate) fn is_plain(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@".contains(&b))
+}
+
+fn default_boot_time_s() -> u32 {
+    180
+}
+fn default_node_limit() -> u32 {
+    4
+}
+fn default_latency_ms() -> u32 {
+    40
+}
+fn default_egress() -> f64 {
+    0.09
+}
+fn default_spot_price_max_age_s() -> u64 {
+    7 * 24 * 3600
+}
+fn default_request_timeout_s() -> u64 {
+    30
+}
+fn default_max_attempts() -> u32 {
+    4
+}
+fn default_base_delay_ms() -> u64 {
+    200
+}
+fn default_max_delay_ms() -> u64 {
+    5_000
+}
+fn default_owners() -> Vec<String> {
+    vec!["self".into()]
+}
+fn default_binary_path() -> String {
+    "/usr/local/bin/switchyard-agent".into()
+}

@@ -1,0 +1,209 @@
+//! EC2 failures, classified: an SDK error becomes a [`Failure`] (what kind, whether a retry can
+//! help, EC2's code and message), and a `Failure` becomes a [`ProviderError`] at the edge of the
+//! provider. Classification is by EC2's error code (`ProvideErrorMetadata::code`), never by
+//! message text; the table is in [`class_of_code`].
+
+use crate::ProviderError;
+use aws_sdk_ec2::config::http::HttpResponse;
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+use switchyard_core::PoolId;
+
+/// What kind of failure, as far as the burst controller is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// The pool has no capacity now: back off the pool, fail over to another region.
+    Capacity,
+    /// An account limit: back off longer; another region may have room.
+    Quota,
+    /// EC2 is rate-limiting us: retried here, then reported.
+    Throttled,
+    /// Credentials are missing, wrong, or lack permission.
+    Auth,
+    /// The resource does not exist (an instance already gone).
+    NotFound,
+    /// A network failure, a timeout or a 5xx: retried here, then reported.
+    Transient,
+    /// EC2 refused the request itself (bad AMI, bad subnet…): retrying cannot help.
+    Rejected,
+}
+
+/// One classified failure of one API call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub class: Class,
+    /// EC2's error code, when the service answered.
+    pub code: Option<String>,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(class: Class, message: impl Into<String>) -> Failure {
+        Failure {
+            class,
+            code: None,
+            message: message.into(),
+        }
+    }
+
+    /// Whether another attempt of the same call can succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self.class, Class::Throttled | Class::Transient)
+    }
+
+    /// `Code: message`, or the message alone.
+    pub fn detail(&self) -> String {
+        match &self.code {
+            Some(code) => format!("{code}: {}", self.message),
+            None => self.message.clone(),
+        }
+    }
+
+    /// The provider-level error; `pool` is named in capacity and quota errors.
+    pub fn into_provider_error(self, pool: Option<&PoolId>) -> ProviderError {
+        let detail = self.detail();
+        let pool = || pool.cloned().unwrap_or_else(|| PoolId::new("aws"));
+        match self.class {
+            Class::Capacity => ProviderError::Capacity {
+                pool: pool(),
+                message: detail,
+            },
+            Class::Quota => ProviderError::Quota {
+                pool: pool(),
+                message: detail,
+            },
+            Class::Throttled => ProviderError::Throttled(detail),
+            Class::Auth => ProviderError::Auth(detail),
+            // `ProviderError` has no variant for a refused request; the code in the message
+            // says it is not worth an immediate retry.
+            Class::NotFound | Class::Transient | Class::Rejected => {
+                ProviderError::Transient(detail)
+            }
+        }
+    }
+}
+
+/// Classifies an EC2 error code; `status` is the HTTP status of the answer.
+pub(crate) fn class_of_code(code: &str, status: u16) -> Class {
+    match code {
+        "InsufficientInstanceCapacity"
+        | "InsufficientCapacity"
+        | "InsufficientHostCapacity"
+        | "InsufficientReservedInstanceCapacity"
+        | "InsufficientFreeAddressesInSubnet"
+        | "SpotMaxPriceTooLow"
+        | "Unsupported" => Class::Capacity,
+        "InstanceLimitExceeded"
+        | "VcpuLimitExceeded"
+        | "MaxSpotInstanceCountExceeded"
+        | "InsufficientInstanceQuota" => Class::Quota,
+        "RequestLimitExceeded"
+        | "Throttling"
+        | "ThrottlingException"
+        | "RequestThrottled"
+        | "TooManyRequestsException" => Class::Throttled,
+        "AuthFailure"
+        | "UnauthorizedOperation"
+        | "InvalidClientTokenId"
+        | "SignatureDoesNotMatch"
+        | "ExpiredToken"
+        | "RequestExpired"
+        | "OptInRequired"
+        | "Blocked" => Class::Auth,
+        "InvalidInstanceID.NotFound" => Class::NotFound,
+        "InternalError" | "InternalFailure" | "ServiceUnavailable" | "Unavailable" => {
+            Class::Transient
+        }
+        _ if status >= 500 || status == 429 => Class::Transient,
+        _ if status == 401 || status == 403 => Class::Auth,
+        _ => Class::Rejected,
+    }
+}
+
+/// Classifies one failed SDK call.
+pub(crate) fn classify<E>(err: SdkError<E, HttpResponse>) -> Failure
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match &err {
+        SdkError::ServiceError(ctx) => {
+            let status = ctx.raw().status().as_u16();
+            let code = err.code().map(str::to_owned);
+            let message = err
+                .message()
+                .map(str::to_owned)
+                .unwrap_or_else(|| format!("HTTP {status}"));
+            let class = code
+                .as_deref()
+                .map_or_else(|| class_of_code("", status), |c| class_of_code(c, status));
+            Failure {
+                class,
+                code,
+                message,
+            }
+        }
+        SdkError::TimeoutError(_) => Failure::new(Class::Transient, "request timed out"),
+        SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => Failure::new(
+            Class::Transient,
+            aws_sdk_ec2::error::DisplayErrorContext(&err).to_string(),
+        ),
+        _ => Failure::new(
+            Class::Rejected,
+            aws_sdk_ec2::error::DisplayErrorContext(&err).to_string(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_classes() {
+        let cases = [
+            ("InsufficientInstanceCapacity", 500, Class::Capacity),
+            ("InsufficientCapacity", 400, Class::Capacity),
+            ("SpotMaxPriceTooLow", 400, Class::Capacity),
+            ("InstanceLimitExceeded", 400, Class::Quota),
+            ("VcpuLimitExceeded", 400, Class::Quota),
+            ("MaxSpotInstanceCountExceeded", 400, Class::Quota),
+            ("RequestLimitExceeded", 503, Class::Throttled),
+            ("Throttling", 400, Class::Throttled),
+            ("AuthFailure", 401, Class::Auth),
+            ("UnauthorizedOperation", 403, Class::Auth),
+            ("InvalidInstanceID.NotFound", 400, Class::NotFound),
+            ("InternalError", 500, Class::Transient),
+            ("SomethingNew", 503, Class::Transient),
+            ("SomethingNew", 403, Class::Auth),
+            ("InvalidAMIID.NotFound", 400, Class::Rejected),
+        ];
+        for (code, status, class) in cases {
+            assert_eq!(class_of_code(code, status), class, "{code} {status}");
+        }
+    }
+
+    #[test]
+    fn only_throttling_and_transient_failures_are_retried() {
+        assert!(Failure::new(Class::Throttled, "").retryable());
+        assert!(Failure::new(Class::Transient, "").retryable());
+        for class in [Class::Capacity, Class::Quota, Class::Auth, Class::Rejected] {
+            assert!(!Failure::new(class, "").retryable(), "{class:?}");
+        }
+    }
+
+    #[test]
+    fn provider_errors_name_the_pool_and_keep_the_code() {
+        let pool = PoolId::new("aws:us-east-1/g5.xlarge");
+        let failure = Failure {
+            class: Class::Capacity,
+            code: Some("InsufficientInstanceCapacity".into()),
+            message: "none left".into(),
+        };
+        match failure.into_provider_error(Some(&pool)) {
+            ProviderError::Capacity { pool: p, message } => {
+                assert_eq!(p, pool);
+                assert_eq!(message, "InsufficientInstanceCapacity: none left");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Bursting end to end on one machine: `switchyard up` with one on-prem agent; when it is full
+//! and a deadline cannot wait, the local provider launches an agent process as a cloud
+//! instance, the job runs there, the idle instance is terminated and billed; an instance killed
+//! mid-job has its job requeued onto a new instance.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{Value, json};
+use std::time::Duration;
+use switchyard_tests::*;
+
+struct Up {
+    url: String,
+    token: String,
+    http: reqwest::Client,
+    _proc: Proc,
+    _dir: tempfile::TempDir,
+}
+
+impl Up {
+    async fn get(&self, path: &str) -> Value {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap();
+        r.json().await.unwrap()
+    }
+
+    async fn submit(&self, spec: Value) -> String {
+        let r = self
+            .http
+            .post(format!("{}/api/v1/jobs", self.url))
+            .bearer_auth(&self.token)
+            .json(&spec)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let body: Value = r.json().await.unwrap();
+        body["id"].as_str().unwrap().to_string()
+    }
+
+    async fn job_where(&self, id: &str, secs: u64, pred: impl Fn(&Value) -> bool) -> Value {
+        eventually(&format!("job {id}"), Duration::from_secs(secs), || async {
+            let j = self.get(&format!("/api/v1/jobs/{id}")).await;
+            pred(&j).then_some(j)
+        })
+        .await
+    }
+
+    async fn instances(&self) -> Vec<Value> {
+        self.get("/api/v1/instances").await["instances"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+}
+
+async fn up() -> Up {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let data = dir.path().join("state");
+    let mut cmd = std::process::Command::new(bin("switchyard"));
+    cmd.args([
+        "up",
+        "--port",
+        &port.to_string(),
+        "--agents",
+        "1",
+        "--idle-ttl",
+        "2s",
+        "--boot-delay",
+        "1s",
+        "--billing-minimum",
+        "0s",
+        "--data-dir",
+    ])
+    .arg(&data);
+    let proc = Proc::spawn("up", cmd, &dir.path().join("up.log")).unwrap();
+    let token_path = data.join("admin.token");
+    let token = eventually("the admin token", Duration::from_secs(30), || async {
+        std::fs::read_to_string(&token_path)
+            .ok()
+            .map(|t| t.trim().to_string())
+    })
+    .await;
+    let up = Up {
+        url: format!("http://127.0.0.1:{port}"),
+        token,
+        http: reqwest::Client::new(),
+        _proc: proc,
+        _dir: dir,
+    };
+    eventually("the on-prem agent", Duration::from_secs(30), || async {
+        let pools = up.get("/api/v1/pools").await;
+        let onprem = pools["pools"]
+            .as_array()?
+            .iter()
+            .find(|p| p["provider"] == "onprem")?
+            .clone();
+        (onprem["gpus_free"] == 4).then_some(())
+    })
+    .await;
+    up
+}
+
+fn deadline_in(secs: u64) -> String {
+    let t = std::time::SystemTime::now() + Duration::from_secs(secs);
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() {
+    let up = up().await;
+    // Fill on-prem for two hours (as far as the planner knows).
+    let filler = up
+        .submit(json!({"name": "filler", "team": "ml", "command": ["sleep", "3031"], "resources": {"gpus": 4},
+                       "estimated_runtime_s": 7200, "regions": ["onprem:local-dc1"]}))
+        .await;
+    up.job_where(&filler, 30, |j| j["state"] == "running").await;
+
+    // A one-GPU job due in 15 minutes cannot wait two hours: it bursts.
+    let urgent = up
+        .submit(json!({"name": "urgent", "team": "ml", "command": ["echo", "ran in the cloud"],
+                       "resources": {"gpus": 1}, "estimated_runtime_s": 60, "deadline": deadline_in(900)}))
+        .await;
+    let job = up
+        .job_where(&urgent, 60, |j| {
+            j["state"] == "succeeded" || j["state"] == "failed"
+        })
+        .await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_ne!(job["placement"]["region"], "onprem:local-dc1", "{job}");
+    let logs = up.get(&format!("/api/v1/jobs/{urgent}/logs")).await;
+    assert_eq!(logs["entries"][0]["text"], "ran in the cloud\n");
+    let instance = up
+        .instances()
+        .await
+        .into_iter()
+        .find(|i| i["for_job"] == urgent.as_str())
+        .unwrap();
+    assert_eq!(
+        job["placement"]["pool"], instance["pool"],
+        "it ran on the instance launched for it"
+    );
+    assert_eq!(job["placement"]["node"], instance["node"]);
+
+    // The instance goes idle and is terminated after the 2 s TTL, with its cost recorded.
+    let inst = eventually(
+        "the idle instance to end",
+        Duration::from_secs(30),
+        || async {
+            let all = up.instances().await;
+            let i = all
+                .iter()
+                .find(|i| i["for_job"] == urgent.as_str())?
+                .clone();
+            (i["state"] == "terminated").then_some(i)
+        },
+    )
+    .await;
+    assert_eq!(inst["last_error"], "idle");
+    assert!(inst["cost_usd"].as_f64().unwrap() > 0.0, "{inst}");
+    assert!(inst["ready_at"].is_string() && inst["launched_at"].is_string());
+    let name = inst["id"].as_str().unwrap().to_string();
+    eventually(
+        "the instance's agent process to be gone",
+        Duration::from_secs(10),
+        || async { processes_matching(&name).is_empty().then_some(()) },
+    )
+    .await;
+
+    // A burst instance killed mid-job: its job is requeued onto a new instance and completes.
+    let second = up
+        .submit(json!({"name": "doomed", "team": "ml", "command": ["sh", "-c", "sleep 2; echo survived"],
+                       "resources": {"gpus": 1}, "estimated_runtime_s": 60, "deadline": deadline_in(900)}))
+        .await;
+    up.job_where(&second, 60, |j| j["state"] == "running").await;
+    let first_instance = up
+        .instances()
+        .await
+        .into_iter()
+        .find(|i| i["for_job"] == second.as_str())
+        .unwrap();
+    let key = first_instance["id"].as_str().unwrap().to_string();
+    let agents = processes_matching(&key);
+    assert!(!agents.is_empty(), "the instance's agent runs");
+    for (pid, _) in agents {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let job = up
+        .job_where(&second, 90, |j| {
+            j["state"] == "succeeded" || j["state"] == "failed"
+        })
+        .await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["attempts"], 2, "{job}");
+    let all = up.instances().await;
+    let killed = all.iter().find(|i| i["id"] == key.as_str()).unwrap();
+    assert_eq!(killed["state"], "terminated");
+    assert!(
+        all.iter()
+            .filter(|i| i["for_job"] == second.as_str())
+            .count()
+            >= 2
+    );
+
+    // Nothing leaked: every instance process the broker does not count as live is gone.
+    eventually(
+        "only live instances to have processes",
+        Duration::from_secs(20),
+        || async {
+            let all = up.instances().await;
+            let leaked = all
+                .iter()
+                .filter(|i| i["state"] == "terminated")
+                .any(|i| !processes_matching(i["id"].as_str().unwrap()).is_empty());
+            (!leaked).then_some(())
+        },
+    )
+    .await;
+}
