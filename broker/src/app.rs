@@ -8,7 +8,7 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use switchyard_core::{Money, NodeId, Pool, PoolId, Region, RegionId, Timestamp};
 use switchyard_protocol::api::Role;
-use switchyard_providers::Provider;
+use switchyard_providers::{Offers, Provider};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -36,9 +36,19 @@ pub struct AppInner {
 pub struct ProviderSet {
     providers: Vec<Arc<dyn Provider>>,
     by_pool: HashMap<PoolId, usize>,
+    /// Regions and pools that providers offer beyond the configured catalogue; seeded into
+    /// the store at start.
+    offers: Vec<Offers>,
 }
 
 impl ProviderSet {
+    /// Adds a provider with what it offers: its pools join the catalogue and it launches them.
+    pub fn add_with_offers(&mut self, provider: Arc<dyn Provider>, offers: Offers) {
+        let pools: Vec<PoolId> = offers.pools.iter().map(|p| p.id.clone()).collect();
+        self.add(provider, pools);
+        self.offers.push(offers);
+    }
+
     /// Adds a provider that launches `pools`.
     pub fn add(&mut self, provider: Arc<dyn Provider>, pools: impl IntoIterator<Item = PoolId>) {
         let index = self.providers.len();
@@ -103,6 +113,14 @@ impl App {
             anyhow::bail!("unsupported database URL {url:?} (this build supports sqlite://)");
         };
         seed_catalogue(store.as_ref(), &config).await?;
+        for offers in &providers.offers {
+            for region in &offers.regions {
+                store.upsert_region(region).await?;
+            }
+            for pool in &offers.pools {
+                store.upsert_pool(pool).await?;
+            }
+        }
         let created_admin_token = ensure_admin_token(store.as_ref(), &config).await?;
         let agents = AgentWakers::default();
         let (handle, worker) = scheduler::channel();

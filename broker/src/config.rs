@@ -46,6 +46,8 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     /// Cloud regions to offer from the bundled price catalogue, as `provider:code`.
     pub catalogue_regions: Vec<CatalogueRegion>,
+    /// Burst to AWS EC2 (see `providers/src/aws/config.rs` for every field).
+    pub aws: Option<switchyard_providers::aws::AwsConfig>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -145,6 +147,7 @@ impl Default for Config {
             regions: Vec::new(),
             pools: Vec::new(),
             catalogue_regions: Vec::new(),
+            aws: None,
         }
     }
 }

@@ -208,11 +208,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(cfg.listen)
                 .await
                 .with_context(|| format!("binding {}", cfg.listen))?;
-            let running = switchyard_broker::app::App::start(
-                cfg.clone(),
-                switchyard_broker::app::ProviderSet::default(),
-            )
-            .await?;
+            let mut providers = switchyard_broker::app::ProviderSet::default();
+            if let Some(aws) = cfg.aws.clone() {
+                use switchyard_providers::Provider;
+                let provider = switchyard_providers::aws::AwsProvider::new(aws)
+                    .await
+                    .context("setting up the AWS provider")?;
+                let offers = provider
+                    .offers()
+                    .await
+                    .context("reading AWS offers (catalogue, spot prices, instance types)")?;
+                eprintln!(
+                    "aws: {} pools in {} regions",
+                    offers.pools.len(),
+                    offers.regions.len()
+                );
+                providers.add_with_offers(std::sync::Arc::new(provider), offers);
+            }
+            let running = switchyard_broker::app::App::start(cfg.clone(), providers).await?;
             if running.created_admin_token.is_some() {
                 eprintln!(
                     "admin token written to {}",

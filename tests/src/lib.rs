@@ -139,6 +139,12 @@ pub const POOL: &str = "onprem:e2e-dc/h100x4";
 
 impl Broker {
     pub async fn start() -> Broker {
+        Broker::start_with("").await
+    }
+
+    /// Starts a broker whose config has `extra` (TOML: top-level keys, then sections) after its
+    /// own top-level keys and before its region and pool tables.
+    pub async fn start_with(extra: &str) -> Broker {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
@@ -150,6 +156,7 @@ heartbeat_interval_s = 1
 lease_ttl_s = 10
 grace_s = 2
 scheduler_tick_ms = 200
+{extra}
 
 [[regions]]
 id = "onprem:e2e-dc"
