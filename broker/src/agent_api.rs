@@ -1,6 +1,7 @@
 //! The agent protocol under `/agent/v1` (shapes and rules in `switchyard_protocol::agent`):
-//! enrolment, heartbeats that renew a node's lease, the work long-poll, and events (started,
-//! log chunks, finished) checked against the lease that the reporting agent holds.
+//! enrolment, heartbeats that renew a node's lease (and carry spot interruption notices, which
+//! drain the node and requeue its work), the work long-poll, and events (started, log chunks,
+//! finished) checked against the lease that the reporting agent holds.
 
 use axum::Json;
 use axum::Router;
@@ -12,8 +13,8 @@ use serde::Deserialize;
 use std::time::Duration;
 use switchyard_core::NodeId;
 use switchyard_protocol::agent::{
-    EventBatch, EventBatchResponse, Heartbeat, HeartbeatResponse, Lease, RegisterRequest,
-    RegisterResponse, WorkResponse,
+    AttemptRef, EventBatch, EventBatchResponse, Heartbeat, HeartbeatResponse, InterruptionNotice,
+    Lease, RegisterRequest, RegisterResponse, WorkResponse,
 };
 
 use crate::app::App;
@@ -140,6 +141,13 @@ async fn heartbeat(
         app.scheduler.send(SchedulerEvent::NodesChanged);
     }
     let mut stop = app.store.stops_for_node(&node.id).await?;
+    if let Some(notice) = &hb.interruption {
+        for s in interrupted(&app, &node, notice).await? {
+            if !stop.contains(&s) {
+                stop.push(s);
+            }
+        }
+    }
     for s in app.store.stale_attempts(&node.id, &hb.running).await? {
         if !stop.contains(&s) {
             stop.push(s);
@@ -147,8 +155,36 @@ async fn heartbeat(
     }
     Ok(Json(HeartbeatResponse {
         stop,
-        drain: node.draining,
+        drain: node.draining || hb.interruption.is_some(),
     }))
+}
+
+/// A spot interruption notice: the node drains and its work is requeued now, while the machine
+/// still lives, so that the attempts (returned, for the heartbeat's `stop`) get their SIGTERM
+/// and grace to checkpoint. The agent repeats the notice on every heartbeat; each repeat only
+/// takes what was assigned to the node since (a plan committed before the node drained).
+async fn interrupted(
+    app: &App,
+    node: &NodeRecord,
+    notice: &InterruptionNotice,
+) -> Result<Vec<AttemptRef>, ApiError> {
+    let done = app
+        .store
+        .interrupt_node(&node.id, "spot interruption", clock::now())
+        .await?;
+    if done.newly_draining {
+        tracing::warn!(node.id = %node.id, action = %notice.action,
+            at = notice.at.as_deref().unwrap_or("unknown"), jobs.requeued = done.requeued.len(),
+            instances = ?done.instances, "spot interruption notice: node draining, work requeued");
+    } else if !done.stopped.is_empty() {
+        tracing::info!(node.id = %node.id, jobs.requeued = done.requeued.len(),
+            "interrupted node was given work; requeued");
+    }
+    if done.newly_draining || !done.stopped.is_empty() || !done.instances.is_empty() {
+        // Nodes, attempts and instances all changed: the scheduler reloads from the database.
+        app.scheduler.send(SchedulerEvent::InstancesChanged);
+    }
+    Ok(done.stopped)
 }
 
 #[derive(Debug, Deserialize)]

@@ -127,13 +127,10 @@ impl State {
             state.add_pending(&job);
         }
         for inst in store.instances(false).await? {
-            if matches!(
-                inst.state,
-                InstanceState::Requested | InstanceState::Booting
-            ) {
-                if let Some(job) = inst.for_job {
-                    state.waiting_for_instance.insert(job, inst.id);
-                }
+            if let (InstanceState::Requested | InstanceState::Booting, Some(job)) =
+                (inst.state, inst.for_job)
+            {
+                state.waiting_for_instance.insert(job, inst.id);
             }
         }
         state.backed_off = store

@@ -57,6 +57,9 @@ async fn spawn(
     let app = TestApp::spawn_with(
         |c| {
             c.burst_enabled = true;
+            // The test plays agents that never heartbeat: only the paths under test may end
+            // their leases, not the TTL.
+            c.lease_ttl_s = 600;
             c.idle_ttl_s = 1;
             c.min_billed_s = 0;
             c.regions.push(region("aws:test-east"));

@@ -1,7 +1,13 @@
 //! Safety properties of `plan` over random snapshots (Nomad-style): never over a node's free
-//! GPUs, never a pool, region, model or latency the job forbids, never an unhealthy or draining
-//! node, never past a pool's node limit or with bursting off; every queued job explained exactly
-//! once and decided exactly once; and the same plan whatever the order of the input vectors.
+//! GPUs (plus what the plan preempts there, and only `low` work is preempted, only for `high`
+//! or `critical` jobs), never a pool, region, model or latency the job forbids, never a provider,
+//! region or price its team's policies forbid, never over a policy's budget, never an unhealthy
+//! or draining node, never past a pool's node limit or with bursting off; gangs all or nothing
+//! in one pool; every queued job explained exactly once and decided exactly once; the same plan
+//! whatever the order of the input vectors, and for the same input.
+//!
+//! Deadlines: a lone job (nothing to contend with) that fits a usable node's free GPUs in a pool
+//! it may use, where starting now meets its deadline on demand, gets a plan that meets it.
 
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -80,9 +86,36 @@ prop_compose! {
 
 prop_compose! {
     fn arb_attempt()(node in any::<prop::sample::Index>(), gpus in 1u32..5,
-                     end in prop::option::weighted(0.9, -3_600i64..36_000))
-                     -> (prop::sample::Index, u32, Option<i64>) {
-        (node, gpus, end)
+                     end in prop::option::weighted(0.9, -3_600i64..36_000),
+                     low in any::<bool>(), started in 0i64..3)
+                     -> (prop::sample::Index, u32, Option<i64>, bool, i64) {
+        (node, gpus, end, low, started)
+    }
+}
+
+prop_compose! {
+    fn arb_policy()(
+        team in prop::sample::select(vec!["team", "other"]),
+        project in prop::option::weighted(0.3, Just("x")),
+        providers in prop::option::weighted(0.3, prop::sample::subsequence(vec!["onprem", "aws", "gcp"], 1..=2)),
+        regions in prop::option::weighted(0.3, prop::sample::subsequence(REGIONS.to_vec(), 1..=3)),
+        max_gpu in prop::option::weighted(0.3, 1i64..30),
+        spot in prop::sample::select(vec![SpotRule::Never, SpotRule::Allowed, SpotRule::Preferred]),
+        burst_allowed in prop::bool::weighted(0.7),
+        budget in prop::option::weighted(0.5, 0i64..400),
+        ceiling in prop::option::weighted(0.2, prop::sample::select(vec![Priority::Low, Priority::Normal])),
+    ) -> TeamPolicy {
+        TeamPolicy {
+            project: project.map(String::from),
+            allowed_providers: providers.unwrap_or_default().into_iter().map(String::from).collect(),
+            allowed_regions: regions.unwrap_or_default().into_iter().map(RegionId::new).collect(),
+            max_price_per_gpu_hour: max_gpu.map(|d| Money::from_micros(d * 1_000_000)),
+            spot,
+            burst_allowed,
+            remaining_budget: budget.map(|d| Money::from_micros(d * 1_000_000)),
+            priority_ceiling: ceiling,
+            ..TeamPolicy::new(team)
+        }
     }
 }
 
@@ -139,79 +172,87 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
         prop::collection::vec(arb_attempt(), 0..20),
         prop::collection::vec((arb_spec(), 0i64..600, 0i64..3), 0..14),
         any::<bool>(),
+        prop::collection::vec(arb_policy(), 0..3),
     )
-        .prop_map(|(regions, pools, nodes, attempts, jobs, burst_enabled)| {
-            let regions = regions
-                .into_iter()
-                .enumerate()
-                .map(|(i, (egress, latency, ingress))| region(i, egress, latency, ingress))
-                .collect();
-            let pools: Vec<Pool> = pools
-                .into_iter()
-                .enumerate()
-                .map(|(i, p)| Pool {
-                    id: PoolId::new(format!("{}/p{i}", p.region)),
-                    ..p
-                })
-                .collect();
-            let nodes: Vec<Node> = if pools.is_empty() {
-                Vec::new()
-            } else {
-                nodes
+        .prop_map(
+            |(regions, pools, nodes, attempts, jobs, burst_enabled, policies)| {
+                let regions = regions
                     .into_iter()
                     .enumerate()
-                    .map(|(i, (pool, free, healthy, draining))| {
-                        let pool = pool.get(&pools);
-                        Node {
-                            id: NodeId::new(format!("n{i:02}")),
-                            pool: pool.id.clone(),
-                            gpus_total: pool.gpus_per_node,
-                            gpus_free: free.index(pool.gpus_per_node as usize + 1) as u32,
-                            healthy,
-                            draining,
-                            last_heartbeat: NOW,
-                        }
+                    .map(|(i, (egress, latency, ingress))| region(i, egress, latency, ingress))
+                    .collect();
+                let pools: Vec<Pool> = pools
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, p)| Pool {
+                        id: PoolId::new(format!("{}/p{i}", p.region)),
+                        ..p
                     })
-                    .collect()
-            };
-            let running = attempts
-                .into_iter()
-                .enumerate()
-                .map(|(i, (node, gpus, end))| RunningAttempt {
-                    job: JobId(Uuid::from_u128(1_000 + i as u128)),
-                    attempt: AttemptId(Uuid::from_u128(1_000 + i as u128)),
-                    // An attempt on a node the snapshot lacks is possible and ignored.
-                    node: if nodes.is_empty() {
-                        NodeId::new("gone")
-                    } else {
-                        node.get(&nodes).id.clone()
-                    },
-                    gpus,
-                    priority: Priority::Normal,
-                    started_at: NOW,
-                    expected_end: end.map_or(Timestamp::MAX, |e| NOW.plus_secs(e)),
-                })
-                .collect();
-            let queued = jobs
-                .into_iter()
-                .enumerate()
-                .map(|(i, (spec, submitted_ago, _))| QueuedJob {
-                    id: JobId(Uuid::from_u128(i as u128 + 1)),
-                    spec,
-                    // Few distinct values, so later tie-breaks are exercised.
-                    submitted_at: NOW.plus_secs(-(submitted_ago % 3)),
-                })
-                .collect();
-            Snapshot {
-                regions,
-                pools,
-                nodes,
-                queued,
-                running,
-                burst_enabled,
-                ..Snapshot::default()
-            }
-        })
+                    .collect();
+                let nodes: Vec<Node> = if pools.is_empty() {
+                    Vec::new()
+                } else {
+                    nodes
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, (pool, free, healthy, draining))| {
+                            let pool = pool.get(&pools);
+                            Node {
+                                id: NodeId::new(format!("n{i:02}")),
+                                pool: pool.id.clone(),
+                                gpus_total: pool.gpus_per_node,
+                                gpus_free: free.index(pool.gpus_per_node as usize + 1) as u32,
+                                healthy,
+                                draining,
+                                last_heartbeat: NOW,
+                            }
+                        })
+                        .collect()
+                };
+                let running = attempts
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (node, gpus, end, low, started))| RunningAttempt {
+                        job: JobId(Uuid::from_u128(1_000 + i as u128)),
+                        attempt: AttemptId(Uuid::from_u128(1_000 + i as u128)),
+                        // An attempt on a node the snapshot lacks is possible and ignored.
+                        node: if nodes.is_empty() {
+                            NodeId::new("gone")
+                        } else {
+                            node.get(&nodes).id.clone()
+                        },
+                        gpus,
+                        priority: if low { Priority::Low } else { Priority::Normal },
+                        started_at: NOW.plus_secs(-started),
+                        expected_end: end.map_or(Timestamp::MAX, |e| NOW.plus_secs(e)),
+                    })
+                    .collect();
+                let queued = jobs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (spec, submitted_ago, team))| QueuedJob {
+                        id: JobId(Uuid::from_u128(i as u128 + 1)),
+                        spec: JobSpec {
+                            team: if team == 1 { "other" } else { "team" }.into(),
+                            project: (team == 2).then(|| "x".into()),
+                            ..spec
+                        },
+                        // Few distinct values, so later tie-breaks are exercised.
+                        submitted_at: NOW.plus_secs(-(submitted_ago % 3)),
+                    })
+                    .collect();
+                Snapshot {
+                    regions,
+                    pools,
+                    nodes,
+                    queued,
+                    running,
+                    burst_enabled,
+                    policies,
+                    ..Snapshot::default()
+                }
+            },
+        )
 }
 
 /// Fisher–Yates with a small LCG: the shuffle is part of the generated case, so it shrinks and
@@ -257,9 +298,69 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
                 "latency {latency:?} > {max}"
             );
         }
-        prop_assert!(spec.resources.nodes <= 1);
+        for p in snap
+            .policies
+            .iter()
+            .filter(|p| p.applies_to(&spec.team, spec.project.as_deref()))
+        {
+            prop_assert!(
+                p.allowed_providers.is_empty() || p.allowed_providers.contains(&pool.provider)
+            );
+            prop_assert!(p.allowed_regions.is_empty() || p.allowed_regions.contains(&pool.region));
+        }
         Ok(())
     };
+    let covering = |spec: &JobSpec| -> Vec<&TeamPolicy> {
+        snap.policies
+            .iter()
+            .filter(|p| p.applies_to(&spec.team, spec.project.as_deref()))
+            .collect()
+    };
+    let gpu_price = |pool: &Pool, market: Market| match market {
+        Market::Spot => pool
+            .spot_per_gpu_hour()
+            .unwrap_or(pool.on_demand_per_gpu_hour()),
+        Market::OnDemand => pool.on_demand_per_gpu_hour(),
+    };
+
+    // Preemptions: only low work, only for urgent jobs, each victim once.
+    let attempts: HashMap<AttemptId, &RunningAttempt> =
+        snap.running.iter().map(|a| (a.attempt, a)).collect();
+    let mut freed: HashMap<&NodeId, u32> = HashMap::new();
+    let mut victims = BTreeSet::new();
+    for p in &plan.preemptions {
+        let a = attempts
+            .get(&p.attempt)
+            .ok_or_else(|| TestCaseError::fail("unknown victim"))?;
+        prop_assert_eq!(a.priority, Priority::Low);
+        prop_assert_eq!(&a.node, &p.node);
+        prop_assert!(victims.insert(p.attempt), "preempted twice");
+        let job = jobs[&p.for_job];
+        prop_assert!(job.spec.priority >= Priority::High);
+        *freed.entry(&a.node).or_default() += a.gpus;
+    }
+
+    // Budgets: what the plan commits (assignments and launches, each job once) never exceeds
+    // a covering policy's remaining budget.
+    let mut spent: HashMap<JobId, Money> = HashMap::new();
+    for a in &plan.assignments {
+        spent.insert(a.job, a.estimated_cost);
+    }
+    for l in &plan.launches {
+        let e = &plan.explanations[&l.for_job];
+        spent.insert(l.for_job, e.candidates[0].cost);
+    }
+    for p in &snap.policies {
+        if let Some(budget) = p.remaining_budget {
+            let total = spent
+                .iter()
+                .filter(|(id, _)| {
+                    p.applies_to(&jobs[*id].spec.team, jobs[*id].spec.project.as_deref())
+                })
+                .fold(Money::ZERO, |acc, (_, c)| acc + *c);
+            prop_assert!(total <= budget, "{} over budget {}", total, budget);
+        }
+    }
 
     let mut used: HashMap<&NodeId, u32> = HashMap::new();
     for a in &plan.assignments {
@@ -276,18 +377,35 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
         prop_assert!(node.healthy && !node.draining, "unusable node {}", node.id);
         prop_assert_eq!(a.gpus, job.spec.resources.gpus);
         allowed(pool, &job.spec)?;
+        let policies = covering(&job.spec);
         if a.market == Market::Spot {
             prop_assert!(job.spec.spot != SpotRule::Never && pool.spot_per_hour.is_some());
+            prop_assert!(policies.iter().all(|p| p.spot != SpotRule::Never));
+        }
+        for p in &policies {
+            if let Some(max) = p.max_price_per_gpu_hour {
+                prop_assert!(gpu_price(pool, a.market) <= max);
+            }
         }
         *used.entry(&a.node).or_default() += a.gpus;
     }
     for (node, gpus) in used {
-        prop_assert!(
-            gpus <= nodes[node].gpus_free,
-            "node {} over capacity: {}",
-            node,
-            gpus
-        );
+        let room = nodes[node].gpus_free + freed.get(node).copied().unwrap_or(0);
+        prop_assert!(gpus <= room, "node {} over capacity: {}", node, gpus);
+    }
+    // Gangs: one assignment per node, ranks 0..n, distinct nodes, one pool; or none.
+    let mut gangs: BTreeMap<JobId, Vec<&Assignment>> = BTreeMap::new();
+    for a in &plan.assignments {
+        gangs.entry(a.job).or_default().push(a);
+    }
+    for (id, parts) in &gangs {
+        let n = jobs[id].spec.resources.nodes.max(1) as usize;
+        prop_assert_eq!(parts.len(), n);
+        let ranks: BTreeSet<u32> = parts.iter().map(|a| a.rank).collect();
+        prop_assert_eq!(ranks, (0..n as u32).collect::<BTreeSet<_>>());
+        let distinct: BTreeSet<&NodeId> = parts.iter().map(|a| &a.node).collect();
+        prop_assert_eq!(distinct.len(), n);
+        prop_assert!(parts.iter().all(|a| a.pool == parts[0].pool));
     }
 
     let mut launched: HashMap<&PoolId, u32> = HashMap::new();
@@ -297,6 +415,7 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
             .ok_or_else(|| TestCaseError::fail("unknown job"))?;
         let pool = pools[&l.pool];
         prop_assert!(snap.burst_enabled && pool.launchable);
+        prop_assert!(covering(&job.spec).iter().all(|p| p.burst_allowed));
         allowed(pool, &job.spec)?;
         *launched.entry(&l.pool).or_default() += 1;
     }
@@ -316,11 +435,17 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
         ids
     );
     let mut decided: HashMap<JobId, usize> = HashMap::new();
-    for id in plan
-        .assignments
-        .iter()
-        .map(|a| a.job)
-        .chain(plan.launches.iter().map(|l| l.for_job))
+    let mut launched_for: HashMap<JobId, usize> = HashMap::new();
+    for l in &plan.launches {
+        *launched_for.entry(l.for_job).or_default() += 1;
+    }
+    for (id, n) in &launched_for {
+        prop_assert_eq!(*n, jobs[id].spec.resources.nodes.max(1) as usize);
+    }
+    for id in gangs
+        .keys()
+        .copied()
+        .chain(launched_for.keys().copied())
         .chain(plan.holds.iter().map(|h| h.job))
     {
         *decided.entry(id).or_default() += 1;
@@ -360,6 +485,56 @@ proptest! {
     }
 
     #[test]
+    fn same_input_same_plan(snap in arb_snapshot()) {
+        prop_assert_eq!(plan(&snap, NOW), plan(&snap.clone(), NOW));
+    }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, max_global_rejects: 100_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_lone_job_that_fits_free_capacity_meets_its_deadline(snap in arb_snapshot(), runtime in 0i64..36_000, slack in 0i64..36_000) {
+        let mut snap = snap;
+        snap.queued.truncate(1);
+        prop_assume!(!snap.queued.is_empty());
+        let spec = &mut snap.queued[0].spec;
+        spec.resources.nodes = 1;
+        spec.data = None;
+        spec.estimated_runtime_s = Some(runtime);
+        let margin = (60_000i64).max(runtime * 50);
+        spec.deadline = Some(NOW.plus_secs(runtime).plus_millis(margin).plus_secs(slack));
+        let spec = snap.queued[0].spec.clone();
+        let regions: HashMap<&RegionId, &Region> = snap.regions.iter().map(|r| (&r.id, r)).collect();
+        let covering: Vec<&TeamPolicy> = snap.policies.iter().filter(|p| p.applies_to(&spec.team, spec.project.as_deref())).collect();
+        let fits = snap.pools.iter().any(|pool| {
+            let latency_ok = spec.kind == JobKind::Batch || spec.max_latency_ms.is_none_or(|max| regions.get(&pool.region).is_some_and(|r| r.latency_ms <= max));
+            let price_ok = spec.max_price_per_hour.is_none_or(|max| pool.on_demand_per_gpu_hour().saturating_mul(i64::from(spec.resources.gpus.max(1))) <= max);
+            let policy_ok = covering.iter().all(|p| {
+                (p.allowed_providers.is_empty() || p.allowed_providers.contains(&pool.provider))
+                    && (p.allowed_regions.is_empty() || p.allowed_regions.contains(&pool.region))
+                    && p.max_price_per_gpu_hour.is_none_or(|m| pool.on_demand_per_gpu_hour() <= m)
+                    && p.remaining_budget.is_none()
+                    && p.windows.is_empty()
+            });
+            hard_constraint(pool, &spec).is_none() && latency_ok && price_ok && policy_ok
+                && snap.nodes.iter().any(|n| n.pool == pool.id && n.healthy && !n.draining && n.gpus_free >= spec.resources.gpus)
+        });
+        prop_assume!(fits);
+        let p = plan(&snap, NOW);
+        let e = &p.explanations[&snap.queued[0].id];
+        let winner = e.candidates.first().filter(|c| c.rejected.is_none());
+        prop_assert!(winner.is_some(), "{:?}", e);
+        let finish = winner.map_or(Timestamp::MAX, |c| c.finish);
+        prop_assert!(finish.plus_millis(margin) <= spec.deadline.unwrap_or(Timestamp::MAX), "{:?}", e);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
     fn plans_ignore_input_order(snap in arb_snapshot(), seed in any::<u64>()) {
         let expected = plan(&snap, NOW);
         let mut shuffled = snap.clone();
@@ -369,6 +544,7 @@ proptest! {
         shuffle(&mut shuffled.nodes, &mut seed);
         shuffle(&mut shuffled.queued, &mut seed);
         shuffle(&mut shuffled.running, &mut seed);
+        shuffle(&mut shuffled.policies, &mut seed);
         prop_assert_eq!(plan(&shuffled, NOW), expected);
     }
 }

@@ -5,8 +5,7 @@
 
 use std::collections::BTreeMap;
 use switchyard_core::sim::{
-    self, Cheapest, FifoBurst, Scheduler, SimConfig, SimJob, SimPool, SimResult, Switchyard,
-    World,
+    self, Cheapest, FifoBurst, Scheduler, SimConfig, SimJob, SimPool, SimResult, Switchyard, World,
 };
 use switchyard_core::*;
 
@@ -153,7 +152,10 @@ fn switchyard_bursts_when_waiting_would_miss_the_deadline() {
     assert_eq!(r.total_cost(), Money(6_260_000));
     assert!(r.jobs.iter().all(|j| j.met_deadline()));
     // Cheapest meets it too, at the same price; fifo-burst's third job ends at 4,260 s.
-    assert_eq!(run(&mut Cheapest, &three_jobs(1.5)).total_cost(), Money(6_260_000));
+    assert_eq!(
+        run(&mut Cheapest, &three_jobs(1.5)).total_cost(),
+        Money(6_260_000)
+    );
 }
 
 #[test]
@@ -176,7 +178,10 @@ fn egress_is_charged_and_transfer_holds_the_node() {
     let r = run(&mut Cheapest, &[j]);
     assert_eq!(r.egress_cost, Money(9_000_000));
     assert_eq!(r.onprem_cost, Money(1_022_223));
-    assert_eq!(r.spend_by_region[&RegionId::new("aws:r1")], Money(9_000_000));
+    assert_eq!(
+        r.spend_by_region[&RegionId::new("aws:r1")],
+        Money(9_000_000)
+    );
     assert_eq!(r.jobs[0].finish, Some(Timestamp::from_secs(3680)));
 }
 
@@ -204,7 +209,14 @@ fn spot_interruptions_requeue_and_jobs_still_finish_deterministically() {
 #[test]
 fn same_seed_same_result_for_every_scheduler() {
     let jobs: Vec<SimJob> = (0..40)
-        .map(|i| job(i * 97 % 1800, 600 + (i * 331) % 7200, Some(2.0), SpotRule::Allowed))
+        .map(|i| {
+            job(
+                i * 97 % 1800,
+                600 + (i * 331) % 7200,
+                Some(2.0),
+                SpotRule::Allowed,
+            )
+        })
         .collect();
     let cfg = SimConfig::default();
     let scheds: [fn() -> Box<dyn Scheduler>; 3] = [
@@ -223,18 +235,36 @@ fn same_seed_same_result_for_every_scheduler() {
 #[test]
 fn lower_bound_by_hand() {
     // Window 2 h: on-prem holds 2 GPUs × 2 h = 4 GPU-hours ≥ 3 needed: $3.
-    assert_eq!(sim::lp_lower_bound(&world(0.0), &three_jobs(2.0), 16), Money(3_000_000));
+    assert_eq!(
+        sim::lp_lower_bound(&world(0.0), &three_jobs(2.0), 16),
+        Money(3_000_000)
+    );
     // Window 1 h: 2 GPU-hours on-prem ($2), one hour in the cloud on demand ($3.60).
-    assert_eq!(sim::lp_lower_bound(&world(0.0), &three_jobs(1.0), 16), Money(5_600_000));
+    assert_eq!(
+        sim::lp_lower_bound(&world(0.0), &three_jobs(1.0), 16),
+        Money(5_600_000)
+    );
     // Spot allowed: the cloud hour costs $1.80.
-    let spot: Vec<SimJob> = (0..3).map(|_| job(0, 3600, Some(1.0), SpotRule::Allowed)).collect();
-    assert_eq!(sim::lp_lower_bound(&world(0.0), &spot, 16), Money(3_800_000));
+    let spot: Vec<SimJob> = (0..3)
+        .map(|_| job(0, 3600, Some(1.0), SpotRule::Allowed))
+        .collect();
+    assert_eq!(
+        sim::lp_lower_bound(&world(0.0), &spot, 16),
+        Money(3_800_000)
+    );
 }
 
 #[test]
 fn lower_bound_is_below_every_schedule_that_meets_the_deadlines() {
     let jobs: Vec<SimJob> = (0..60)
-        .map(|i| job(i * 211 % 7200, 300 + (i * 577) % 9000, Some(2.5), SpotRule::Never))
+        .map(|i| {
+            job(
+                i * 211 % 7200,
+                300 + (i * 577) % 9000,
+                Some(2.5),
+                SpotRule::Never,
+            )
+        })
         .collect();
     let bound = sim::lp_lower_bound(&world(0.0), &jobs, 64);
     for s in [
@@ -244,7 +274,12 @@ fn lower_bound_is_below_every_schedule_that_meets_the_deadlines() {
     ] {
         let r = run(s, &jobs);
         if r.jobs.iter().all(|j| j.met_deadline()) {
-            assert!(bound <= r.total_cost(), "{}: {bound} > {}", r.scheduler, r.total_cost());
+            assert!(
+                bound <= r.total_cost(),
+                "{}: {bound} > {}",
+                r.scheduler,
+                r.total_cost()
+            );
         }
     }
     assert!(bound > Money::ZERO);

@@ -2,11 +2,16 @@
 //! work long-poll (leases to start, attempts to stop), a runner task per attempt, the outbox,
 //! and the orderly shutdown that stops every job and flushes what they said. It decides what to
 //! run and when to stop; running a process is [`crate::runner`]'s, talking HTTP the client's.
+//!
+//! A spot interruption notice (from [`crate::interruption`]) drains the agent at once — no new
+//! leases — and is reported on an immediate heartbeat, then on every later one; the broker
+//! answers with the attempts to stop, which get SIGTERM (their checkpoint signal) and grace.
 
 use crate::attempts::{AttemptTable, StopReason};
 use crate::backoff::{Backoff, Streak};
 use crate::client::BrokerClient;
 use crate::error::AgentError;
+use crate::interruption::Watcher;
 use crate::inventory::{self, GpuProbe};
 use crate::outbox::{EventSink, Outbox};
 use crate::runner::{self, RunOptions};
@@ -14,7 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use switchyard_protocol::agent::{Heartbeat, Inventory, Lease};
+use switchyard_protocol::agent::{Heartbeat, InterruptionNotice, Inventory, Lease};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -37,11 +42,13 @@ pub struct Enrolled {
     pub heartbeat: Duration,
     pub poll_wait_s: u64,
     pub run: RunOptions,
+    /// Watches the cloud's spot interruption notice, when configured.
+    pub interruption: Option<Watcher>,
 }
 
 /// Serves until `shutdown` resolves or a fatal error; then stops the jobs and flushes events.
 pub async fn serve(
-    enrolled: Enrolled,
+    mut enrolled: Enrolled,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     let attempts = Arc::new(AttemptTable::new());
@@ -56,6 +63,12 @@ pub async fn serve(
         }
     });
     let (drain_tx, drain_rx) = watch::channel(false);
+    let (notice_tx, notice_rx) = watch::channel(None);
+    let watching = enrolled.interruption.is_some();
+    let watcher_task = enrolled
+        .interruption
+        .take()
+        .map(|watcher| tokio::spawn(watcher.run(notice_tx)));
     let heartbeat_task = tokio::spawn({
         let beat = HeartbeatLoop {
             client: enrolled.client.clone(),
@@ -63,6 +76,8 @@ pub async fn serve(
             last_inventory: enrolled.inventory.clone(),
             attempts: attempts.clone(),
             drain: drain_tx,
+            notice: notice_rx,
+            watching,
         };
         let period = enrolled.heartbeat;
         async move {
@@ -111,6 +126,9 @@ pub async fn serve(
         runners.shutdown().await;
     }
     heartbeat_task.abort();
+    if let Some(task) = watcher_task {
+        task.abort();
+    }
     drop(worker); // the last event sender: the outbox ends once it has delivered everything
 
     if tokio::time::timeout(FLUSH_TIMEOUT, outbox_task)
@@ -149,7 +167,13 @@ impl Worker {
                 continue;
             }
             let asked = Instant::now();
-            match self.enrolled.client.work(self.enrolled.poll_wait_s).await {
+            // A drain (or an interruption notice) ends the long-poll at once: anything it
+            // would bring is not taken anyway.
+            let answer = tokio::select! {
+                answer = self.enrolled.client.work(self.enrolled.poll_wait_s) => answer,
+                () = drained(&mut draining) => continue,
+            };
+            match answer {
                 Ok(work) => {
                     streak.succeeded();
                     backoff.reset();
@@ -198,6 +222,13 @@ impl Worker {
     }
 }
 
+/// Resolves once `drain` is set; never when its sender is gone (the agent is ending anyway).
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    if drain.wait_for(|d| *d).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// The heartbeat side: reports inventory and running attempts, applies stops and drain.
 struct HeartbeatLoop {
     client: BrokerClient,
@@ -205,6 +236,10 @@ struct HeartbeatLoop {
     last_inventory: Inventory,
     attempts: Arc<AttemptTable>,
     drain: watch::Sender<bool>,
+    /// The spot interruption notice, once the watcher found one.
+    notice: watch::Receiver<Option<InterruptionNotice>>,
+    /// Whether a watcher may still publish a notice.
+    watching: bool,
 }
 
 impl HeartbeatLoop {
@@ -214,11 +249,24 @@ impl HeartbeatLoop {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut streak = Streak::new("heartbeat");
         loop {
-            ticker.tick().await;
+            tokio::select! {
+                _ = ticker.tick() => {}
+                changed = self.notice.changed(), if self.watching => {
+                    if changed.is_err() {
+                        self.watching = false; // the watcher is done (a notice, if any, was seen)
+                        continue;
+                    }
+                    // Take nothing new from now on, and tell the broker now, not at the tick.
+                    self.set_drain(true);
+                    ticker.reset();
+                }
+            }
             self.refresh_inventory().await;
+            let interruption = self.notice.borrow().clone();
             let beat = Heartbeat {
                 inventory: self.last_inventory.clone(),
                 running: self.attempts.running(),
+                interruption,
             };
             match self.client.heartbeat(&beat).await {
                 Ok(response) => {
@@ -228,17 +276,9 @@ impl HeartbeatLoop {
                             tracing::info!(attempt.id = %attempt.attempt_id, "broker asked to stop");
                         }
                     }
-                    let drain = response.drain;
-                    if self
-                        .drain
-                        .send_if_modified(|d| std::mem::replace(d, drain) != drain)
-                    {
-                        tracing::info!(
-                            drain,
-                            running = self.attempts.running_count(),
-                            "drain changed"
-                        );
-                    }
+                    // An interrupted machine stays drained whatever the broker says.
+                    let interrupted = self.notice.borrow().is_some();
+                    self.set_drain(response.drain || interrupted);
                 }
                 Err(e) if e.is_unauthorized() => {
                     return AgentError::TokenRevoked {
@@ -248,6 +288,19 @@ impl HeartbeatLoop {
                 // The next beat is the retry: the period paces it.
                 Err(e) => streak.failed(&e),
             }
+        }
+    }
+
+    fn set_drain(&self, drain: bool) {
+        if self
+            .drain
+            .send_if_modified(|d| std::mem::replace(d, drain) != drain)
+        {
+            tracing::info!(
+                drain,
+                running = self.attempts.running_count(),
+                "drain changed"
+            );
         }
     }
 

@@ -65,6 +65,23 @@ pub struct AgentArgs {
         hide = true
     )]
     pub poll_wait_s: u64,
+
+    /// Instance-metadata URL of the cloud's spot interruption notice (404: none; 200: the
+    /// machine will be reclaimed), e.g. on EC2
+    /// http://169.254.169.254/latest/meta-data/spot/instance-action. Not watched when unset.
+    #[arg(long, env = "SWITCHYARD_INTERRUPTION_URL", value_name = "URL")]
+    pub interruption_url: Option<Url>,
+
+    /// Seconds between two reads of --interruption-url.
+    #[arg(
+        long,
+        env = "SWITCHYARD_INTERRUPTION_POLL_S",
+        value_name = "SECONDS",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u64).range(1..),
+        hide = true
+    )]
+    pub interruption_poll_s: u64,
 }
 
 impl AgentArgs {
@@ -79,6 +96,8 @@ impl AgentArgs {
             state_dir: None,
             heartbeat_s: None,
             poll_wait_s: 25,
+            interruption_url: None,
+            interruption_poll_s: 5,
         }
     }
 }
@@ -180,6 +199,28 @@ mod tests {
         assert_eq!(a.grace_s, 10);
         assert_eq!(a.poll_wait_s, 25);
         assert_eq!(a.heartbeat_s, None);
+        assert_eq!(a.interruption_url, None);
+        assert_eq!(a.interruption_poll_s, 5);
+    }
+
+    #[test]
+    fn interruption_url_and_poll_period() {
+        let a = parse(&[
+            "--broker",
+            "http://b",
+            "--interruption-url",
+            "http://169.254.169.254/latest/meta-data/spot/instance-action",
+            "--interruption-poll-s",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.interruption_url.unwrap().path(),
+            "/latest/meta-data/spot/instance-action"
+        );
+        assert_eq!(a.interruption_poll_s, 2);
+        assert!(parse(&["--broker", "http://b", "--interruption-url", "nope"]).is_err());
+        assert!(parse(&["--broker", "http://b", "--interruption-poll-s", "0"]).is_err());
     }
 
     #[test]

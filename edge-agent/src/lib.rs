@@ -8,7 +8,8 @@
 //!
 //! Code map: `args` (flags), `inventory` (GPU probes), `identity` (enrolment, saved state),
 //! `client` (HTTP), `agent` (heartbeat, work, shutdown), `attempts` (what runs), `runner` and
-//! `group` (processes), `logs` (output → chunks), `outbox` (ordered delivery), `backoff`.
+//! `group` (processes), `logs` (output → chunks), `outbox` (ordered delivery), `backoff`,
+//! `interruption` (the cloud's spot interruption notice).
 //! The agent never touches the database and depends only on `protocol` and `core`.
 
 pub mod agent;
@@ -19,6 +20,7 @@ pub mod client;
 pub mod error;
 pub mod group;
 pub mod identity;
+pub mod interruption;
 pub mod inventory;
 pub mod logs;
 pub mod outbox;
@@ -93,6 +95,16 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         .heartbeat_s
         .unwrap_or(registration.heartbeat_interval_s)
         .max(1);
+    let interruption = match &args.interruption_url {
+        Some(url) => Some(
+            interruption::Watcher::new(
+                url.clone(),
+                Duration::from_secs(args.interruption_poll_s.max(1)),
+            )
+            .map_err(|e| AgentError::HttpClient(e.to_string()))?,
+        ),
+        None => None,
+    };
     let enrolled = Enrolled {
         client: client.with_token(identity::token(&registration)),
         probe,
@@ -102,6 +114,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         run: RunOptions {
             default_grace: Duration::from_secs(args.grace_s),
         },
+        interruption,
     };
     let result = agent::serve(enrolled, shutdown).await;
     if let (Err(AgentError::TokenRevoked { .. }), Some(dir)) = (&result, &args.state_dir) {

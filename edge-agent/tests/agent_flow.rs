@@ -1,6 +1,7 @@
 //! The whole agent (`run_until`) against a minimal in-test broker that implements the four agent
 //! endpoints: enrolment, leases, ordered event delivery with retries, rejected leases, revoked
-//! tokens, saved state and shutdown. Waits poll with a deadline; no fixed sleeps.
+//! tokens, saved state and shutdown; and against an in-test instance-metadata service for spot
+//! interruption notices. Waits poll with a deadline; no fixed sleeps.
 #![allow(clippy::unwrap_used)]
 
 use axum::extract::{Query, State};
@@ -42,6 +43,8 @@ struct Broker {
     /// Event posts to answer with 503 before accepting any.
     fail_event_posts: usize,
     failed_event_posts: usize,
+    /// Work long-polls received.
+    work_polls: usize,
 }
 
 type Shared = Arc<Mutex<Broker>>;
@@ -91,9 +94,14 @@ async fn heartbeat(
     if !authorised(&b, &headers) {
         return unauthorised();
     }
+    // Like the real broker: an interruption notice takes the node's work back.
+    let stop = match &beat.interruption {
+        Some(_) => beat.running.clone(),
+        None => vec![],
+    };
     b.heartbeats.push(beat);
     Json(HeartbeatResponse {
-        stop: vec![],
+        stop,
         drain: b.drain,
     })
     .into_response()
@@ -107,6 +115,7 @@ struct Wait {
 async fn work(State(s): State<Shared>, headers: HeaderMap, Query(w): Query<Wait>) -> Response {
     // Long-poll: answer as soon as there is a lease, or empty after the wait.
     let until = Instant::now() + Duration::from_secs(w.wait_s);
+    s.lock().unwrap().work_polls += 1;
     loop {
         {
             let mut b = s.lock().unwrap();
@@ -531,4 +540,186 @@ async fn shutdown_while_the_broker_is_unreachable_is_prompt() {
     let asked = Instant::now();
     agent.shut_down().await.unwrap();
     assert!(asked.elapsed() < Duration::from_secs(2));
+}
+
+/// An in-test instance-metadata service: IMDSv2 tokens, and the spot notice (404 until set).
+#[derive(Default)]
+struct Metadata {
+    notice: Option<String>,
+    /// Reads of the notice URL, and those that came with a valid session token.
+    reads: usize,
+    reads_with_token: usize,
+}
+
+type SharedMetadata = Arc<Mutex<Metadata>>;
+
+const IMDS_TOKEN: &str = "imds-session-token";
+
+async fn imds_token(headers: HeaderMap) -> Response {
+    match headers.get("x-aws-ec2-metadata-token-ttl-seconds") {
+        Some(_) => IMDS_TOKEN.into_response(),
+        None => StatusCode::BAD_REQUEST.into_response(),
+    }
+}
+
+async fn spot_notice(State(m): State<SharedMetadata>, headers: HeaderMap) -> Response {
+    let mut m = m.lock().unwrap();
+    m.reads += 1;
+    if headers
+        .get("x-aws-ec2-metadata-token")
+        .and_then(|v| v.to_str().ok())
+        == Some(IMDS_TOKEN)
+    {
+        m.reads_with_token += 1;
+    }
+    match &m.notice {
+        Some(body) => body.clone().into_response(),
+        None => (StatusCode::NOT_FOUND, "Not Found").into_response(),
+    }
+}
+
+/// Starts the metadata service; returns its state and the notice URL (EC2's path).
+async fn metadata() -> (SharedMetadata, String) {
+    let state: SharedMetadata = Arc::default();
+    let app = Router::new()
+        .route("/latest/api/token", axum::routing::put(imds_token))
+        .route("/latest/meta-data/spot/instance-action", get(spot_notice))
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/latest/meta-data/spot/instance-action",
+        listener.local_addr().unwrap()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (state, url)
+}
+
+const EC2_NOTICE: &str = r#"{"action": "terminate", "time": "2026-12-02T12:00:00Z"}"#;
+
+#[tokio::test]
+async fn an_interruption_notice_is_reported_at_once_and_its_stops_checkpoint_the_jobs() {
+    let l = lease(&["sleep", "300"]);
+    let id = l.attempt.attempt_id;
+    let (state, url) = broker(Broker {
+        leases: [l.clone()].into(),
+        ..Broker::default()
+    })
+    .await;
+    let (meta, notice_url) = metadata().await;
+    let mut a = args(&url, None);
+    // Beats far apart: the notice's beat can only come early because the notice forced it.
+    a.heartbeat_s = Some(30);
+    a.interruption_url = Some(notice_url.parse().unwrap());
+    a.interruption_poll_s = 1;
+    let agent = Agent::start(a);
+
+    let pid = eventually(&state, "Started", |b| started_pid(&b.events, id)).await;
+    // A few 404s first: no notice, nothing changes.
+    let deadline = Instant::now() + DEADLINE;
+    while meta.lock().unwrap().reads < 2 {
+        assert!(Instant::now() < deadline, "the notice URL was not polled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    {
+        let b = state.lock().unwrap();
+        assert_eq!(b.heartbeats.len(), 1, "only the first beat so far");
+        assert_eq!(b.heartbeats[0].interruption, None);
+        assert!(group::process_alive(pid));
+    }
+    meta.lock().unwrap().notice = Some(EC2_NOTICE.into());
+
+    let beat = eventually(&state, "the heartbeat with the notice", |b| {
+        b.heartbeats
+            .iter()
+            .find(|h| h.interruption.is_some())
+            .cloned()
+    })
+    .await;
+    assert_eq!(
+        beat.interruption,
+        Some(InterruptionNotice {
+            action: "terminate".into(),
+            at: Some("2026-12-02T12:00:00Z".into()),
+        })
+    );
+    assert_eq!(beat.running, vec![l.attempt.clone()]);
+    assert_eq!(
+        state.lock().unwrap().heartbeats.len(),
+        2,
+        "the notice was sent at once, not at the next 30 s tick"
+    );
+
+    // The broker's stop SIGTERMs the job (its checkpoint signal), reported as stopped.
+    match eventually(&state, "Finished", |b| finished_of(b, id)).await {
+        AgentEvent::Finished {
+            stopped,
+            signal,
+            exit_code,
+            ..
+        } => assert_eq!((stopped, signal, exit_code), (true, Some(15), None)),
+        other => panic!("{other:?}"),
+    }
+    wait_gone(pid).await;
+    let reads = meta.lock().unwrap().reads;
+    {
+        let m = meta.lock().unwrap();
+        assert_eq!(
+            m.reads_with_token, m.reads,
+            "IMDSv2: every read carried a token"
+        );
+    }
+    agent.shut_down().await.unwrap();
+    assert_eq!(
+        meta.lock().unwrap().reads,
+        reads,
+        "the watcher stopped reading after the notice"
+    );
+}
+
+#[tokio::test]
+async fn an_interrupted_agent_takes_no_new_work_whatever_the_broker_says() {
+    // The broker never asks for a drain: the agent drains on its own.
+    let (state, url) = broker(Broker::default()).await;
+    let (meta, notice_url) = metadata().await;
+    meta.lock().unwrap().notice = Some("not JSON, still a notice".into());
+    let mut a = args(&url, None);
+    a.interruption_url = Some(notice_url.parse().unwrap());
+    a.interruption_poll_s = 1;
+    let agent = Agent::start(a);
+
+    let beat = eventually(&state, "the heartbeat with the notice", |b| {
+        b.heartbeats
+            .iter()
+            .find(|h| h.interruption.is_some())
+            .cloned()
+    })
+    .await;
+    assert_eq!(
+        beat.interruption.map(|n| (n.action, n.at)),
+        Some(("terminate".to_string(), None))
+    );
+    let polls = state.lock().unwrap().work_polls;
+    let l = lease(&["echo", "too late"]);
+    state.lock().unwrap().leases.push_back(l);
+    // Heartbeats are the clock: three more, and every one still carries the notice.
+    let seen = state.lock().unwrap().heartbeats.len();
+    eventually(&state, "three more heartbeats", |b| {
+        (b.heartbeats.len() >= seen + 3).then_some(())
+    })
+    .await;
+    agent.shut_down().await.unwrap();
+    let b = state.lock().unwrap();
+    assert!(
+        b.heartbeats[seen..]
+            .iter()
+            .all(|h| h.interruption.is_some())
+    );
+    assert_eq!(b.leases.len(), 1, "an interrupted agent polled for work");
+    assert!(b.events.is_empty(), "{:?}", b.events);
+    // A long-poll begun just before the notice may have been counted; none after it.
+    assert!(
+        b.work_polls <= polls + 1,
+        "{} polls after {polls}",
+        b.work_polls
+    );
 }

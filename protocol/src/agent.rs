@@ -4,6 +4,9 @@
 //!   agent token. All other calls send `Authorization: Bearer <agent token>`.
 //! - `POST /agent/v1/heartbeat` every `heartbeat_interval_s`: inventory, metrics and the
 //!   attempts the agent runs → attempts to stop, drain. A heartbeat renews the node's lease.
+//!   A heartbeat carrying an [`InterruptionNotice`] (sent at once when the cloud announces the
+//!   machine's end) drains the node and requeues its work: the answer's `stop` lists the
+//!   attempts to SIGTERM now, so that they checkpoint before the machine dies.
 //! - `GET /agent/v1/work?wait_s=N` long-poll: returns as soon as there are leases to start or
 //!   attempts to stop, or after `wait_s` with empty lists. Delivery is at-least-once: the same
 //!   lease may come again until the agent reports it started; agents deduplicate by attempt id.
@@ -78,6 +81,24 @@ pub struct Heartbeat {
     pub inventory: Inventory,
     /// Attempts whose process is alive on this agent.
     pub running: Vec<AttemptRef>,
+    /// The cloud announced that this machine will be taken away (a spot interruption). Sent
+    /// with every heartbeat from the first notice on; the broker drains the node and answers
+    /// its live attempts in `stop` so that they checkpoint before the machine dies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interruption: Option<InterruptionNotice>,
+}
+
+/// A cloud's notice that it will reclaim the machine, as read from its instance metadata
+/// (EC2: `spot/instance-action`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptionNotice {
+    /// What the cloud will do: `terminate`, `stop` or `hibernate` (EC2); `terminate` when the
+    /// notice did not say.
+    pub action: String,
+    /// When, as the cloud wrote it (EC2: RFC 3339 UTC), if it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -353,3 +353,104 @@ pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
     }
     found
 }
+
+/// A `switchyard up` process with its own data directory and port, driven over REST with the
+/// admin token it wrote.
+pub struct Up {
+    pub url: String,
+    pub token: String,
+    pub data: PathBuf,
+    pub http: reqwest::Client,
+    pub proc: Proc,
+    pub dir: tempfile::TempDir,
+}
+
+impl Up {
+    /// Starts `switchyard up` with `args` (besides port and data dir) and waits until its
+    /// on-prem agents offer `onprem_gpus` free GPUs.
+    pub async fn start(args: &[&str], onprem_gpus: u64) -> Up {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let data = dir.path().join("state");
+        let mut cmd = Command::new(bin("switchyard"));
+        cmd.args(["up", "--port", &port.to_string()])
+            .args(args)
+            .arg("--data-dir")
+            .arg(&data);
+        let proc = Proc::spawn("up", cmd, &dir.path().join("up.log")).unwrap();
+        let token_path = data.join("admin.token");
+        let token = eventually("the admin token", Duration::from_secs(30), || async {
+            std::fs::read_to_string(&token_path)
+                .ok()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+        })
+        .await;
+        let up = Up {
+            url: format!("http://127.0.0.1:{port}"),
+            token,
+            data,
+            http: reqwest::Client::new(),
+            proc,
+            dir,
+        };
+        eventually("the on-prem agents", Duration::from_secs(60), || async {
+            let pools = up.get("/api/v1/pools").await;
+            let onprem = pools["pools"]
+                .as_array()?
+                .iter()
+                .find(|p| p["provider"] == "onprem")?
+                .clone();
+            (onprem["gpus_free"] == onprem_gpus).then_some(())
+        })
+        .await;
+        up
+    }
+
+    pub async fn get(&self, path: &str) -> Value {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap();
+        r.json().await.unwrap_or(Value::Null)
+    }
+
+    /// Submits a job; returns its id.
+    pub async fn submit(&self, spec: Value) -> String {
+        let r = self
+            .http
+            .post(format!("{}/api/v1/jobs", self.url))
+            .bearer_auth(&self.token)
+            .json(&spec)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let body: Value = r.json().await.unwrap();
+        body["id"].as_str().unwrap().to_string()
+    }
+
+    pub async fn job_where(&self, id: &str, secs: u64, pred: impl Fn(&Value) -> bool) -> Value {
+        eventually(&format!("job {id}"), Duration::from_secs(secs), || async {
+            let j = self.get(&format!("/api/v1/jobs/{id}")).await;
+            pred(&j).then_some(j)
+        })
+        .await
+    }
+
+    pub async fn instances(&self) -> Vec<Value> {
+        self.get("/api/v1/instances").await["instances"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// An RFC 3339 time `secs` from now, for deadlines.
+pub fn in_secs(secs: u64) -> String {
+    chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now() + Duration::from_secs(secs))
+        .to_rfc3339()
+}

@@ -5,116 +5,26 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use serde_json::{Value, json};
+use serde_json::json;
 use std::time::Duration;
 use switchyard_tests::*;
 
-struct Up {
-    url: String,
-    token: String,
-    http: reqwest::Client,
-    _proc: Proc,
-    _dir: tempfile::TempDir,
-}
-
-impl Up {
-    async fn get(&self, path: &str) -> Value {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.url))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap();
-        r.json().await.unwrap()
-    }
-
-    async fn submit(&self, spec: Value) -> String {
-        let r = self
-            .http
-            .post(format!("{}/api/v1/jobs", self.url))
-            .bearer_auth(&self.token)
-            .json(&spec)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
-        let body: Value = r.json().await.unwrap();
-        body["id"].as_str().unwrap().to_string()
-    }
-
-    async fn job_where(&self, id: &str, secs: u64, pred: impl Fn(&Value) -> bool) -> Value {
-        eventually(&format!("job {id}"), Duration::from_secs(secs), || async {
-            let j = self.get(&format!("/api/v1/jobs/{id}")).await;
-            pred(&j).then_some(j)
-        })
-        .await
-    }
-
-    async fn instances(&self) -> Vec<Value> {
-        self.get("/api/v1/instances").await["instances"]
-            .as_array()
-            .unwrap()
-            .clone()
-    }
-}
-
-async fn up() -> Up {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let data = dir.path().join("state");
-    let mut cmd = std::process::Command::new(bin("switchyard"));
-    cmd.args([
-        "up",
-        "--port",
-        &port.to_string(),
-        "--agents",
-        "1",
-        "--idle-ttl",
-        "2s",
-        "--boot-delay",
-        "1s",
-        "--billing-minimum",
-        "0s",
-        "--data-dir",
-    ])
-    .arg(&data);
-    let proc = Proc::spawn("up", cmd, &dir.path().join("up.log")).unwrap();
-    let token_path = data.join("admin.token");
-    let token = eventually("the admin token", Duration::from_secs(30), || async {
-        std::fs::read_to_string(&token_path)
-            .ok()
-            .map(|t| t.trim().to_string())
-    })
-    .await;
-    let up = Up {
-        url: format!("http://127.0.0.1:{port}"),
-        token,
-        http: reqwest::Client::new(),
-        _proc: proc,
-        _dir: dir,
-    };
-    eventually("the on-prem agent", Duration::from_secs(30), || async {
-        let pools = up.get("/api/v1/pools").await;
-        let onprem = pools["pools"]
-            .as_array()?
-            .iter()
-            .find(|p| p["provider"] == "onprem")?
-            .clone();
-        (onprem["gpus_free"] == 4).then_some(())
-    })
-    .await;
-    up
-}
-
-fn deadline_in(secs: u64) -> String {
-    let t = std::time::SystemTime::now() + Duration::from_secs(secs);
-    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() {
-    let up = up().await;
+    let up = Up::start(
+        &[
+            "--agents",
+            "1",
+            "--idle-ttl",
+            "2s",
+            "--boot-delay",
+            "1s",
+            "--billing-minimum",
+            "0s",
+        ],
+        4,
+    )
+    .await;
     // Fill on-prem for two hours (as far as the planner knows).
     let filler = up
         .submit(json!({"name": "filler", "team": "ml", "command": ["sleep", "3031"], "resources": {"gpus": 4},
@@ -125,7 +35,7 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
     // A one-GPU job due in 15 minutes cannot wait two hours: it bursts.
     let urgent = up
         .submit(json!({"name": "urgent", "team": "ml", "command": ["echo", "ran in the cloud"],
-                       "resources": {"gpus": 1}, "estimated_runtime_s": 60, "deadline": deadline_in(900)}))
+                       "resources": {"gpus": 1}, "estimated_runtime_s": 60, "deadline": in_secs(900)}))
         .await;
     let job = up
         .job_where(&urgent, 60, |j| {
@@ -176,7 +86,7 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
     // A burst instance killed mid-job: its job is requeued onto a new instance and completes.
     let second = up
         .submit(json!({"name": "doomed", "team": "ml", "command": ["sh", "-c", "sleep 2; echo survived"],
-                       "resources": {"gpus": 1}, "estimated_runtime_s": 60, "deadline": deadline_in(900)}))
+                       "resources": {"gpus": 1}, "estimated_runtime_s": 60, "deadline": in_secs(900)}))
         .await;
     up.job_where(&second, 60, |j| j["state"] == "running").await;
     let first_instance = up

@@ -7,6 +7,8 @@
 pub mod report;
 pub mod scenario;
 pub mod svg;
+#[cfg(test)]
+mod tests;
 pub mod trace;
 
 use anyhow::{Context, bail};

@@ -32,6 +32,19 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// What [`Store::interrupt_node`] did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeInterruption {
+    /// The node was not draining before this notice.
+    pub newly_draining: bool,
+    /// Attempts taken from the node (now `preempted`): the agent must stop them.
+    pub stopped: Vec<AttemptRef>,
+    /// Their jobs, back in the queue (or `cancelled` when a cancel was pending).
+    pub requeued: Vec<JobId>,
+    /// Burst instances bound to the node that this notice moved to `draining`.
+    pub instances: Vec<String>,
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     // Catalogue.
@@ -122,6 +135,16 @@ pub trait Store: Send + Sync + 'static {
     async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>>;
     /// Live attempts on the node whose job was cancelled: the agent must stop them.
     async fn stops_for_node(&self, node: &NodeId) -> StoreResult<Vec<AttemptRef>>;
+    /// A spot interruption notice from the node's agent, in one transaction: the node drains
+    /// (no new work), a burst instance bound to it becomes `draining`, and its live attempts
+    /// become `preempted` with their jobs back in the queue (`why` as the reason). Idempotent:
+    /// a repeated notice only takes what was assigned to the node since.
+    async fn interrupt_node(
+        &self,
+        node: &NodeId,
+        why: &str,
+        now: Timestamp,
+    ) -> StoreResult<NodeInterruption>;
     /// Of the attempts an agent says it runs, those that are not its live lease.
     async fn stale_attempts(
         &self,

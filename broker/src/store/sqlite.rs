@@ -755,6 +755,40 @@ impl Store for SqliteStore {
         rows.iter().map(attempt_ref_from_row).collect()
     }
 
+    async fn interrupt_node(
+        &self,
+        node: &NodeId,
+        why: &str,
+        now: Timestamp,
+    ) -> StoreResult<NodeInterruption> {
+        let mut tx = self.write_tx().await?;
+        let marked = sqlx::query("UPDATE nodes SET draining = 1 WHERE id = $1 AND draining = 0")
+            .bind(node.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let instances: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM instances WHERE node_id = $1 AND state IN ('booting', 'ready') \
+             ORDER BY id",
+        )
+        .bind(node.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        for id in &instances {
+            sqlx::query("UPDATE instances SET state = 'draining' WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let (stopped, requeued) = preempt_node_work(&mut tx, node.as_str(), why, now).await?;
+        tx.commit().await?;
+        Ok(NodeInterruption {
+            newly_draining: marked.rows_affected() == 1,
+            stopped,
+            requeued,
+            instances,
+        })
+    }
+
     async fn stale_attempts(
         &self,
         node: &NodeId,
@@ -1196,6 +1230,54 @@ async fn requeue_node_work(
         requeued.push(JobId(parse_uuid(&job_id)?));
     }
     Ok(requeued)
+}
+
+/// Moves a node's live attempts to `preempted` and their jobs back to the queue with the
+/// reason `"{why}: requeued"` (or to `cancelled` when a cancel was pending), like
+/// [`requeue_node_work`] but for a node that is still alive: its agent is told to stop the
+/// returned attempts, whose later events are rejected. Returns the attempts and their jobs.
+async fn preempt_node_work(
+    tx: &mut Tx,
+    node: &str,
+    why: &str,
+    now: Timestamp,
+) -> StoreResult<(Vec<AttemptRef>, Vec<JobId>)> {
+    let rows = sqlx::query(
+        "SELECT id, job_id, epoch FROM attempts \
+         WHERE node_id = $1 AND state IN ('assigned', 'running') ORDER BY created_at, id",
+    )
+    .bind(node)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut stopped = Vec::with_capacity(rows.len());
+    let mut requeued = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let attempt = attempt_ref_from_row(row)?;
+        sqlx::query(
+            "UPDATE attempts SET state = 'preempted', finished_at = $1, error = $2 WHERE id = $3",
+        )
+        .bind(now.millis())
+        .bind(why)
+        .bind(attempt.attempt_id.to_string())
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query(
+            "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
+             ELSE 'queued' END, \
+             finished_at = CASE WHEN cancel_requested = 1 THEN $1 ELSE NULL END, \
+             reason = $2, version = version + 1 \
+             WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
+        )
+        .bind(now.millis())
+        .bind(format!("{why}: requeued"))
+        .bind(attempt.job_id.to_string())
+        .bind(attempt.attempt_id.to_string())
+        .execute(&mut **tx)
+        .await?;
+        requeued.push(JobId(attempt.job_id));
+        stopped.push(attempt);
+    }
+    Ok((stopped, requeued))
 }
 
 /// A job waiting for an instance that will not come goes back to the queue.

@@ -17,8 +17,8 @@
 
 use super::estimate::JobCtx;
 use super::explain::keep_best;
-use super::{CandidateKind, MAX_EXPLAINED_CANDIDATES};
 use super::greedy::Round;
+use super::{CandidateKind, MAX_EXPLAINED_CANDIDATES};
 use crate::domain::{JobId, QueuedJob};
 use crate::money::Money;
 use std::cmp::Reverse;
@@ -93,7 +93,12 @@ pub(crate) fn pins(round: &mut Round, queue: &[&QueuedJob]) -> HashMap<JobId, Pi
                 Options {
                     job: o.job,
                     gpus: o.gpus,
-                    free_now: o.free_now.iter().copied().filter(|&(p, _)| contended[p]).collect(),
+                    free_now: o
+                        .free_now
+                        .iter()
+                        .copied()
+                        .filter(|&(p, _)| contended[p])
+                        .collect(),
                     first_choice: o.first_choice,
                     other: match (o.other, best) {
                         (Some(a), Some(b)) => Some(a.min(b)),
@@ -216,7 +221,10 @@ fn solve(jobs: &[&Options], pools: &[usize], slots: &[i64]) -> Vec<Option<usize>
         let mut arcs = Vec::new();
         for &(p, cost) in &o.free_now {
             if let Some(&i) = pool_pos.get(&p) {
-                arcs.push((g.add(1 + j, 1 + n_jobs + i, 1, flow_cost(cost, false)), Some(i)));
+                arcs.push((
+                    g.add(1 + j, 1 + n_jobs + i, 1, flow_cost(cost, false)),
+                    Some(i),
+                ));
             }
         }
         if let Some(cost) = o.other {

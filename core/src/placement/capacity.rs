@@ -105,9 +105,7 @@ impl Capacity {
             .filter_map(|&node| self.node_free_at(index, node, gpus).map(|t| (t, node)))
             .collect();
         times.sort_unstable();
-        let estimate = times
-            .get(n as usize - 1)
-            .map(|&(at, _)| (at, times[0].1));
+        let estimate = times.get(n as usize - 1).map(|&(at, _)| (at, times[0].1));
         self.waits[pool].push(((gpus, n), estimate));
         estimate
     }

@@ -34,7 +34,8 @@ pub(crate) const PREEMPTION_GRACE_S: i64 = 120;
 /// checkpoint, half the runtime but at most [`SPOT_LOST_WORK_CAP_S`]. Rounded up.
 pub(crate) fn spot_overhead_s(rate_ppm: u32, runtime_s: i64, boot_s: u32) -> i64 {
     let runtime_s = runtime_s.max(0);
-    let per_interruption = i128::from(boot_s) + i128::from((runtime_s / 2).min(SPOT_LOST_WORK_CAP_S));
+    let per_interruption =
+        i128::from(boot_s) + i128::from((runtime_s / 2).min(SPOT_LOST_WORK_CAP_S));
     let num = i128::from(rate_ppm) * i128::from(runtime_s) * per_interruption;
     let den: i128 = 3600 * 1_000_000;
     i64::try_from((num + den - 1) / den).unwrap_or(i64::MAX)
@@ -233,9 +234,17 @@ impl<'a> JobCtx<'a> {
         }
     }
 
+    /// Whether any price ceiling applies (most jobs have none: the checks are skipped).
+    fn has_price_ceiling(&self) -> bool {
+        self.spec.max_price_per_hour.is_some() || !self.policy.covering.is_empty()
+    }
+
     /// Why no market of `pool` is within the job's price ceilings (the cheapest market's
     /// reason); `None` when one is.
     pub(crate) fn priced_out_everywhere(&self, index: &Index, pool: usize) -> Option<Reject> {
+        if !self.has_price_ceiling() {
+            return None;
+        }
         let p = index.pools[pool].pool;
         let cheapest = market_for(p, self.spot);
         let reject = self.priced_out(index, pool, cheapest)?;
@@ -248,6 +257,9 @@ impl<'a> JobCtx<'a> {
     /// The price ceiling `market` in `pool` breaks, if any: the job's own (whole job, per
     /// hour) or its policies' (per GPU-hour).
     fn priced_out(&self, index: &Index, pool: usize, market: Market) -> Option<Reject> {
+        if !self.has_price_ceiling() {
+            return None;
+        }
         let p = index.pools[pool].pool;
         if let Some(max) = self.spec.max_price_per_hour {
             let price = gpu_price(p, market).saturating_mul(i64::from(self.gpus.max(1)));

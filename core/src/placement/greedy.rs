@@ -54,18 +54,44 @@ pub(crate) fn queue<'s>(index: &Index, snapshot: &'s Snapshot) -> Vec<&'s Queued
             (key, j)
         })
         .collect();
-    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    keyed.sort_unstable_by_key(|a| a.0);
     keyed.into_iter().map(|(_, j)| j).collect()
 }
 
+/// Plans the queue per job and, where free capacity is contended, again with the joint
+/// assignment's pins; keeps the pinned plan only when it is better by [`Objective`]. (The
+/// joint assignment prices each job's way out against the round's starting capacity; it cannot
+/// see that a displaced job could have waited for a job placed this round, so it is checked
+/// against the per-job plan rather than trusted.)
 pub(crate) fn plan(snapshot: &Snapshot, now: Timestamp, scan: Scan) -> Plan {
     let mut round = Round::new(Index::new(snapshot, now), scan);
     let queue = queue(&round.index, snapshot);
-    round.pins = super::batch::pins(&mut round, &queue);
-    for job in queue {
+    let pins = super::batch::pins(&mut round, &queue);
+    for &job in &queue {
         round.place(job);
     }
-    round.plan
+    if pins.is_empty() {
+        return round.plan;
+    }
+    let per_job = (round.objective, round.reset());
+    round.pins = pins;
+    for &job in &queue {
+        round.place(job);
+    }
+    if round.objective < per_job.0 {
+        round.plan
+    } else {
+        per_job.1
+    }
+}
+
+/// How good a round's plan is, field order being priority order: fewer jobs held, fewer
+/// deadlines missed, less estimated cost (of every job's chosen candidate, waits included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Objective {
+    holds: u32,
+    misses: u32,
+    cost: Money,
 }
 
 /// One round's warm state: the index, what is left of capacity and budgets, and the plan so
@@ -81,6 +107,7 @@ pub(crate) struct Round<'a> {
     /// Scratch buffers for one job's candidates, reused across jobs.
     pub viable: Vec<Estimate>,
     pub blocked: Vec<Blocked>,
+    objective: Objective,
 }
 
 impl<'a> Round<'a> {
@@ -94,7 +121,17 @@ impl<'a> Round<'a> {
             pins: HashMap::new(),
             viable: Vec::new(),
             blocked: Vec::new(),
+            objective: Objective::default(),
         }
+    }
+
+    /// Back to the start of the round, pins dropped; returns the plan made so far.
+    fn reset(&mut self) -> Plan {
+        self.capacity = Capacity::new(&self.index);
+        self.budgets = Budgets::new(&self.index.policies);
+        self.pins.clear();
+        self.objective = Objective::default();
+        std::mem::take(&mut self.plan)
     }
 
     /// Decides one job: records its assignment, launch or hold and its explanation, and
@@ -118,8 +155,7 @@ impl<'a> Round<'a> {
         let best = self.viable.iter().min_by_key(|e| e.score).copied();
         if ctx.policy.window_open && ctx.may_preempt(best.as_ref()) {
             let any_finish = best.is_none();
-            if let Some((e, v)) = best_preemption(&self.index, &self.capacity, &ctx, any_finish)
-            {
+            if let Some((e, v)) = best_preemption(&self.index, &self.capacity, &ctx, any_finish) {
                 match remaining {
                     Some(left) if e.score.cost > left => self.blocked.push(Blocked {
                         pool: e.score.pool,
@@ -144,6 +180,7 @@ impl<'a> Round<'a> {
             self.viable[..=displaced].rotate_right(1);
         }
         let Some(&winner) = self.viable.first() else {
+            self.objective.holds += 1;
             let code = hold_code(&ctx, &self.blocked);
             let reason = hold_reason(&self.blocked);
             keep_best(&mut self.blocked, MAX_EXPLAINED_CANDIDATES, |b| {
@@ -155,6 +192,8 @@ impl<'a> Round<'a> {
         let room = MAX_EXPLAINED_CANDIDATES - self.viable.len();
         keep_best(&mut self.blocked, room, |b| b.order_key());
         let shown = candidates(&self.index, &ctx, &self.viable, displaced, &self.blocked);
+        self.objective.misses += u32::from(winner.score.misses_deadline);
+        self.objective.cost += winner.score.cost;
         let outcome = self.commit(job, &ctx, winner, &victims);
         Explanation {
             job: job.id,
@@ -371,7 +410,11 @@ fn filter(
 
 /// The code of a hold: the policy rule that blocked workable candidates, if one did.
 fn hold_code(ctx: &JobCtx, blocked: &[Blocked]) -> HoldCode {
-    if !ctx.policy.window_open && blocked.iter().any(|b| b.reject == Reject::OutsideTimeWindow) {
+    if !ctx.policy.window_open
+        && blocked
+            .iter()
+            .any(|b| b.reject == Reject::OutsideTimeWindow)
+    {
         HoldCode::OutsideTimeWindow
     } else if blocked
         .iter()

@@ -115,7 +115,7 @@ impl<'a> Index<'a> {
             .iter()
             .filter_map(|a| node_pos.get(a.node.as_str()).map(|&n| (n, a)))
             .collect();
-        running.sort_by(|a, b| (a.0, a.1.attempt).cmp(&(b.0, b.1.attempt)));
+        running.sort_by_key(|a| (a.0, a.1.attempt));
         let mut preemptible = vec![Vec::new(); nodes.len()];
         for (i, (node, attempt)) in running.iter().enumerate() {
             if attempt.priority == Priority::Low {

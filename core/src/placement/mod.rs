@@ -79,7 +79,9 @@ pub struct Preemption {
 }
 
 /// Why a job is held, as a stable code (the `reason` says it in words).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum HoldCode {
     /// No candidate passes the hard constraints or has capacity.

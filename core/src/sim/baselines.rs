@@ -93,7 +93,12 @@ struct Free {
 /// capacity, then — for jobs `may_burst` allows — the cheapest launch.
 fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisions {
     let snap = view.snapshot;
-    let pool_ix: HashMap<_, usize> = snap.pools.iter().enumerate().map(|(i, p)| (&p.id, i)).collect();
+    let pool_ix: HashMap<_, usize> = snap
+        .pools
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (&p.id, i))
+        .collect();
     let mut onprem = Vec::new();
     let mut cloud = Vec::new();
     let mut pool_size = vec![0u32; snap.pools.len()];
@@ -113,7 +118,11 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
             gpus_free: n.gpus_free,
             gpu_price: gpu_price(p, market),
         };
-        if p.launchable { cloud.push(free) } else { onprem.push(free) }
+        if p.launchable {
+            cloud.push(free)
+        } else {
+            onprem.push(free)
+        }
     }
     let mut queue: Vec<&QueuedJob> = snap.queued.iter().collect();
     queue.sort_by_key(|j| (j.submitted_at, j.id));
@@ -175,7 +184,8 @@ fn cheapest_offer(view: &View<'_>, job: &QueuedJob, pool_size: &[u32]) -> Option
                 .filter(|d| d.region != p.region)
                 .and_then(|d| snap.regions.iter().find(|r| r.id == d.region))
                 .map_or(Money::ZERO, |r| {
-                    r.egress_per_gb.saturating_mul(i64::from(data.map_or(0, |d| d.size_gb)))
+                    r.egress_per_gb
+                        .saturating_mul(i64::from(data.map_or(0, |d| d.size_gb)))
                 });
             let boot = i64::from(p.boot_time_s);
             let cost = node_price(p, market).per_hour_for_secs(runtime_s + boot) + egress;

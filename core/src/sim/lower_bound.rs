@@ -142,10 +142,7 @@ fn best_cost(world: &World, spec: &JobSpec, runtime_s: i64, cloud: bool) -> Opti
             // The exact per-GPU share (no rounding up): a bound must not overcharge.
             let share = node_price(&p.pool, market).micros() as f64
                 / f64::from(p.pool.gpus_per_node.max(1));
-            let compute = share
-                * f64::from(spec.resources.gpus)
-                * runtime_s.max(0) as f64
-                / 3600.0;
+            let compute = share * f64::from(spec.resources.gpus) * runtime_s.max(0) as f64 / 3600.0;
             compute + egress(&world.regions, spec, &p.pool).micros() as f64
         })
         .min_by(f64::total_cmp)
@@ -156,7 +153,9 @@ fn egress(regions: &[Region], spec: &JobSpec, pool: &Pool) -> Money {
         Some(d) if d.region != pool.region => regions
             .iter()
             .find(|r| r.id == d.region)
-            .map_or(Money::ZERO, |r| r.egress_per_gb.saturating_mul(i64::from(d.size_gb))),
+            .map_or(Money::ZERO, |r| {
+                r.egress_per_gb.saturating_mul(i64::from(d.size_gb))
+            }),
         _ => Money::ZERO,
     }
 }

@@ -7,10 +7,10 @@
 //! Jobs default to 1 GPU for one hour, normal priority, no deadline, on-demand only.
 
 mod cases;
-mod rules;
 #[path = "../../../benches/support/fleet.rs"]
 mod fleet;
 mod pruning;
+mod rules;
 
 use super::*;
 use uuid::Uuid;

@@ -28,7 +28,10 @@ fn spot_prices_its_interruptions() {
 
 #[test]
 fn spot_cost_includes_expected_restarts() {
-    let cost = |ppm| plan_of(spot_pool().risk(P5, ppm).job(1).spot(SpotRule::Allowed)).assignments[0].estimated_cost;
+    let cost = |ppm| {
+        plan_of(spot_pool().risk(P5, ppm).job(1).spot(SpotRule::Allowed)).assignments[0]
+            .estimated_cost
+    };
     assert_eq!(cost(0), usd(4.0));
     // 2 %/h × 1 h × (300 s boot + 1,800 s lost) = 42 s more at $4/h.
     assert_eq!(cost(20_000), usd(4.046667));
@@ -36,7 +39,10 @@ fn spot_cost_includes_expected_restarts() {
 
 /// On-prem node `d1` fully held by low-priority work started an hour ago, ending in 10 h.
 fn low_busy() -> W {
-    w().onprem("dgx", 16.0).node(DGX, "d1", 0).low("d1", 8, 3600, 36_000).no_burst()
+    w().onprem("dgx", 16.0)
+        .node(DGX, "d1", 0)
+        .low("d1", 8, 3600, 36_000)
+        .no_burst()
 }
 
 #[rustfmt::skip]
@@ -200,8 +206,8 @@ fn budgets_are_hard_and_spent_across_the_round() {
 }
 
 /// One free on-prem H100 GPU (the rest busy for 10 h) at $2/GPU-h; A100s at $4/GPU-h and
-/// H100s at $10/GPU-h in AWS, free. j1 can run on anything, j2 needs an H100; j1 is first in
-/// the queue (earlier deadline).
+/// H100s at $10/GPU-h in AWS, free. j1 (1 h) can run on anything, j2 (6 h) needs an H100 and
+/// cannot wait for j1; j1 is first in the queue (earlier deadline).
 fn contended() -> W {
     w().onprem("dgx", 16.0)
         .node(DGX, "d1", 1)
@@ -214,39 +220,61 @@ fn contended() -> W {
         .deadline_in(3 * 3600)
         .job(1)
         .models(&["H100"])
-        .deadline_in(4 * 3600)
+        .with(|j| j.estimated_runtime_s = Some(6 * 3600))
+        .deadline_in(6 * 3600 + 1800)
+}
+
+fn total(p: &Plan) -> Money {
+    p.assignments
+        .iter()
+        .map(|a| a.estimated_cost)
+        .fold(Money::ZERO, |a, b| a + b)
 }
 
 #[test]
 fn the_round_assigns_contended_capacity_jointly() {
     let world = contended();
-    // Arrival order: j1 takes the cheap GPU, j2 pays for an AWS H100: $2 + $10.
+    // Arrival order: j1 takes the cheap GPU, j2 pays for 6 h of an AWS H100: $2 + $60.
     let mut planner = Planner::new(&world.snap, NOW);
     for job in &world.snap.queued {
         planner.place(job);
     }
-    let greedy: Money = planner
-        .plan()
-        .assignments
-        .iter()
-        .map(|a| a.estimated_cost)
-        .fold(Money::ZERO, |a, b| a + b);
-    assert_eq!(greedy, usd(12.0), "{:#?}", planner.plan().explanations);
-    // Jointly: j2 gets the on-prem GPU, j1 an A100: $2 + $4.
-    check(world.clone(), "j1: assign b1 on_demand | j2: assign d1 on_demand");
+    assert_eq!(total(planner.plan()), usd(62.0));
+    // Jointly: j2 gets the on-prem GPU, j1 an A100: $12 + $4.
+    check(
+        world.clone(),
+        "j1: assign b1 on_demand | j2: assign d1 on_demand",
+    );
     let p = plan_of(world);
-    let total = p.assignments.iter().map(|a| a.estimated_cost).fold(Money::ZERO, |a, b| a + b);
-    assert_eq!(total, usd(6.0));
+    assert_eq!(total(&p), usd(16.0));
     // j1's explanation says why the cheaper GPU was not its own.
     let j1 = &p.explanations[&JobId(Uuid::from_u128(1))];
-    let reasons: Vec<_> = j1.candidates.iter().map(|c| (c.pool.as_str(), c.rejected.clone())).collect();
-    assert!(reasons.contains(&(DGX, Some(Rejection::ContendedCapacity))), "{reasons:?}");
+    let reasons: Vec<_> = j1
+        .candidates
+        .iter()
+        .map(|c| (c.pool.as_str(), c.rejected.clone()))
+        .collect();
+    assert!(
+        reasons.contains(&(DGX, Some(Rejection::ContendedCapacity))),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn the_joint_assignment_is_kept_only_when_it_beats_the_per_job_plan() {
+    // j2 is short now and can wait an hour for j1: the per-job plan ($2 + $2 later) wins over
+    // giving j1 an A100 ($2 + $4).
+    let world = contended().with(|j| j.estimated_runtime_s = Some(3600));
+    check(
+        world,
+        "j1: assign d1 on_demand | j2: wait onprem:dc1/dgx +3600s",
+    );
 }
 
 #[test]
 fn the_joint_assignment_meets_deadlines_before_saving() {
-    // j2 can only meet its deadline on the on-prem GPU (no other H100 capacity, no burst);
-    // j1 is first in the queue and the cheapest there.
+    // j2 (6 h) can only meet its deadline on the on-prem GPU (no other H100 capacity, no
+    // burst); j1 is first in the queue and the cheapest there.
     let world = w()
         .onprem("dgx", 16.0)
         .node(DGX, "d1", 1)
@@ -258,7 +286,8 @@ fn the_joint_assignment_meets_deadlines_before_saving() {
         .deadline_in(3 * 3600)
         .job(1)
         .models(&["H100"])
-        .deadline_in(4 * 3600);
+        .with(|j| j.estimated_runtime_s = Some(6 * 3600))
+        .deadline_in(6 * 3600 + 1800);
     check(world, "j1: assign b1 on_demand | j2: assign d1 on_demand");
 }
 

@@ -1,0 +1,149 @@
+//! The command end to end on a small trace: report shape, same seed → same report, bad input.
+
+use super::scenario::Scenario;
+use super::*;
+
+const HEADER: &str = "u_id,user,gpu_num,cpu_num,node_num,interval,run_time,wall_time,new_status\n";
+
+fn small_trace() -> String {
+    let mut s = String::from(HEADER);
+    for i in 0..60 {
+        let gpus = [1, 1, 2, 4, 8, 16][i % 6];
+        let nodes = if gpus == 16 { 2 } else { 1 };
+        let interval = (i * 37) % 400;
+        let runtime = 300 + (i * 911) % 20_000;
+        s.push_str(&format!(
+            "{i},1,{gpus},0,{nodes},{interval},{runtime},0,Pass\n"
+        ));
+    }
+    s
+}
+
+/// A world small enough to contend: 2 on-prem nodes, start day 0.
+fn small_scenario() -> Scenario {
+    let mut s = Scenario {
+        start_day: 0.0,
+        ..Scenario::default()
+    };
+    s.onprem[0].nodes = 2;
+    s
+}
+
+fn args(dir: &Path, trace: &Path) -> SimulateArgs {
+    SimulateArgs {
+        trace: trace.to_owned(),
+        trace_format: TraceFormat::Philly,
+        scenario: None,
+        scheduler: Which::All,
+        skip_bad_rows: false,
+        out: dir.to_owned(),
+    }
+}
+
+fn report_json(scenario: &Scenario, text: &str, dir: &Path) -> serde_json::Value {
+    let trace = trace::parse_philly(text, false).expect("trace parses");
+    let catalogue = Catalogue::bundled().expect("catalogue");
+    let path = dir.join("t.csv");
+    let r = simulate(scenario, &catalogue, &trace, &args(dir, &path)).expect("simulates");
+    let mut v = serde_json::to_value(&r).expect("serialises");
+    // Wall-clock timings differ between runs; everything else must not.
+    for s in v["schedulers"].as_object_mut().expect("map").values_mut() {
+        s["plan_time_ms"] = 0.into();
+        s["simulation_wall_ms"] = 0.into();
+    }
+    v["lp_time_ms"] = 0.into();
+    v
+}
+
+#[test]
+fn report_has_the_issue_shape_and_plots() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = report_json(&small_scenario(), &small_trace(), dir.path());
+    for name in ["switchyard", "cheapest", "fifo-burst"] {
+        let s = &v["schedulers"][name];
+        for key in [
+            "jobs",
+            "total_cost_usd",
+            "deadline_met_fraction",
+            "onprem_gpu_utilization",
+            "burst_instances",
+            "plan_time_ms",
+        ] {
+            assert!(s[key].is_number(), "{name}.{key} in {s}");
+        }
+        assert!(s["queue_delay_s"]["p50"].is_number() && s["queue_delay_s"]["p99"].is_number());
+        assert_eq!(s["jobs"], 60);
+    }
+    assert!(v["lp_lower_bound_usd"].as_f64().is_some_and(|x| x > 0.0));
+    assert_eq!(v["trace"]["multi_node_jobs_folded"], 10);
+    for plot in [
+        "cost_over_time.svg",
+        "queue_delay_cdf.svg",
+        "spend_by_region.svg",
+    ] {
+        let svg = std::fs::read_to_string(dir.path().join(plot)).expect("plot written");
+        assert!(svg.starts_with("<svg"), "{plot}");
+    }
+}
+
+#[test]
+fn same_seed_same_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = report_json(&small_scenario(), &small_trace(), dir.path());
+    let b = report_json(&small_scenario(), &small_trace(), dir.path());
+    assert_eq!(a, b);
+    let mut other = small_scenario();
+    other.seed = 7;
+    let c = report_json(&other, &small_trace(), dir.path());
+    assert_ne!(a["schedulers"], c["schedulers"]);
+}
+
+#[test]
+fn unknown_scenario_keys_are_rejected() {
+    let err = Scenario::from_toml("seed = 1\nstart_dya = 3\n").expect_err("typo");
+    assert!(format!("{err:#}").contains("start_dya"), "{err:#}");
+    let err = Scenario::from_toml("[cloud]\nregion = [\"aws:us-east-1\"]\n").expect_err("typo");
+    assert!(format!("{err:#}").contains("region"), "{err:#}");
+    let ok = Scenario::from_toml("seed = 9\n[spot]\nshare = 0.25\n").expect("valid");
+    assert_eq!((ok.seed, ok.spot.share, ok.start_day), (9, 0.25, 48.0));
+}
+
+#[test]
+fn an_empty_catalogue_after_filters_is_a_clear_error() {
+    let s = Scenario::from_toml("[cloud]\nregions = [\"aws:mars-north-1\"]\n").expect("parses");
+    let err = s
+        .world(&Catalogue::bundled().expect("catalogue"))
+        .expect_err("no pools");
+    assert!(err.to_string().contains("no cloud offer is left"), "{err}");
+}
+
+#[test]
+fn the_command_reads_gzip_and_names_bad_rows() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gz = dir.path().join("t.csv.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(small_trace().as_bytes()).expect("gzip");
+    std::fs::write(&gz, enc.finish().expect("gzip")).expect("write");
+    let mut a = args(&dir.path().join("out"), &gz);
+    a.scheduler = Which::Cheapest;
+    let r = run(&a).expect("runs on gzip");
+    assert_eq!(r.schedulers.len(), 1);
+    assert!(dir.path().join("out/report.json").exists());
+
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        format!("{HEADER}0,1,1,0,1,0,100,0,Pass\n1,1,1,0,1,zero,5,0,Pass\n"),
+    )
+    .expect("write");
+    let mut a = args(&dir.path().join("out2"), &bad);
+    let err = run(&a).expect_err("bad row");
+    assert!(
+        format!("{err:#}").contains("line 3, column `interval`"),
+        "{err:#}"
+    );
+    a.skip_bad_rows = true;
+    let r = run(&a).expect("skips");
+    assert_eq!((r.trace.rows, r.trace.skipped_bad_rows), (1, 1));
+}
