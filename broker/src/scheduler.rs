@@ -365,7 +365,14 @@ impl Worker {
 
         let mut commits = Vec::with_capacity(plan.assignments.len());
         let mut taken: HashMap<NodeId, BTreeSet<u32>> = HashMap::new();
+        // Preemption is decided by the planner but not yet carried out here: a job whose
+        // assignment depends on victims stopping stays queued (and is re-planned each round).
+        let waits_for_victims: std::collections::HashSet<JobId> =
+            plan.preemptions.iter().map(|p| p.for_job).collect();
         for a in &plan.assignments {
+            if waits_for_victims.contains(&a.job) {
+                continue;
+            }
             let Some(pending) = state.pending.get(&a.job) else {
                 continue;
             };
