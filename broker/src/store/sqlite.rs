@@ -475,13 +475,15 @@ impl Store for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
             out.requeued.extend(
-                requeue_node_work(
+                end_node_work(
                     &mut tx,
                     &node,
+                    "lost",
                     "node lost: no heartbeat within the lease TTL",
                     now,
                 )
-                .await?,
+                .await?
+                .1,
             );
             out.nodes.push(NodeId(node));
         }
@@ -779,7 +781,8 @@ impl Store for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        let (stopped, requeued) = preempt_node_work(&mut tx, node.as_str(), why, now).await?;
+        let (stopped, requeued) =
+            end_node_work(&mut tx, node.as_str(), "preempted", why, now).await?;
         tx.commit().await?;
         Ok(NodeInterruption {
             newly_draining: marked.rows_affected() == 1,
@@ -1145,7 +1148,7 @@ impl Store for SqliteStore {
                 .execute(&mut *tx)
                 .await?;
             let why = format!("instance {id} ended: {}", reason.unwrap_or("terminated"));
-            requeue_node_work(&mut tx, node.as_str(), &why, now).await?;
+            end_node_work(&mut tx, node.as_str(), "lost", &why, now).await?;
         }
         if let Some(job) = inst.for_job {
             let why = format!("instance {id} ended before the job was placed");
@@ -1188,57 +1191,13 @@ impl Store for SqliteStore {
 
 type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
 
-/// Moves a node's live attempts to `lost` and their jobs back to the queue (or to `cancelled`
-/// when a cancel was pending). Returns the requeued jobs.
-async fn requeue_node_work(
+/// Ends a node's live attempts in `attempt_state` (`lost` when the node or its instance is
+/// gone, `preempted` when it is being interrupted) and sends their jobs back to the queue (or to
+/// `cancelled` when a cancel was pending). Returns the attempts ended and the jobs requeued.
+async fn end_node_work(
     tx: &mut Tx,
     node: &str,
-    why: &str,
-    now: Timestamp,
-) -> StoreResult<Vec<JobId>> {
-    let attempts = sqlx::query(
-        "SELECT id, job_id FROM attempts WHERE node_id = $1 AND state IN ('assigned', 'running')",
-    )
-    .bind(node)
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut requeued = Vec::new();
-    for a in attempts {
-        let attempt_id: String = a.try_get("id")?;
-        let job_id: String = a.try_get("job_id")?;
-        sqlx::query(
-            "UPDATE attempts SET state = 'lost', finished_at = $1, error = $2 WHERE id = $3",
-        )
-        .bind(now.millis())
-        .bind(why)
-        .bind(&attempt_id)
-        .execute(&mut **tx)
-        .await?;
-        sqlx::query(
-            "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
-             ELSE 'queued' END, \
-             finished_at = CASE WHEN cancel_requested = 1 THEN $1 ELSE NULL END, \
-             reason = $2, version = version + 1 \
-             WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
-        )
-        .bind(now.millis())
-        .bind(format!("{why}; requeued"))
-        .bind(&job_id)
-        .bind(&attempt_id)
-        .execute(&mut **tx)
-        .await?;
-        requeued.push(JobId(parse_uuid(&job_id)?));
-    }
-    Ok(requeued)
-}
-
-/// Moves a node's live attempts to `preempted` and their jobs back to the queue with the
-/// reason `"{why}: requeued"` (or to `cancelled` when a cancel was pending), like
-/// [`requeue_node_work`] but for a node that is still alive: its agent is told to stop the
-/// returned attempts, whose later events are rejected. Returns the attempts and their jobs.
-async fn preempt_node_work(
-    tx: &mut Tx,
-    node: &str,
+    attempt_state: &'static str,
     why: &str,
     now: Timestamp,
 ) -> StoreResult<(Vec<AttemptRef>, Vec<JobId>)> {
@@ -1253,14 +1212,13 @@ async fn preempt_node_work(
     let mut requeued = Vec::with_capacity(rows.len());
     for row in &rows {
         let attempt = attempt_ref_from_row(row)?;
-        sqlx::query(
-            "UPDATE attempts SET state = 'preempted', finished_at = $1, error = $2 WHERE id = $3",
-        )
-        .bind(now.millis())
-        .bind(why)
-        .bind(attempt.attempt_id.to_string())
-        .execute(&mut **tx)
-        .await?;
+        sqlx::query("UPDATE attempts SET state = $1, finished_at = $2, error = $3 WHERE id = $4")
+            .bind(attempt_state)
+            .bind(now.millis())
+            .bind(why)
+            .bind(attempt.attempt_id.to_string())
+            .execute(&mut **tx)
+            .await?;
         sqlx::query(
             "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
              ELSE 'queued' END, \
