@@ -12,86 +12,27 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard_broker::app::ProviderSet;
-use switchyard_broker::config::{PoolConfig, RegionConfig};
 use switchyard_core::PoolId;
 use switchyard_providers::fake::{FakeOutcome, FakeProvider};
-use switchyard_providers::{InstanceState, Offers, Provider};
+use switchyard_providers::{InstanceState, Provider};
 
 const CHEAP: &str = "aws:test-east/gpu8";
 const DEAR: &str = "gcp:test-west/gpu8";
-
-fn cloud_pool(id: &str, region: &str, price: f64) -> PoolConfig {
-    PoolConfig {
-        id: id.into(),
-        region: region.into(),
-        gpu_model: "H100".into(),
-        gpus_per_node: 8,
-        gpu_memory_gb: 80,
-        vcpus: 0,
-        memory_gb: 0,
-        price_per_gpu_hour_usd: price,
-        node_limit: 2,
-        launchable: true,
-        boot_time_s: 60,
-    }
-}
-
-fn region(id: &str) -> RegionConfig {
-    RegionConfig {
-        id: id.into(),
-        latitude: None,
-        longitude: None,
-        latency_ms: 20,
-        egress_per_gb_usd: 0.09,
-        ingress_gbps: 10,
-    }
-}
 
 /// A broker with no on-prem nodes and two launchable cloud pools behind one fake provider.
 async fn spawn(
     tweak: impl FnOnce(&mut switchyard_broker::config::Config),
 ) -> (TestApp, Arc<FakeProvider>) {
-    let slot: Arc<std::sync::Mutex<Option<Arc<FakeProvider>>>> = Arc::default();
-    let out = slot.clone();
-    let app = TestApp::spawn_with(
-        |c| {
-            c.burst_enabled = true;
-            // The test plays agents that never heartbeat: only the paths under test may end
-            // their leases, not the TTL.
-            c.lease_ttl_s = 600;
-            c.idle_ttl_s = 1;
-            c.min_billed_s = 0;
-            c.regions.push(region("aws:test-east"));
-            c.regions.push(region("gcp:test-west"));
-            c.pools.push(cloud_pool(CHEAP, "aws:test-east", 4.0));
-            c.pools.push(cloud_pool(DEAR, "gcp:test-west", 5.0));
-            tweak(c);
-        },
-        move |config| {
-            let now = switchyard_broker::clock::now();
-            let offers = switchyard_broker::app::catalogue_from_config(config, now).unwrap();
-            let pools: Vec<_> = offers
-                .iter()
-                .flat_map(|(_, p)| p.clone())
-                .filter(|p| p.launchable)
-                .collect();
-            let fake = Arc::new(FakeProvider::new(
-                "fake",
-                Offers {
-                    regions: offers.iter().map(|(r, _)| r.clone()).collect(),
-                    pools: pools.clone(),
-                },
-            ));
-            *slot.lock().unwrap() = Some(fake.clone());
-            let mut set = ProviderSet::default();
-            set.add(fake, pools.into_iter().map(|p| p.id));
-            set
-        },
-    )
-    .await;
-    let fake = out.lock().unwrap().take().unwrap();
-    (app, fake)
+    spawn_with_fake(|c| {
+        c.idle_ttl_s = 1;
+        c.min_billed_s = 0;
+        c.regions.push(cloud_region("aws:test-east"));
+        c.regions.push(cloud_region("gcp:test-west"));
+        c.pools.push(cloud_pool(CHEAP, "aws:test-east", 4.0));
+        c.pools.push(cloud_pool(DEAR, "gcp:test-west", 5.0));
+        tweak(c);
+    })
+    .await
 }
 
 /// A job that cannot wait: no on-prem capacity exists, so it must burst.
@@ -104,28 +45,6 @@ fn urgent(name: &str) -> Value {
 fn chrono_like_in(secs: i64) -> String {
     let t = switchyard_broker::clock::now().plus_secs(secs);
     switchyard_broker::clock::to_datetime(t).to_rfc3339()
-}
-
-async fn instances(app: &TestApp) -> Vec<Value> {
-    let r = app
-        .call(Method::GET, "/api/v1/instances", Some(&app.admin), None)
-        .await;
-    assert_eq!(r.status, 200, "{}", r.body);
-    r.body["instances"].as_array().unwrap().clone()
-}
-
-async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

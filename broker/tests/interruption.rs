@@ -12,9 +12,6 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use switchyard_broker::app::ProviderSet;
-use switchyard_broker::config::{PoolConfig, RegionConfig};
-use switchyard_providers::Offers;
 use switchyard_providers::fake::FakeProvider;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -244,82 +241,14 @@ const CLOUD: &str = "aws:test-east/gpu8";
 
 /// A broker with no on-prem nodes and one launchable cloud pool behind the fake provider.
 async fn spawn_cloud() -> (TestApp, Arc<FakeProvider>) {
-    let slot: Arc<std::sync::Mutex<Option<Arc<FakeProvider>>>> = Arc::default();
-    let out = slot.clone();
-    let app = TestApp::spawn_with(
-        |c| {
-            c.burst_enabled = true;
-            // Long enough that the drained instance is still there to look at.
-            c.idle_ttl_s = 600;
-            c.min_billed_s = 0;
-            c.regions.push(RegionConfig {
-                id: "aws:test-east".into(),
-                latitude: None,
-                longitude: None,
-                latency_ms: 20,
-                egress_per_gb_usd: 0.09,
-                ingress_gbps: 10,
-            });
-            c.pools.push(PoolConfig {
-                id: CLOUD.into(),
-                region: "aws:test-east".into(),
-                gpu_model: "H100".into(),
-                gpus_per_node: 8,
-                gpu_memory_gb: 80,
-                vcpus: 0,
-                memory_gb: 0,
-                price_per_gpu_hour_usd: 4.0,
-                node_limit: 2,
-                launchable: true,
-                boot_time_s: 60,
-            });
-        },
-        move |config| {
-            let now = switchyard_broker::clock::now();
-            let offers = switchyard_broker::app::catalogue_from_config(config, now).unwrap();
-            let pools: Vec<_> = offers
-                .iter()
-                .flat_map(|(_, p)| p.clone())
-                .filter(|p| p.launchable)
-                .collect();
-            let fake = Arc::new(FakeProvider::new(
-                "fake",
-                Offers {
-                    regions: offers.iter().map(|(r, _)| r.clone()).collect(),
-                    pools: pools.clone(),
-                },
-            ));
-            *slot.lock().unwrap() = Some(fake.clone());
-            let mut set = ProviderSet::default();
-            set.add(fake, pools.into_iter().map(|p| p.id));
-            set
-        },
-    )
-    .await;
-    let fake = out.lock().unwrap().take().unwrap();
-    (app, fake)
-}
-
-async fn instances(app: &TestApp) -> Vec<Value> {
-    let r = app
-        .call(Method::GET, "/api/v1/instances", Some(&app.admin), None)
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    r.body["instances"].as_array().unwrap().clone()
-}
-
-async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + WAIT * 2;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    spawn_with_fake(|c| {
+        // Long enough that the drained instance is still there to look at.
+        c.idle_ttl_s = 600;
+        c.min_billed_s = 0;
+        c.regions.push(cloud_region("aws:test-east"));
+        c.pools.push(cloud_pool(CLOUD, "aws:test-east", 4.0));
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,7 +270,7 @@ async fn an_interrupted_burst_instance_drains_and_its_job_gets_a_new_one() {
         .as_str()
         .unwrap()
         .to_string();
-    let first = eventually("a launch", async || fake.launches().into_iter().next()).await;
+    let first = eventually("a launch", 20, async || fake.launches().into_iter().next()).await;
     let agent = app.agent_with_token(&first.enrolment_token, 8).await;
     app.wait_for_job(&dev, &id, WAIT, |j| j["state"] == "placed")
         .await;
@@ -366,7 +295,7 @@ async fn an_interrupted_burst_instance_drains_and_its_job_gets_a_new_one() {
     assert_eq!(drained["state"], "draining", "{inst:?}");
 
     // The requeued job cannot go back to the draining node: it gets a new instance.
-    eventually("a second launch for the requeued job", async || {
+    eventually("a second launch for the requeued job", 20, async || {
         (fake.launches().len() >= 2).then_some(())
     })
     .await;

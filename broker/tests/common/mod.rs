@@ -277,3 +277,101 @@ pub struct TestAgent {
 pub fn job_spec(team: &str) -> Value {
     json!({"name": "t", "team": team, "command": ["true"], "resources": {"gpus": 1}})
 }
+
+/// A region for test cloud pools.
+pub fn cloud_region(id: &str) -> switchyard_broker::config::RegionConfig {
+    RegionConfig {
+        id: id.into(),
+        latitude: None,
+        longitude: None,
+        latency_ms: 20,
+        egress_per_gb_usd: 0.09,
+        ingress_gbps: 10,
+    }
+}
+
+/// A launchable pool of 8-GPU H100 nodes.
+pub fn cloud_pool(id: &str, region: &str, price: f64) -> PoolConfig {
+    PoolConfig {
+        id: id.into(),
+        region: region.into(),
+        gpu_model: "H100".into(),
+        gpus_per_node: 8,
+        gpu_memory_gb: 80,
+        vcpus: 0,
+        memory_gb: 0,
+        price_per_gpu_hour_usd: price,
+        node_limit: 2,
+        launchable: true,
+        boot_time_s: 60,
+    }
+}
+
+/// A bursting broker whose launchable pools (those `tweak` configures) are served by one
+/// scripted fake provider, returned alongside. Leases are long: the tests' hand-played agents
+/// do not heartbeat, and only the paths under test may end their work.
+pub async fn spawn_with_fake(
+    tweak: impl FnOnce(&mut Config),
+) -> (
+    TestApp,
+    std::sync::Arc<switchyard_providers::fake::FakeProvider>,
+) {
+    use std::sync::{Arc, Mutex};
+    use switchyard_providers::fake::FakeProvider;
+    let slot: Arc<Mutex<Option<Arc<FakeProvider>>>> = Arc::default();
+    let out = slot.clone();
+    let app = TestApp::spawn_with(
+        |c| {
+            c.burst_enabled = true;
+            c.lease_ttl_s = 600;
+            tweak(c);
+        },
+        move |config| {
+            let now = switchyard_broker::clock::now();
+            let offers = switchyard_broker::app::catalogue_from_config(config, now).unwrap();
+            let pools: Vec<_> = offers
+                .iter()
+                .flat_map(|(_, p)| p.clone())
+                .filter(|p| p.launchable)
+                .collect();
+            let fake = Arc::new(FakeProvider::new(
+                "fake",
+                switchyard_providers::Offers {
+                    regions: offers.iter().map(|(r, _)| r.clone()).collect(),
+                    pools: pools.clone(),
+                },
+            ));
+            *slot.lock().unwrap() = Some(fake.clone());
+            let mut set = switchyard_broker::app::ProviderSet::default();
+            set.add(fake, pools.into_iter().map(|p| p.id));
+            set
+        },
+    )
+    .await;
+    let fake = out.lock().unwrap().take().unwrap();
+    (app, fake)
+}
+
+/// Every instance the broker knows, as the API shows it.
+pub async fn instances(app: &TestApp) -> Vec<Value> {
+    let r = app
+        .call(Method::GET, "/api/v1/instances", Some(&app.admin), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    r.body["instances"].as_array().unwrap().clone()
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or fails after `secs`.
+pub async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
