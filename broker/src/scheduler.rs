@@ -425,12 +425,7 @@ impl Worker {
             let Some(provider) = app.providers.for_pool(&l.pool) else {
                 continue;
             };
-            let hourly_price = match l.market {
-                switchyard_core::Market::Spot => {
-                    pool.spot_per_hour.unwrap_or(pool.on_demand_per_hour)
-                }
-                switchyard_core::Market::OnDemand => pool.on_demand_per_hour,
-            };
+            let hourly_price = pool.price_per_hour(l.market);
             launches.push(NewInstance {
                 id: Uuid::now_v7().to_string(),
                 provider: provider.name().to_string(),

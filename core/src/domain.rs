@@ -133,6 +133,34 @@ impl Pool {
         self.spot_per_hour
             .map(|p| p.div_ceil(i64::from(self.gpus_per_node.max(1))))
     }
+
+    /// Price of one node-hour in `market` (spot falls back to on demand where there is none).
+    pub fn price_per_hour(&self, market: Market) -> Money {
+        match market {
+            Market::Spot => self.spot_per_hour.unwrap_or(self.on_demand_per_hour),
+            Market::OnDemand => self.on_demand_per_hour,
+        }
+    }
+
+    /// Price of one GPU-hour in `market` (the node price shared evenly, rounded up).
+    pub fn price_per_gpu_hour(&self, market: Market) -> Money {
+        self.price_per_hour(market)
+            .div_ceil(i64::from(self.gpus_per_node.max(1)))
+    }
+
+    /// The cheapest market a job with `spot` may use here: spot where the job allows it and
+    /// the pool sells it cheaper; on demand otherwise. Pools the broker cannot launch in
+    /// (on-prem, static) charge their internal on-demand rate.
+    pub fn cheapest_market(&self, spot: SpotRule) -> Market {
+        match (spot, self.spot_per_hour) {
+            (SpotRule::Allowed | SpotRule::Preferred, Some(price))
+                if self.launchable && price < self.on_demand_per_hour =>
+            {
+                Market::Spot
+            }
+            _ => Market::OnDemand,
+        }
+    }
 }
 
 /// A machine with an agent, in a pool.

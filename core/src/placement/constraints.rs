@@ -8,7 +8,7 @@
 //! This module knows nothing about nodes, running work or time.
 
 use super::Rejection;
-use crate::domain::{JobKind, JobSpec, Market, Pool, Region, SpotRule};
+use crate::domain::{JobKind, JobSpec, Pool, Region, SpotRule};
 use crate::money::Money;
 
 /// Why a pool cannot take a job: [`Rejection`] without the allocation (`GpuModelNotAllowed`
@@ -251,37 +251,4 @@ pub(crate) fn latency_violation(spec: &JobSpec, region: Option<&Region>) -> Opti
     let max_ms = spec.max_latency_ms?;
     let latency_ms = region.map_or(u32::MAX, |r| r.latency_ms);
     (latency_ms > max_ms).then_some(Reject::LatencyTooHigh { latency_ms, max_ms })
-}
-
-/// The market a job uses in a pool: spot where the job allows it and the pool sells it cheaper;
-/// on demand otherwise. Pools the broker cannot launch in (on-prem, static) charge their internal
-/// on-demand rate. This is the cheapest market the job may use there (the pruning order); the
-/// market actually used also weighs interruption risk (`estimate`).
-pub(crate) fn market_for(pool: &Pool, spot: SpotRule) -> Market {
-    match (spot, pool.spot_per_hour) {
-        (SpotRule::Allowed | SpotRule::Preferred, Some(price))
-            if pool.launchable && price < pool.on_demand_per_hour =>
-        {
-            Market::Spot
-        }
-        _ => Market::OnDemand,
-    }
-}
-
-/// Price of one node-hour in `market`.
-pub(crate) fn node_price(pool: &Pool, market: Market) -> Money {
-    match market {
-        Market::Spot => pool.spot_per_hour.unwrap_or(pool.on_demand_per_hour),
-        Market::OnDemand => pool.on_demand_per_hour,
-    }
-}
-
-/// Price of one GPU-hour in `market` (the node price shared evenly, rounded up).
-pub(crate) fn gpu_price(pool: &Pool, market: Market) -> Money {
-    match market {
-        Market::Spot => pool
-            .spot_per_gpu_hour()
-            .unwrap_or_else(|| pool.on_demand_per_gpu_hour()),
-        Market::OnDemand => pool.on_demand_per_gpu_hour(),
-    }
 }

@@ -10,9 +10,7 @@
 
 use super::CandidateKind;
 use super::capacity::Capacity;
-use super::constraints::{
-    Reject, gpu_price, latency_violation, market_for, node_price, static_violation,
-};
+use super::constraints::{Reject, latency_violation, static_violation};
 use super::index::{Index, PoolInfo};
 use super::policy::JobPolicy;
 use crate::domain::{JobKind, JobSpec, Market, Priority, SpotRule};
@@ -172,13 +170,15 @@ impl<'a> JobCtx<'a> {
         let finish = start.plus_secs(run_s);
         let per_node = match kind {
             // A new node is the job's alone: it pays for all of it, boot included.
-            CandidateKind::Launch => node_price(info.pool, market)
+            CandidateKind::Launch => info
+                .pool
+                .price_per_hour(market)
                 .per_hour_for_secs(run_s.saturating_add(i64::from(boot_s))),
-            CandidateKind::FreeNow | CandidateKind::Wait | CandidateKind::Preempt => {
-                gpu_price(info.pool, market)
-                    .saturating_mul(i64::from(self.gpus.max(1)))
-                    .per_hour_for_secs(run_s)
-            }
+            CandidateKind::FreeNow | CandidateKind::Wait | CandidateKind::Preempt => info
+                .pool
+                .price_per_gpu_hour(market)
+                .saturating_mul(i64::from(self.gpus.max(1)))
+                .per_hour_for_secs(run_s),
         };
         let compute = per_node.saturating_mul(i64::from(self.nodes));
         let misses_deadline = self
@@ -218,7 +218,7 @@ impl<'a> JobCtx<'a> {
         ready: Timestamp,
     ) -> Estimate {
         let p = index.pools[pool].pool;
-        let spot_ok = market_for(p, self.spot) == Market::Spot
+        let spot_ok = p.cheapest_market(self.spot) == Market::Spot
             && self.priced_out(index, pool, Market::Spot).is_none();
         let od = self.estimate(index, pool, node, kind, Market::OnDemand, ready);
         if !spot_ok {
@@ -246,7 +246,7 @@ impl<'a> JobCtx<'a> {
             return None;
         }
         let p = index.pools[pool].pool;
-        let cheapest = market_for(p, self.spot);
+        let cheapest = p.cheapest_market(self.spot);
         let reject = self.priced_out(index, pool, cheapest)?;
         if cheapest == Market::Spot && self.priced_out(index, pool, Market::OnDemand).is_none() {
             return None;
@@ -262,7 +262,9 @@ impl<'a> JobCtx<'a> {
         }
         let p = index.pools[pool].pool;
         if let Some(max) = self.spec.max_price_per_hour {
-            let price = gpu_price(p, market).saturating_mul(i64::from(self.gpus.max(1)));
+            let price = p
+                .price_per_gpu_hour(market)
+                .saturating_mul(i64::from(self.gpus.max(1)));
             if price > max {
                 return Some(Reject::OverMaxPrice {
                     price_per_hour: price,
@@ -281,7 +283,7 @@ impl<'a> JobCtx<'a> {
             CandidateKind::Preempt => index.now.plus_secs(PREEMPTION_GRACE_S),
             CandidateKind::FreeNow | CandidateKind::Wait => index.now,
         };
-        let market = market_for(pool, self.spot);
+        let market = pool.cheapest_market(self.spot);
         self.estimate(index, blocked.pool, None, blocked.kind, market, ready)
     }
 

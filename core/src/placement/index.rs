@@ -7,7 +7,6 @@
 //!
 //! Ids are assumed unique within each vector of the snapshot (the broker's stores key them).
 
-use super::constraints::{gpu_price, market_for};
 use crate::domain::{
     DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, Node, Pool, Priority, Region, RegionId,
     RunningAttempt, Snapshot, SpotRule, TeamPolicy,
@@ -142,7 +141,13 @@ impl<'a> Index<'a> {
             let mut order: Vec<(Money, usize)> = pools
                 .iter()
                 .enumerate()
-                .map(|(i, info)| (gpu_price(info.pool, market_for(info.pool, rule)), i))
+                .map(|(i, info)| {
+                    (
+                        info.pool
+                            .price_per_gpu_hour(info.pool.cheapest_market(rule)),
+                        i,
+                    )
+                })
                 .collect();
             order.sort_unstable();
             order

@@ -6,7 +6,7 @@
 //! never depends on the order of `Snapshot::policies`: lists must all allow, ceilings take the
 //! lowest, budgets are each charged. This module decides nothing and knows nothing of capacity.
 
-use super::constraints::{Reject, gpu_price};
+use super::constraints::Reject;
 use crate::domain::{JobSpec, Market, Pool, Priority, SpotRule, TeamPolicy};
 use crate::money::Money;
 use crate::time::Timestamp;
@@ -86,7 +86,7 @@ impl JobPolicy {
         pool: &Pool,
         market: Market,
     ) -> Option<Reject> {
-        let price = gpu_price(pool, market);
+        let price = pool.price_per_gpu_hour(market);
         self.covering
             .iter()
             .filter_map(|&i| policies[i].max_price_per_gpu_hour)

@@ -22,7 +22,7 @@
 //! results never depend on input order.
 
 use super::{Action, Decisions, Scheduler, View};
-use crate::domain::{Market, Pool, QueuedJob, SpotRule};
+use crate::domain::{Market, QueuedJob};
 use crate::money::Money;
 use crate::placement::hard_constraint;
 use std::collections::HashMap;
@@ -116,7 +116,7 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
             node,
             pool,
             gpus_free: n.gpus_free,
-            gpu_price: gpu_price(p, market),
+            gpu_price: p.price_per_gpu_hour(market),
         };
         if p.launchable {
             cloud.push(free)
@@ -179,7 +179,7 @@ fn cheapest_offer(view: &View<'_>, job: &QueuedJob, pool_size: &[u32]) -> Option
             p.launchable && pool_size[*i] < p.node_limit && hard_constraint(p, &job.spec).is_none()
         })
         .map(|(i, p)| {
-            let market = market_for(p, job.spec.spot);
+            let market = p.cheapest_market(job.spec.spot);
             let egress = data
                 .filter(|d| d.region != p.region)
                 .and_then(|d| snap.regions.iter().find(|r| r.id == d.region))
@@ -188,32 +188,9 @@ fn cheapest_offer(view: &View<'_>, job: &QueuedJob, pool_size: &[u32]) -> Option
                         .saturating_mul(i64::from(data.map_or(0, |d| d.size_gb)))
                 });
             let boot = i64::from(p.boot_time_s);
-            let cost = node_price(p, market).per_hour_for_secs(runtime_s + boot) + egress;
+            let cost = p.price_per_hour(market).per_hour_for_secs(runtime_s + boot) + egress;
             ((cost, &p.id), (i, market))
         })
         .min_by(|a, b| a.0.cmp(&b.0))
         .map(|(_, choice)| choice)
-}
-
-/// Spot when the job allows it and the pool has a cheaper spot market.
-pub(crate) fn market_for(pool: &Pool, spot: SpotRule) -> Market {
-    match (spot, pool.spot_per_hour) {
-        (SpotRule::Allowed | SpotRule::Preferred, Some(price))
-            if pool.launchable && price < pool.on_demand_per_hour =>
-        {
-            Market::Spot
-        }
-        _ => Market::OnDemand,
-    }
-}
-
-pub(crate) fn node_price(pool: &Pool, market: Market) -> Money {
-    match market {
-        Market::Spot => pool.spot_per_hour.unwrap_or(pool.on_demand_per_hour),
-        Market::OnDemand => pool.on_demand_per_hour,
-    }
-}
-
-pub(crate) fn gpu_price(pool: &Pool, market: Market) -> Money {
-    node_price(pool, market).div_ceil(i64::from(pool.gpus_per_node.max(1)))
 }

@@ -33,8 +33,6 @@ use crate::domain::{JobSpec, Pool, Region};
 use crate::money::Money;
 use crate::placement::hard_constraint;
 
-use super::baselines::{market_for, node_price};
-
 /// Default number of time buckets.
 pub const DEFAULT_BUCKETS: usize = 256;
 
@@ -138,9 +136,9 @@ fn best_cost(world: &World, spec: &JobSpec, runtime_s: i64, cloud: bool) -> Opti
         .iter()
         .filter(|p| p.pool.launchable == cloud && hard_constraint(&p.pool, spec).is_none())
         .map(|p| {
-            let market = market_for(&p.pool, spec.spot);
+            let market = p.pool.cheapest_market(spec.spot);
             // The exact per-GPU share (no rounding up): a bound must not overcharge.
-            let share = node_price(&p.pool, market).micros() as f64
+            let share = p.pool.price_per_hour(market).micros() as f64
                 / f64::from(p.pool.gpus_per_node.max(1));
             let compute = share * f64::from(spec.resources.gpus) * runtime_s.max(0) as f64 / 3600.0;
             compute + egress(&world.regions, spec, &p.pool).micros() as f64
