@@ -219,7 +219,7 @@ async fn work(
                         epoch: l.epoch,
                     },
                     command: l.spec.command.clone(),
-                    env: crate::convert::lease_env(&l.spec),
+                    env: l.spec.env.clone(),
                     gpus: l.gpus,
                     grace_s: app.config.grace_s,
                 })

@@ -2,7 +2,6 @@
 //! validation of what users send, and the views they get back. Dollars become micro-dollars
 //! here and only here.
 
-use std::collections::BTreeMap;
 use switchyard_core as core;
 use switchyard_core::{Money, Timestamp};
 use switchyard_protocol::api as wire;
@@ -331,9 +330,4 @@ pub fn pool_view(
         boot_time_s: pool.boot_time_s,
         price_updated_at: to_datetime(pool.price_updated_at),
     }
-}
-
-/// Environment of a lease: the job's env; the agent adds `CUDA_VISIBLE_DEVICES`.
-pub fn lease_env(spec: &core::JobSpec) -> BTreeMap<String, String> {
-    spec.env.clone()
 }
