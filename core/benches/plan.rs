@@ -7,6 +7,7 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::time::Instant;
+use switchyard_core::placement::{self, Detail};
 use switchyard_core::*;
 
 #[path = "support/fleet.rs"]
@@ -19,9 +20,15 @@ fn bench_plan(c: &mut Criterion) {
         let snapshot = fleet::fleet(42, jobs, pools, nodes);
         group.throughput(Throughput::Elements(jobs as u64));
         let name = format!("{jobs}j_{pools}p_{nodes}n");
-        group.bench_with_input(BenchmarkId::from_parameter(name), &snapshot, |b, s| {
+        group.bench_with_input(BenchmarkId::from_parameter(&name), &snapshot, |b, s| {
             b.iter(|| plan(black_box(s), fleet::NOW))
         });
+        // The same decisions without candidate lists (what the simulator asks for).
+        group.bench_with_input(
+            BenchmarkId::new("outcomes_only", &name),
+            &snapshot,
+            |b, s| b.iter(|| placement::plan_with(black_box(s), fleet::NOW, Detail::Outcomes)),
+        );
     }
     group.finish();
 }

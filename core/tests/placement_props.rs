@@ -11,7 +11,7 @@
 
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use switchyard_core::placement::{MAX_EXPLAINED_CANDIDATES, hard_constraint};
+use switchyard_core::placement::{self, MAX_EXPLAINED_CANDIDATES, hard_constraint};
 use switchyard_core::*;
 use uuid::Uuid;
 
@@ -546,5 +546,132 @@ proptest! {
         shuffle(&mut shuffled.running, &mut seed);
         shuffle(&mut shuffled.policies, &mut seed);
         prop_assert_eq!(plan(&shuffled, NOW), expected);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// A plan without candidate lists decides exactly as a full one.
+    #[test]
+    fn outcome_only_plans_decide_as_full_ones(snap in arb_snapshot()) {
+        let mut full = plan(&snap, NOW);
+        for e in full.explanations.values_mut() {
+            e.candidates.clear();
+        }
+        prop_assert_eq!(placement::plan_with(&snap, NOW, placement::Detail::Outcomes), full);
+    }
+
+    /// Waiting jobs reserve what they wait for: on a lone node that nothing can be launched
+    /// beside, the waits the plan expects and the running work never need more GPUs at once
+    /// than the node has (running work holds its GPUs until its expected end; overdue work a
+    /// minute more).
+    #[test]
+    fn waiting_jobs_never_count_on_the_same_gpus(
+        busy in prop::collection::vec((1u32..5, -600i64..20_000), 0..6),
+        jobs in prop::collection::vec((1u32..9, 0i64..20_000), 1..12),
+        free in 0u32..3,
+    ) {
+        let (onprem, total) = ("onprem:dc1", 8u32);
+        let held: u32 = busy.iter().map(|&(g, _)| g).sum::<u32>().min(total - free);
+        let pool = Pool {
+            id: PoolId::new("onprem:dc1/n8"),
+            region: RegionId::new(onprem),
+            provider: "onprem".into(),
+            instance_type: String::new(),
+            gpu_model: "H100".into(),
+            gpus_per_node: total,
+            gpu_memory_gb: 80,
+            vcpus: 0,
+            memory_gb: 0,
+            on_demand_per_hour: Money::from_micros(8_000_000),
+            spot_per_hour: None,
+            node_limit: 1,
+            launchable: false,
+            boot_time_s: 0,
+            price_updated_at: NOW,
+            recent_capacity_failures: 0,
+        };
+        let node = Node {
+            id: NodeId::new("n1"),
+            pool: pool.id.clone(),
+            gpus_total: total,
+            gpus_free: total - held,
+            healthy: true,
+            draining: false,
+            last_heartbeat: NOW,
+        };
+        // Running work that adds up to what is held (the last attempt takes the rest).
+        let mut left = held;
+        let mut running = Vec::new();
+        for (i, &(g, end)) in busy.iter().enumerate() {
+            let g = if i + 1 == busy.len() { left } else { g.min(left) };
+            if g == 0 {
+                continue;
+            }
+            left -= g;
+            running.push(RunningAttempt {
+                job: JobId(Uuid::from_u128(1_000 + i as u128)),
+                attempt: AttemptId(Uuid::from_u128(1_000 + i as u128)),
+                node: node.id.clone(),
+                gpus: g,
+                priority: Priority::Normal,
+                started_at: NOW,
+                expected_end: NOW.plus_secs(end),
+            });
+        }
+        prop_assume!(left == 0);
+        let queued: Vec<QueuedJob> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, &(gpus, runtime))| QueuedJob {
+                id: JobId(Uuid::from_u128(i as u128 + 1)),
+                spec: JobSpec {
+                    name: "j".into(),
+                    team: "team".into(),
+                    project: None,
+                    command: vec![],
+                    env: BTreeMap::new(),
+                    resources: Resources { gpus, gpu_models: vec![], min_gpu_memory_gb: 0, cpus: 0, memory_gb: 0, nodes: 1 },
+                    estimated_runtime_s: Some(runtime),
+                    deadline: None,
+                    priority: Priority::Normal,
+                    spot: SpotRule::Never,
+                    max_price_per_hour: None,
+                    regions: vec![],
+                    data: None,
+                    kind: JobKind::Batch,
+                    max_latency_ms: None,
+                },
+                submitted_at: NOW,
+            })
+            .collect();
+        let snap = Snapshot { pools: vec![pool], nodes: vec![node], queued: queued.clone(), running: running.clone(), ..Snapshot::default() };
+        let p = plan(&snap, NOW);
+        // Intervals of GPU use: running work, jobs assigned now, jobs expected to start later.
+        let mut uses: Vec<(i64, i64, u32)> = running
+            .iter()
+            .map(|a| {
+                let end = a.expected_end.millis() - NOW.millis();
+                (0, if end <= 0 { 60_000 } else { end }, a.gpus)
+            })
+            .collect();
+        for j in &queued {
+            let runtime_ms = j.spec.runtime_s() * 1000;
+            match &p.explanations[&j.id].outcome {
+                // Jobs that start now may use GPUs a waiting job counts on (the next round
+                // sees it): they are not part of the promise.
+                Outcome::Assigned { .. } => {}
+                Outcome::Wait { expected_start, .. } => {
+                    let s = expected_start.millis() - NOW.millis();
+                    uses.push((s, s + runtime_ms, j.spec.resources.gpus));
+                }
+                other => prop_assert!(false, "{other:?}"),
+            }
+        }
+        for &(at, _, _) in &uses {
+            let in_use: u32 = uses.iter().filter(|&&(s, e, _)| s <= at && at < e).map(|&(_, _, g)| g).sum();
+            prop_assert!(in_use <= total, "{in_use} GPUs in use at +{at} ms: {uses:?} {:?}", p.explanations.values().map(|e| (&e.outcome, e.candidates.first())).collect::<Vec<_>>());
+        }
     }
 }

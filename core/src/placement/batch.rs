@@ -8,17 +8,19 @@
 //! largest first: each job either takes a slot of a contended pool (at its cost there) or its
 //! best other option (a pool not contended, waiting, or a launch). Deadlines are hard: a job's
 //! option that misses its deadline costs [`MISS_PENALTY`] more, so the flow meets every
-//! deadline it can before it saves a dollar.
+//! deadline it can before it saves a dollar. A job's options are every free-now candidate it
+//! has and its best other one, found with a scan pruned for that alone; with one contended pool
+//! the flow is a sort by saving.
 //!
 //! The result is a set of pins the per-job loop carries out with its usual checks, so nothing
 //! here can break a hard constraint. Beyond [`MAX_QUEUE`] jobs, [`MAX_JOBS`] in a class or
 //! [`MAX_ARCS`] arcs, the class (or the round) is left to the per-job loop: a size budget, not a
 //! clock, so the plan stays deterministic.
 
+use super::CandidateKind;
 use super::estimate::JobCtx;
-use super::explain::keep_best;
 use super::greedy::Round;
-use super::{CandidateKind, MAX_EXPLAINED_CANDIDATES};
+use super::index::IdMap;
 use crate::domain::{JobId, QueuedJob};
 use crate::money::Money;
 use std::cmp::Reverse;
@@ -55,17 +57,24 @@ struct Options {
 }
 
 /// The joint assignment's pins for the round's queue (in queue order).
-pub(crate) fn pins(round: &mut Round, queue: &[&QueuedJob]) -> HashMap<JobId, Pin> {
-    let mut pins = HashMap::new();
+pub(crate) fn pins(round: &mut Round, queue: &[&QueuedJob]) -> IdMap<JobId, Pin> {
+    let mut pins = IdMap::default();
     if queue.len() < 2 || queue.len() > MAX_QUEUE {
         return pins;
     }
+    let free = free_gpus(round);
+    // Per pool, the most GPUs a usable node has free: which pools can offer a job free capacity.
+    let most_free: Vec<(usize, u32)> = free
+        .iter()
+        .enumerate()
+        .filter_map(|(p, nodes)| nodes.iter().map(|&(_, f)| f).max().map(|m| (p, m)))
+        .filter(|&(_, m)| m > 0)
+        .collect();
     let options: Vec<Options> = queue
         .iter()
         .filter(|j| j.spec.resources.nodes <= 1)
-        .map(|j| options(round, j))
+        .map(|j| options(round, j, &most_free))
         .collect();
-    let free = free_gpus(round);
     let mut demand = vec![0u64; round.index.pools.len()];
     for o in &options {
         if let Some(p) = o.first_choice {
@@ -153,34 +162,34 @@ pub(crate) fn pins(round: &mut Round, queue: &[&QueuedJob]) -> HashMap<JobId, Pi
     pins
 }
 
-fn options(round: &mut Round, job: &QueuedJob) -> Options {
+fn options(round: &mut Round, job: &QueuedJob, most_free: &[(usize, u32)]) -> Options {
     let ctx = JobCtx::new(&round.index, &job.spec);
-    round.evaluate_for_batch(&ctx);
-    // The best few, as an explanation shows them: the same whether or not the scan was pruned.
-    keep_best(&mut round.viable, MAX_EXPLAINED_CANDIDATES, |e| e.score);
-    let best = round.viable.iter().min_by_key(|e| e.score);
+    let pools: Vec<usize> = most_free
+        .iter()
+        .filter(|&&(_, m)| m >= ctx.gpus)
+        .map(|&(p, _)| p)
+        .collect();
+    let (free, other) = round.batch_candidates(&ctx, &pools);
+    let best_free = free.iter().min_by_key(|e| e.score);
+    let best = match (best_free, other.as_ref()) {
+        (Some(a), Some(b)) => Some(if a.score < b.score { a } else { b }),
+        (a, b) => a.or(b),
+    };
     let first_choice = best
         .filter(|e| e.score.kind == CandidateKind::FreeNow)
         .map(|e| e.score.pool);
-    let mut free_now: Vec<(usize, Money)> = round
-        .viable
+    let mut free_now: Vec<(usize, Money)> = free
         .iter()
-        .filter(|e| e.score.kind == CandidateKind::FreeNow && !e.score.misses_deadline)
+        .filter(|e| !e.score.misses_deadline)
         .map(|e| (e.score.pool, e.score.cost))
         .collect();
     free_now.sort_unstable();
-    let other = round
-        .viable
-        .iter()
-        .filter(|e| e.score.kind != CandidateKind::FreeNow || e.score.misses_deadline)
-        .map(|e| flow_cost(e.score.cost, e.score.misses_deadline))
-        .min();
     Options {
         job: job.id,
         gpus: ctx.gpus,
         free_now,
         first_choice,
-        other,
+        other: other.map(|e| flow_cost(e.score.cost, e.score.misses_deadline)),
     }
 }
 
@@ -209,6 +218,9 @@ fn free_gpus(round: &Round) -> Vec<Vec<(usize, u32)>> {
 /// out; a job with neither is left out (`None` too). Successive shortest paths with
 /// potentials: exact, integral, and deterministic (ties by vertex number).
 fn solve(jobs: &[&Options], pools: &[usize], slots: &[i64]) -> Vec<Option<usize>> {
+    if let ([pool], [slots]) = (pools, slots) {
+        return solve_one(jobs, *pool, *slots);
+    }
     let pool_pos: HashMap<usize, usize> = pools.iter().enumerate().map(|(i, &p)| (p, i)).collect();
     let (n_jobs, n_pools) = (jobs.len(), pools.len());
     let src = 0;
@@ -245,6 +257,42 @@ fn solve(jobs: &[&Options], pools: &[usize], slots: &[i64]) -> Vec<Option<usize>
                 .and_then(|&(_, pool)| pool)
         })
         .collect()
+}
+
+/// [`solve`] for one contended pool, in `O(n log n)`: the flow is greatest when the jobs with
+/// no way out take slots first (the cheapest of them if slots are short), and cheapest when
+/// the slots left go to the jobs that save most by them (saving nothing still takes a slot
+/// left over: it starts sooner). Ties by position, so the result is
+/// deterministic.
+fn solve_one(jobs: &[&Options], pool: usize, slots: i64) -> Vec<Option<usize>> {
+    let mut out = vec![None; jobs.len()];
+    let mut left = usize::try_from(slots.max(0)).unwrap_or(usize::MAX);
+    let cost = |o: &Options| {
+        o.free_now
+            .iter()
+            .find(|&&(p, _)| p == pool)
+            .map(|&(_, c)| flow_cost(c, false))
+    };
+    let mut stuck: Vec<(i64, usize)> = Vec::new();
+    let mut saving: Vec<(i64, usize)> = Vec::new();
+    for (i, o) in jobs.iter().enumerate() {
+        let Some(c) = cost(o) else { continue };
+        match o.other {
+            None => stuck.push((c, i)),
+            Some(other) if other >= c => saving.push((c - other, i)),
+            Some(_) => {}
+        }
+    }
+    stuck.sort_unstable();
+    saving.sort_unstable();
+    for &(_, i) in stuck.iter().chain(&saving) {
+        if left == 0 {
+            break;
+        }
+        out[i] = Some(0);
+        left -= 1;
+    }
+    out
 }
 
 /// A residual graph for min-cost flow: arcs in pairs (forward, backward).
@@ -367,5 +415,72 @@ mod tests {
         assert_eq!(solve(&[&c, &d], &[0, 1], &[1, 1]), vec![Some(0), Some(1)]);
         // No option at all: left out.
         assert_eq!(solve(&[&opt(&[], None)], &[0], &[1]), vec![None]);
+    }
+
+    #[test]
+    fn one_pool_is_solved_as_the_flow_would() {
+        // Costs of the assignment, as the flow counts them (a job left out costs nothing).
+        let total = |jobs: &[&Options], chosen: &[Option<usize>]| -> (usize, i64) {
+            let mut flow = 0;
+            let mut cost = 0;
+            for (o, c) in jobs.iter().zip(chosen) {
+                match (c, o.other) {
+                    (Some(_), _) => {
+                        flow += 1;
+                        cost += o.free_now[0].1.micros();
+                    }
+                    (None, Some(other)) => {
+                        flow += 1;
+                        cost += other;
+                    }
+                    (None, None) => {}
+                }
+            }
+            (flow, cost)
+        };
+        let mut seed = 7u64;
+        for case in 0..300 {
+            let n = 1 + case % 9;
+            let jobs: Vec<Options> = (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let c = (seed >> 33) as i64 % 50;
+                    let other = match (seed >> 20) % 4 {
+                        0 => None,
+                        _ => Some((seed >> 40) as i64 % 80),
+                    };
+                    opt(&[(3, c)], other)
+                })
+                .collect();
+            let refs: Vec<&Options> = jobs.iter().collect();
+            let slots = (case % 5) as i64;
+            let fast = solve_one(&refs, 3, slots);
+            let general = {
+                let pool_pos = [3usize];
+                let (n_jobs, src) = (refs.len(), 0);
+                let out = 1 + n_jobs + 1;
+                let mut g = Graph::new(out + 2);
+                let mut arcs = Vec::new();
+                for (j, o) in refs.iter().enumerate() {
+                    g.add(src, 1 + j, 1, 0);
+                    let a = g.add(1 + j, 1 + n_jobs, 1, flow_cost(o.free_now[0].1, false));
+                    if let Some(c) = o.other {
+                        g.add(1 + j, out, 1, c);
+                    }
+                    arcs.push(a);
+                }
+                g.add(1 + n_jobs, out + 1, slots, 0);
+                g.add(out, out + 1, n_jobs as i64, 0);
+                g.min_cost_flow(src, out + 1);
+                let _ = pool_pos;
+                arcs.iter()
+                    .map(|&a| (g.cap[a] == 0).then_some(0))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(total(&refs, &fast), total(&refs, &general), "case {case}");
+            assert!(fast.iter().flatten().count() as i64 <= slots);
+        }
     }
 }

@@ -3,9 +3,11 @@
 //! already planned per pool.
 //!
 //! Best fit is a range query on a per-pool ordered set of (free GPUs, node), so a job never scans
-//! a pool's nodes. Wait estimates are computed lazily per (pool, GPUs needed) and forgotten when
-//! the pool's capacity changes. This module decides nothing: it answers "what fits where, and
-//! when", and records what the planner took.
+//! a pool's nodes. Wait estimates read each node's releases; per pool and GPU count, a min-tree
+//! over the nodes gives the earliest one and is updated one node at a time as the round takes
+//! capacity. A job that waits reserves what it waits for ([`Capacity::reserve`]), so the jobs
+//! after it in the queue see the wait they will really have, not the same release. This module
+//! decides nothing: it answers "what fits where, and when", and records what the planner took.
 
 use super::index::Index;
 use crate::time::Timestamp;
@@ -15,6 +17,48 @@ use std::collections::BTreeSet;
 /// it is late, not gone, and may report completion any moment.
 pub(crate) const OVERDUE_GRACE_S: i64 = 60;
 
+/// Best fits are memoised for jobs of fewer GPUs than this.
+const FIT_MEMO: usize = 9;
+const FIT_UNKNOWN: usize = usize::MAX;
+const FIT_NONE: usize = usize::MAX - 1;
+
+/// A leaf for a node that never will (or is not usable).
+const NEVER: (i64, usize) = (i64::MAX, usize::MAX);
+
+/// The least of a fixed number of (time in ms, node) leaves, updated one leaf at a time.
+#[derive(Debug, Clone)]
+struct MinTree {
+    /// Leaves from `size` on; each inner node the least of its two children.
+    data: Vec<(i64, usize)>,
+    size: usize,
+}
+
+impl MinTree {
+    fn new(leaves: &[(i64, usize)]) -> MinTree {
+        let size = leaves.len().next_power_of_two();
+        let mut data = vec![NEVER; 2 * size];
+        data[size..size + leaves.len()].copy_from_slice(leaves);
+        for i in (1..size).rev() {
+            data[i] = data[2 * i].min(data[2 * i + 1]);
+        }
+        MinTree { data, size }
+    }
+
+    fn set(&mut self, slot: usize, leaf: (i64, usize)) {
+        let mut i = self.size + slot;
+        self.data[i] = leaf;
+        while i > 1 {
+            i /= 2;
+            self.data[i] = self.data[2 * i].min(self.data[2 * i + 1]);
+        }
+    }
+
+    fn min(&self) -> WaitEstimate {
+        let (at, node) = self.data[1.min(self.data.len() - 1)];
+        (node != usize::MAX).then_some((Timestamp(at), node))
+    }
+}
+
 /// When a node will have the GPUs: the time and the node.
 pub(crate) type WaitEstimate = Option<(Timestamp, usize)>;
 
@@ -22,6 +66,10 @@ pub(crate) type WaitEstimate = Option<(Timestamp, usize)>;
 pub(crate) struct Capacity {
     /// GPUs free per node now, after this round's assignments.
     free: Vec<u32>,
+    /// Of those, the GPUs no waiting job of this round counts on: what wait estimates start
+    /// from. Jobs that wait reserve the capacity they expect (see [`Capacity::reserve`]), so
+    /// the jobs behind them in the queue do not all count on the same release.
+    wait_free: Vec<u32>,
     /// The most GPUs a node can ever have free: its total (or what it reports free, if more).
     ceiling: Vec<u32>,
     /// Per pool, its usable nodes as (free GPUs, node): the first entry at or above (g, 0) is
@@ -32,6 +80,14 @@ pub(crate) struct Capacity {
     releases: Vec<Vec<(Timestamp, u32)>>,
     /// Per pool, nodes launched this round.
     launches: Vec<u32>,
+    /// Per pool, memoised best fits for 0..FIT_MEMO GPUs ([`FIT_UNKNOWN`] until asked, then
+    /// the node or [`FIT_NONE`]); forgotten when the pool's free GPUs change.
+    fit_memo: Vec<[usize; FIT_MEMO]>,
+    /// Per pool and GPU count below FIT_MEMO, once asked: when each usable node of the pool will
+    /// have that many GPUs, as a min-tree, kept up to date as nodes change.
+    trees: Vec<[Option<MinTree>; FIT_MEMO]>,
+    /// Per node, its position among its pool's nodes (a leaf of the pool's trees).
+    slot: Vec<usize>,
     /// Per pool, memoised wait estimates by (GPUs per node, nodes) needed.
     waits: Vec<Vec<((u32, u32), WaitEstimate)>>,
     /// Per running attempt (position in the index), whether this round preempts it.
@@ -62,11 +118,23 @@ impl Capacity {
             r.sort_unstable();
         }
         Capacity {
+            wait_free: free.clone(),
             free,
             ceiling,
             fit,
             releases,
             launches: vec![0; index.pools.len()],
+            fit_memo: vec![[FIT_UNKNOWN; FIT_MEMO]; index.pools.len()],
+            trees: (0..index.pools.len()).map(|_| Default::default()).collect(),
+            slot: {
+                let mut slot = vec![0; index.nodes.len()];
+                for info in &index.pools {
+                    for (i, &node) in info.nodes.iter().enumerate() {
+                        slot[node] = i;
+                    }
+                }
+                slot
+            },
             waits: vec![Vec::new(); index.pools.len()],
             preempted: vec![false; index.running.len()],
         }
@@ -173,7 +241,7 @@ impl Capacity {
         if leftover > 0 {
             self.add_release(node, grace_end, leftover);
         }
-        self.waits[index.node_pool[node]].clear();
+        self.touch(index, node);
     }
 
     fn add_release(&mut self, node: usize, at: Timestamp, gpus: u32) {
@@ -182,17 +250,45 @@ impl Capacity {
         r.insert(pos, (at, gpus));
     }
 
+    /// The most GPUs a usable node of `pool` has free.
+    pub(crate) fn most_free(&self, pool: usize) -> u32 {
+        self.fit[pool].last().map_or(0, |&(free, _)| free)
+    }
+
     /// The usable node of `pool` with `gpus` free and the fewest left over, ties by node id.
-    pub(crate) fn best_fit(&self, pool: usize, gpus: u32) -> Option<usize> {
-        self.fit[pool]
+    pub(crate) fn best_fit(&mut self, pool: usize, gpus: u32) -> Option<usize> {
+        let slot = usize::try_from(gpus).ok().filter(|&g| g < FIT_MEMO);
+        if let Some(g) = slot {
+            match self.fit_memo[pool][g] {
+                FIT_UNKNOWN => {}
+                FIT_NONE => return None,
+                node => return Some(node),
+            }
+        }
+        let fit = self.fit[pool]
             .range((gpus, 0)..)
             .next()
-            .map(|&(_, node)| node)
+            .map(|&(_, node)| node);
+        if let Some(g) = slot {
+            self.fit_memo[pool][g] = fit.unwrap_or(FIT_NONE);
+        }
+        fit
     }
 
     /// The earliest time a usable node of `pool` is expected to have `gpus` free, and that node
     /// (ties by node id). `None` when no usable node ever will.
     pub(crate) fn earliest_free(&mut self, index: &Index, pool: usize, gpus: u32) -> WaitEstimate {
+        if let Some(g) = usize::try_from(gpus).ok().filter(|&g| g < FIT_MEMO) {
+            if self.trees[pool][g].is_none() {
+                let leaves: Vec<(i64, usize)> = index.pools[pool]
+                    .nodes
+                    .iter()
+                    .map(|&node| self.leaf(index, node, gpus))
+                    .collect();
+                self.trees[pool][g] = Some(MinTree::new(&leaves));
+            }
+            return self.trees[pool][g].as_ref().and_then(MinTree::min);
+        }
         if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == (gpus, 1)) {
             return known;
         }
@@ -206,8 +302,33 @@ impl Capacity {
         estimate
     }
 
+    /// A node's leaf in its pool's min-trees for `gpus`: when it will have them free.
+    fn leaf(&self, index: &Index, node: usize, gpus: u32) -> (i64, usize) {
+        match index.usable(node) {
+            true => self
+                .node_free_at(index, node, gpus)
+                .map_or(NEVER, |t| (t.millis(), node)),
+            false => NEVER,
+        }
+    }
+
+    /// Brings the node's leaves up to date after it changed, and forgets its pool's other
+    /// memoised waits.
+    fn touch(&mut self, index: &Index, node: usize) {
+        let pool = index.node_pool[node];
+        for g in 0..FIT_MEMO {
+            if self.trees[pool][g].is_some() {
+                let leaf = self.leaf(index, node, g as u32);
+                if let Some(tree) = &mut self.trees[pool][g] {
+                    tree.set(self.slot[node], leaf);
+                }
+            }
+        }
+        self.waits[pool].clear();
+    }
+
     fn node_free_at(&self, index: &Index, node: usize, gpus: u32) -> Option<Timestamp> {
-        let free = self.free[node];
+        let free = self.wait_free[node];
         if free >= gpus {
             return Some(index.now);
         }
@@ -244,14 +365,55 @@ impl Capacity {
         let after = before.saturating_sub(gpus);
         if self.fit[pool].remove(&(before, node)) {
             self.fit[pool].insert((after, node));
+            self.fit_memo[pool] = [FIT_UNKNOWN; FIT_MEMO];
         }
         self.free[node] = after;
+        // Free-now GPUs go to the jobs that start now; a waiting job that counted on them will
+        // see that in its next round. What such a job takes from them comes back to that
+        // waiting job, not to the jobs after it.
+        let owed = gpus.saturating_sub(self.wait_free[node]);
+        self.wait_free[node] = self.wait_free[node].saturating_sub(gpus).min(after);
+        if let Some(at) = until
+            && gpus > owed
+        {
+            self.add_release(node, at, gpus - owed);
+        }
+        self.touch(index, node);
+    }
+
+    /// Reserves `gpus` on `node` for a job that waits for them (a single-node job whose best
+    /// choice is to wait there): the GPUs it will take — those free now that no earlier waiting
+    /// job counts on, then the earliest releases — are no longer offered to the wait estimates
+    /// of the jobs after it, and come back when it is expected to finish (`until`; `None`: a
+    /// service, never). Jobs that start now are not held back (they may use the GPUs until the
+    /// waiting job's turn); the next round sees what they took.
+    pub(crate) fn reserve(
+        &mut self,
+        index: &Index,
+        node: usize,
+        gpus: u32,
+        until: Option<Timestamp>,
+    ) {
+        let from_free = self.wait_free[node].min(gpus);
+        self.wait_free[node] -= from_free;
+        let mut need = gpus - from_free;
+        let r = &mut self.releases[node];
+        let mut used = 0;
+        while need > 0 && used < r.len() {
+            let take = r[used].1.min(need);
+            need -= take;
+            r[used].1 -= take;
+            if r[used].1 == 0 {
+                used += 1;
+            }
+        }
+        r.drain(..used);
         if let Some(at) = until
             && gpus > 0
         {
             self.add_release(node, at, gpus);
         }
-        self.waits[pool].clear();
+        self.touch(index, node);
     }
 
     /// Records a node launched in `pool` this round. It is not offered to later jobs: it does

@@ -199,6 +199,13 @@ pub(crate) fn static_violation(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
     {
         return Some(Reject::GpuModelNotAllowed);
     }
+    shape_violation(pool, spec)
+}
+
+/// [`static_violation`] past the region and GPU model lists: the pool's shape and price
+/// against the job's figures.
+pub(crate) fn shape_violation(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
+    let r = &spec.resources;
     if pool.gpu_memory_gb < r.min_gpu_memory_gb {
         return Some(Reject::GpuMemoryTooSmall {
             have_gb: pool.gpu_memory_gb,

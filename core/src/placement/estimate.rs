@@ -10,8 +10,8 @@
 
 use super::CandidateKind;
 use super::capacity::Capacity;
-use super::constraints::{Reject, latency_violation, static_violation};
-use super::index::{Index, PoolInfo};
+use super::constraints::{Reject, latency_violation, shape_violation};
+use super::index::{Index, PoolInfo, PriceOrder};
 use super::policy::JobPolicy;
 use crate::domain::{JobKind, JobSpec, Market, Priority, SpotRule};
 use crate::money::Money;
@@ -94,6 +94,12 @@ pub(crate) struct JobCtx<'a> {
     pub priority: Priority,
     margin_ms: i64,
     data: Option<DataCtx>,
+    /// Per region key, whether the job's region list allows it (`None`: any region).
+    region_ok: Option<Vec<bool>>,
+    /// Per model key, whether the job's model list allows it (`None`: any model).
+    model_ok: Option<Vec<bool>>,
+    /// Per region key, a service's latency verdict (`None`: no latency bound).
+    latency: Option<Vec<Option<Reject>>>,
 }
 
 #[derive(Debug)]
@@ -127,7 +133,51 @@ impl<'a> JobCtx<'a> {
             // max(60 s, 5% of the runtime), in milliseconds: 5% of a second is 50 ms.
             margin_ms: (MIN_DEADLINE_MARGIN_S * 1000).max(runtime_s.saturating_mul(50)),
             data,
+            region_ok: (!spec.regions.is_empty()).then(|| {
+                index
+                    .region_ids
+                    .iter()
+                    .map(|id| spec.regions.contains(id))
+                    .collect()
+            }),
+            model_ok: (!spec.resources.gpu_models.is_empty()).then(|| {
+                index
+                    .model_names
+                    .iter()
+                    .map(|m| {
+                        spec.resources
+                            .gpu_models
+                            .iter()
+                            .any(|w| w.eq_ignore_ascii_case(m))
+                    })
+                    .collect()
+            }),
+            latency: (spec.kind == JobKind::Service && spec.max_latency_ms.is_some()).then(|| {
+                index
+                    .region_ids
+                    .iter()
+                    .map(|id| latency_violation(spec, index.region(id)))
+                    .collect()
+            }),
         }
+    }
+
+    /// The job's own hard constraints and its latency bound against the pool: what
+    /// [`super::constraints::static_violation`] and [`latency_violation`] say, from the tables
+    /// worked out once per job.
+    fn static_violation(&self, info: &PoolInfo) -> Option<Reject> {
+        if let Some(ok) = &self.region_ok
+            && !ok[info.region_key]
+        {
+            return Some(Reject::RegionNotAllowed);
+        }
+        if let Some(ok) = &self.model_ok
+            && !ok[info.model_key]
+        {
+            return Some(Reject::GpuModelNotAllowed);
+        }
+        shape_violation(info.pool, self.spec)
+            .or_else(|| self.latency.as_ref().and_then(|l| l[info.region_key]))
     }
 
     /// Egress cost and transfer seconds of bringing the job's data to the pool.
@@ -287,18 +337,30 @@ impl<'a> JobCtx<'a> {
         self.estimate(index, blocked.pool, None, blocked.kind, market, ready)
     }
 
-    /// The least any candidate in a pool can cost this job, given the GPU-hour price it pays
-    /// there (see [`Index::pools_by_price`]). A launch pays the whole node, which costs at least
-    /// the job's GPUs' share; the per-GPU price is rounded up, hence the micro-dollar off.
-    /// Negative prices bound nothing.
-    pub(crate) fn min_cost(&self, gpu_price: Money) -> Money {
+    /// The least any candidate in a pool can cost this job, given the GPU-hour price `gpu_price`
+    /// it pays there at best (see [`Index::pools_by_price`]) and, if the pool is launchable, a
+    /// boot time no longer than its own. On existing nodes the job pays its GPUs' share at that
+    /// price at least; a launch pays the whole node for the runtime and the boot, and the node
+    /// costs at least the job's GPUs' share, the per-GPU price being rounded up (hence the
+    /// micro-dollar off). `None` (no bound) for prices that are not positive.
+    pub(crate) fn floor_cost(&self, gpu_price: Money, boot_s: Option<u32>) -> Option<Money> {
         if gpu_price <= Money::ZERO {
-            return Money::from_micros(i64::MIN);
+            return None;
         }
-        Money::from_micros(gpu_price.micros() - 1)
-            .saturating_mul(i64::from(self.gpus.max(1)))
+        let gpus = i64::from(self.gpus.max(1));
+        let nodes = i64::from(self.nodes);
+        let shared = gpu_price
+            .saturating_mul(gpus)
             .per_hour_for_secs(self.runtime_s)
-            .saturating_mul(i64::from(self.nodes))
+            .saturating_mul(nodes);
+        Some(match boot_s {
+            None => shared,
+            Some(boot) => Money::from_micros(gpu_price.micros() - 1)
+                .saturating_mul(gpus)
+                .per_hour_for_secs(self.runtime_s.saturating_add(i64::from(boot)))
+                .saturating_mul(nodes)
+                .min(shared),
+        })
     }
 
     /// Whether the job may take GPUs from low-priority work: it is urgent (high or critical,
@@ -320,8 +382,7 @@ impl<'a> JobCtx<'a> {
 /// region's latency, and its policies' allow-lists (price ceilings depend on the market).
 pub(crate) fn pool_violation(index: &Index, job: &JobCtx, pool: usize) -> Option<Reject> {
     let info = &index.pools[pool];
-    static_violation(info.pool, job.spec)
-        .or_else(|| latency_violation(job.spec, info.region))
+    job.static_violation(info)
         .or_else(|| job.policy.allow_violation(&index.policies, info.pool))
         .or_else(|| job.priced_out_everywhere(index, pool))
 }
@@ -390,17 +451,18 @@ pub(crate) fn evaluate(
 }
 
 /// Tells when scanning more pools cannot change a job's best `keep` candidates, which is all an
-/// explanation shows: once `keep` candidates meet the deadline, a pool whose cheapest possible
-/// candidate costs more than the dearest of them cannot place among them, and pools scanned
-/// cheapest-first only get dearer.
+/// explanation shows (and, with `keep == 1`, all a decision needs): once `keep` candidates are
+/// found, pools whose every candidate would score worse than the worst of them cannot place
+/// among them. Pools come cheapest first, so a lower bound on the score of any candidate from
+/// a position on is the least cost at that price tier (or the next) with no egress, no
+/// transfer, no wait and the smallest pool position left in the tier.
 #[derive(Debug)]
 pub(crate) struct ScanBound {
     keep: usize,
-    /// The costs of the cheapest `keep` deadline-meeting candidates so far; the dearest on top.
-    best: BinaryHeap<Money>,
-    /// The last GPU-hour price asked about and the least cost it allows: pools come in price
-    /// order and many share a price, so this saves most `min_cost` calls.
-    last: Option<(Money, Money)>,
+    /// The best `keep` scores so far; the worst on top.
+    best: BinaryHeap<Score>,
+    /// The last next-tier bound worked out: (its position, the bound).
+    next: Option<(usize, Option<Score>)>,
 }
 
 impl ScanBound {
@@ -408,34 +470,72 @@ impl ScanBound {
         ScanBound {
             keep,
             best: BinaryHeap::with_capacity(keep + 1),
-            last: None,
+            next: None,
         }
     }
 
     pub(crate) fn offer(&mut self, estimate: &Estimate) {
-        if estimate.score.misses_deadline || self.keep == 0 {
+        if self.keep == 0 {
             return;
         }
-        self.best.push(estimate.score.cost);
+        if self.best.len() == self.keep && self.best.peek().is_some_and(|&w| estimate.score >= w) {
+            return;
+        }
+        self.best.push(estimate.score);
         if self.best.len() > self.keep {
             self.best.pop();
         }
     }
 
-    /// True when no candidate in a pool at `gpu_price` can be among the best `keep`;
-    /// `min_cost` gives the least a candidate at a price can cost.
-    pub(crate) fn excludes(&mut self, gpu_price: Money, min_cost: impl Fn(Money) -> Money) -> bool {
+    /// True when no pool from position `pos` of `order` on can offer the job a candidate
+    /// among the best `keep`.
+    pub(crate) fn excludes(
+        &mut self,
+        pos: usize,
+        order: &PriceOrder,
+        job: &JobCtx,
+        now: Timestamp,
+    ) -> bool {
         if self.best.len() < self.keep {
             return false;
         }
-        let least = match self.last {
-            Some((price, least)) if price == gpu_price => least,
-            _ => {
-                let least = min_cost(gpu_price);
-                self.last = Some((gpu_price, least));
-                least
-            }
+        // A worst candidate that misses the deadline is beaten by any bound (which meets it).
+        let Some(&worst) = self.best.peek().filter(|w| !w.misses_deadline) else {
+            return false;
         };
-        self.best.peek().is_some_and(|&dearest| least > dearest)
+        let finish = now.plus_secs(job.runtime_s);
+        let floor = |at: usize, pool: usize| -> Option<Score> {
+            let cost = job.floor_cost(order.pools[at].0, order.min_boot_from[at])?;
+            Some(Score {
+                misses_deadline: false,
+                late_finish: Timestamp(0),
+                cost,
+                finish,
+                kind: CandidateKind::FreeNow,
+                pool,
+                node: None,
+            })
+        };
+        let Some(tier) = floor(pos, order.tier_min_pool[pos]) else {
+            return false;
+        };
+        let end = order.tier_end[pos];
+        let lower = if end < order.pools.len() {
+            let next = match self.next {
+                Some((at, next)) if at == end => next,
+                _ => {
+                    let next = floor(end, 0);
+                    self.next = Some((end, next));
+                    next
+                }
+            };
+            match next {
+                Some(next) => tier.min(next),
+                None => return false,
+            }
+        } else {
+            tier
+        };
+        worst < lower
     }
 }

@@ -9,18 +9,17 @@ use super::capacity::Capacity;
 use super::constraints::Reject;
 use super::estimate::{Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, evaluate};
 use super::explain::{candidates, hold_reason, keep_best};
-use super::index::Index;
+use super::index::{IdMap, Index};
 use super::policy::{Budgets, JobPolicy};
 use super::preempt::best_preemption;
 use super::{
-    Assignment, Candidate, CandidateKind, Explanation, Hold, HoldCode, Launch,
+    Assignment, Candidate, CandidateKind, Detail, Explanation, Hold, HoldCode, Launch,
     MAX_EXPLAINED_CANDIDATES, Outcome, Plan, Preemption,
 };
 use crate::domain::{QueuedJob, Snapshot};
 use crate::money::Money;
 use crate::time::Timestamp;
 use std::cmp::Reverse;
-use std::collections::HashMap;
 
 /// How many pools each job looks at. Both give the same plan; tests check that they do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,8 +62,40 @@ pub(crate) fn queue<'s>(index: &Index, snapshot: &'s Snapshot) -> Vec<&'s Queued
 /// joint assignment prices each job's way out against the round's starting capacity; it cannot
 /// see that a displaced job could have waited for a job placed this round, so it is checked
 /// against the per-job plan rather than trusted.)
-pub(crate) fn plan(snapshot: &Snapshot, now: Timestamp, scan: Scan) -> Plan {
-    let mut round = Round::new(Index::new(snapshot, now), scan);
+pub(crate) fn plan(snapshot: &Snapshot, now: Timestamp, scan: Scan, detail: Detail) -> Plan {
+    let mut round = Round::new(Index::new(snapshot, now), scan, detail);
+    let queue = queue(&round.index, snapshot);
+    let start_free: Vec<u32> = (0..round.index.pools.len())
+        .map(|p| round.capacity.most_free(p))
+        .collect();
+    for &job in &queue {
+        round.place(job);
+    }
+    if !contended(&mut round, &queue, &start_free) {
+        // No job was kept off free capacity it wanted: the joint assignment would pin nothing.
+        return round.plan;
+    }
+    let per_job = (round.objective, round.reset());
+    let pins = super::batch::pins(&mut round, &queue);
+    if pins.is_empty() || pins_kept(&per_job.1, &round.index, &pins) {
+        // Pins the per-job plan already keeps would give it again, to the same objective.
+        return per_job.1;
+    }
+    round.pins = pins;
+    for &job in &queue {
+        round.place(job);
+    }
+    if round.objective < per_job.0 {
+        round.plan
+    } else {
+        per_job.1
+    }
+}
+
+/// [`plan`] without the shortcut past the joint assignment: the reference it must agree with.
+#[cfg(test)]
+pub(crate) fn plan_always_batched(snapshot: &Snapshot, now: Timestamp, scan: Scan) -> Plan {
+    let mut round = Round::new(Index::new(snapshot, now), scan, Detail::Full);
     let queue = queue(&round.index, snapshot);
     let pins = super::batch::pins(&mut round, &queue);
     for &job in &queue {
@@ -85,6 +116,51 @@ pub(crate) fn plan(snapshot: &Snapshot, now: Timestamp, scan: Scan) -> Plan {
     }
 }
 
+/// After the per-job pass: whether free capacity may have been contended, so that the joint
+/// assignment could pin anything. It cannot when every pool that had room at the start for
+/// some job still has room for the largest of those jobs at the end: a job whose best choice
+/// was free capacity in a pool then found it still there at its turn, at the same cost, and
+/// took it, so no pool was wanted beyond what it had. Budgets and preemption can change a
+/// job's choice during the pass, so with them this says yes.
+fn contended(round: &mut Round, queue: &[&QueuedJob], start_free: &[u32]) -> bool {
+    if round
+        .index
+        .policies
+        .iter()
+        .any(|p| p.remaining_budget.is_some())
+        || round.index.preemptible_nodes.iter().any(|n| !n.is_empty())
+    {
+        return true;
+    }
+    let mut sizes: Vec<u32> = queue
+        .iter()
+        .filter(|j| j.spec.resources.nodes <= 1)
+        .map(|j| j.spec.resources.gpus)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    start_free.iter().enumerate().any(|(pool, &free)| {
+        let fitting = sizes.partition_point(|&g| g <= free);
+        fitting > 0 && round.capacity.best_fit(pool, sizes[fitting - 1]).is_none()
+    })
+}
+
+/// Whether `plan` already does what every pin says: the job took free capacity in its pinned
+/// pool, or none in the pools it was to leave to others.
+fn pins_kept(plan: &Plan, index: &Index, pins: &IdMap<crate::domain::JobId, Pin>) -> bool {
+    pins.iter().all(|(job, pin)| {
+        let taken = match plan.explanations.get(job).map(|e| &e.outcome) {
+            Some(Outcome::Assigned { pool, .. }) => Some(pool),
+            _ => None,
+        };
+        let is = |p: usize| taken == Some(&index.pools[p].pool.id);
+        match pin {
+            Pin::Pool(p) => is(*p),
+            Pin::Elsewhere(pools) => !pools.iter().any(|&p| is(p)),
+        }
+    })
+}
+
 /// How good a round's plan is, field order being priority order: fewer jobs held, fewer
 /// deadlines missed, less estimated cost (of every job's chosen candidate, waits included).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -101,9 +177,10 @@ pub(crate) struct Round<'a> {
     pub capacity: Capacity,
     budgets: Budgets,
     scan: Scan,
+    detail: Detail,
     pub plan: Plan,
     /// Decisions the joint assignment made for some jobs (see `batch`).
-    pub pins: HashMap<crate::domain::JobId, Pin>,
+    pub pins: IdMap<crate::domain::JobId, Pin>,
     /// Scratch buffers for one job's candidates, reused across jobs.
     pub viable: Vec<Estimate>,
     pub blocked: Vec<Blocked>,
@@ -111,14 +188,15 @@ pub(crate) struct Round<'a> {
 }
 
 impl<'a> Round<'a> {
-    pub(crate) fn new(index: Index<'a>, scan: Scan) -> Round<'a> {
+    pub(crate) fn new(index: Index<'a>, scan: Scan, detail: Detail) -> Round<'a> {
         Round {
             capacity: Capacity::new(&index),
             budgets: Budgets::new(&index.policies),
             index,
             scan,
+            detail,
             plan: Plan::default(),
-            pins: HashMap::new(),
+            pins: IdMap::default(),
             viable: Vec::new(),
             blocked: Vec::new(),
             objective: Objective::default(),
@@ -150,7 +228,15 @@ impl<'a> Round<'a> {
     fn decide(&mut self, job: &QueuedJob) -> Explanation {
         let ctx = JobCtx::new(&self.index, &job.spec);
         let remaining = self.budgets.remaining(&ctx.policy);
-        self.evaluate_pools(&ctx, Some(job.id));
+        let full = self.detail == Detail::Full;
+        // Without candidate lists only the winner matters, unless the joint assignment pinned
+        // the job to a pool: the winner is then looked for among the best few.
+        let keep = if full || matches!(self.pins.get(&job.id), Some(Pin::Pool(_))) {
+            MAX_EXPLAINED_CANDIDATES
+        } else {
+            1
+        };
+        self.evaluate_pools(&ctx, Some(job.id), keep);
         let mut victims = Vec::new();
         let best = self.viable.iter().min_by_key(|e| e.score).copied();
         if ctx.policy.window_open && ctx.may_preempt(best.as_ref()) {
@@ -183,15 +269,23 @@ impl<'a> Round<'a> {
             self.objective.holds += 1;
             let code = hold_code(&ctx, &self.blocked);
             let reason = hold_reason(&self.blocked);
-            keep_best(&mut self.blocked, MAX_EXPLAINED_CANDIDATES, |b| {
-                b.order_key()
-            });
-            let shown = candidates(&self.index, &ctx, &self.viable, 0, &self.blocked);
+            let shown = if full {
+                keep_best(&mut self.blocked, MAX_EXPLAINED_CANDIDATES, |b| {
+                    b.order_key()
+                });
+                candidates(&self.index, &ctx, &self.viable, 0, &self.blocked)
+            } else {
+                Vec::new()
+            };
             return self.hold(job, code, reason, shown);
         };
-        let room = MAX_EXPLAINED_CANDIDATES - self.viable.len();
-        keep_best(&mut self.blocked, room, |b| b.order_key());
-        let shown = candidates(&self.index, &ctx, &self.viable, displaced, &self.blocked);
+        let shown = if full {
+            let room = MAX_EXPLAINED_CANDIDATES - self.viable.len();
+            keep_best(&mut self.blocked, room, |b| b.order_key());
+            candidates(&self.index, &ctx, &self.viable, displaced, &self.blocked)
+        } else {
+            Vec::new()
+        };
         self.objective.misses += u32::from(winner.score.misses_deadline);
         self.objective.cost += winner.score.cost;
         let outcome = self.commit(job, &ctx, winner, &victims);
@@ -210,7 +304,7 @@ impl<'a> Round<'a> {
     ///
     /// The joint assignment's pins (for `job`) and the policy rules that depend on the
     /// candidate are applied as pools are scanned, so pruning counts only what is workable.
-    fn evaluate_pools(&mut self, ctx: &JobCtx, job: Option<crate::domain::JobId>) {
+    fn evaluate_pools(&mut self, ctx: &JobCtx, job: Option<crate::domain::JobId>, keep: usize) {
         self.viable.clear();
         self.blocked.clear();
         let remaining = self.budgets.remaining(&ctx.policy);
@@ -218,9 +312,10 @@ impl<'a> Round<'a> {
             Some(Pin::Elsewhere(pools)) => pools.as_slice(),
             _ => &[],
         };
-        let mut bound = ScanBound::new(MAX_EXPLAINED_CANDIDATES);
-        for &(gpu_price, pool) in self.index.pools_by_price(ctx.spot) {
-            if self.scan == Scan::Pruned && bound.excludes(gpu_price, |p| ctx.min_cost(p)) {
+        let mut bound = ScanBound::new(keep);
+        let order = self.index.pools_by_price(ctx.spot);
+        for (pos, &(_, pool)) in order.pools.iter().enumerate() {
+            if self.scan == Scan::Pruned && bound.excludes(pos, order, ctx, self.index.now) {
                 break;
             }
             let before = self.viable.len();
@@ -240,10 +335,72 @@ impl<'a> Round<'a> {
         }
     }
 
-    /// Evaluates the job against the capacity as it stands, with its policy rules, for the
-    /// joint assignment: `viable` holds what it could take.
-    pub(crate) fn evaluate_for_batch(&mut self, ctx: &JobCtx) {
-        self.evaluate_pools(ctx, None);
+    /// What the joint assignment needs of a job, against the capacity as it stands and with
+    /// its policy rules: its workable candidates on free capacity in `free_pools` (pools where
+    /// some usable node has the job's GPUs free: every free-now candidate it has), and its best
+    /// workable candidate that is not a free-now one meeting its deadline (its way out). The
+    /// second comes from a pruned scan that counts only such candidates, whatever `self.scan`,
+    /// so the joint assignment never depends on how the per-job loop scans.
+    pub(crate) fn batch_candidates(
+        &mut self,
+        ctx: &JobCtx,
+        free_pools: &[usize],
+    ) -> (Vec<Estimate>, Option<Estimate>) {
+        let remaining = self.budgets.remaining(&ctx.policy);
+        let rule = |e: &Estimate| candidate_rule(ctx, remaining, &[], e);
+        let way_out =
+            |e: &Estimate| e.score.kind != CandidateKind::FreeNow || e.score.misses_deadline;
+        self.viable.clear();
+        self.blocked.clear();
+        for &pool in free_pools {
+            let before = self.viable.len();
+            let (index, capacity) = (&self.index, &mut self.capacity);
+            evaluate(
+                index,
+                capacity,
+                ctx,
+                pool,
+                &mut self.viable,
+                &mut self.blocked,
+            );
+            filter(&mut self.viable, before, &mut self.blocked, rule);
+        }
+        let free: Vec<Estimate> = self
+            .viable
+            .iter()
+            .filter(|e| e.score.kind == CandidateKind::FreeNow)
+            .copied()
+            .collect();
+        self.viable.clear();
+        let mut bound = ScanBound::new(1);
+        let order = self.index.pools_by_price(ctx.spot);
+        for (pos, &(_, pool)) in order.pools.iter().enumerate() {
+            if bound.excludes(pos, order, ctx, self.index.now) {
+                break;
+            }
+            let before = self.viable.len();
+            let (index, capacity) = (&self.index, &mut self.capacity);
+            evaluate(
+                index,
+                capacity,
+                ctx,
+                pool,
+                &mut self.viable,
+                &mut self.blocked,
+            );
+            filter(&mut self.viable, before, &mut self.blocked, rule);
+            self.viable[before..]
+                .iter()
+                .filter(|e| way_out(e))
+                .for_each(|e| bound.offer(e));
+        }
+        let other = self
+            .viable
+            .iter()
+            .filter(|e| way_out(e))
+            .min_by_key(|e| e.score)
+            .copied();
+        (free, other)
     }
 
     /// Position in `viable` (best first) of the free-now candidate the joint assignment gave
@@ -290,8 +447,12 @@ impl<'a> Round<'a> {
                     market: winner.market,
                 };
             }
-            // Waiting reserves nothing: the job is planned again next round.
+            // The job is planned again next round; until then, the jobs after it count on
+            // the capacity it waits for being taken.
             _ => {
+                if let (CandidateKind::Wait, Some(node), 1) = (s.kind, s.node, ctx.nodes) {
+                    self.capacity.reserve(&self.index, node, ctx.gpus, until);
+                }
                 return Outcome::Wait {
                     pool: pool.id.clone(),
                     expected_start: winner.start,

@@ -14,6 +14,34 @@ use crate::domain::{
 use crate::money::Money;
 use crate::time::Timestamp;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FNV-1a: the index hashes short ids many times per round, where SipHash's resistance to
+/// flooding buys nothing (the broker's own ids) and costs a good part of the round.
+#[derive(Default)]
+pub(crate) struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+/// A hash map keyed by ids, hashed with [`Fnv`]. Only looked up, never iterated.
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
 
 /// One pool with what the planner looks up about it on every candidate.
 #[derive(Debug)]
@@ -21,6 +49,8 @@ pub(crate) struct PoolInfo<'a> {
     pub pool: &'a Pool,
     /// The pool's region, interned: equal keys mean equal region ids.
     pub region_key: usize,
+    /// The pool's GPU model, interned case-insensitively (as job model lists match).
+    pub model_key: usize,
     /// `None` when the snapshot does not describe the pool's region.
     pub region: Option<&'a Region>,
     /// Every node of the pool, whatever its health (they all count against the node limit),
@@ -52,36 +82,54 @@ pub(crate) struct Index<'a> {
     pub policies: Vec<&'a TeamPolicy>,
     /// Pools by the GPU-hour price a job pays there, cheapest first (ties by id): for jobs that
     /// never use spot, and for jobs that may.
-    by_price: [Vec<(Money, usize)>; 2],
-    region_keys: HashMap<&'a str, usize>,
-    regions: HashMap<&'a str, &'a Region>,
+    by_price: [PriceOrder; 2],
+    region_keys: IdMap<&'a str, usize>,
+    regions: IdMap<&'a str, &'a Region>,
+    /// The region id of each region key.
+    pub region_ids: Vec<&'a RegionId>,
+    /// The GPU model (as some pool spells it) of each model key.
+    pub model_names: Vec<&'a str>,
 }
 
 impl<'a> Index<'a> {
     pub(crate) fn new(snapshot: &'a Snapshot, now: Timestamp) -> Index<'a> {
-        let regions: HashMap<&str, &Region> = snapshot
+        let regions: IdMap<&str, &Region> = snapshot
             .regions
             .iter()
             .map(|r| (r.id.as_str(), r))
             .collect();
 
         let mut pools: Vec<&Pool> = snapshot.pools.iter().collect();
-        pools.sort_by(|a, b| a.id.cmp(&b.id));
-        let pool_pos: HashMap<&str, usize> = pools
+        pools.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        let pool_pos: IdMap<&str, usize> = pools
             .iter()
             .enumerate()
             .map(|(i, p)| (p.id.as_str(), i))
             .collect();
 
-        let mut region_keys: HashMap<&str, usize> = HashMap::new();
+        let mut region_keys: IdMap<&str, usize> = IdMap::default();
+        let mut region_ids: Vec<&RegionId> = Vec::new();
+        let mut model_keys: IdMap<String, usize> = IdMap::default();
+        let mut model_names: Vec<&str> = Vec::new();
         let mut pools: Vec<PoolInfo> = pools
             .into_iter()
             .map(|pool| {
                 let next = region_keys.len();
-                let region_key = *region_keys.entry(pool.region.as_str()).or_insert(next);
+                let region_key = *region_keys.entry(pool.region.as_str()).or_insert_with(|| {
+                    region_ids.push(&pool.region);
+                    next
+                });
+                let next = model_keys.len();
+                let model_key = *model_keys
+                    .entry(pool.gpu_model.to_ascii_lowercase())
+                    .or_insert_with(|| {
+                        model_names.push(&pool.gpu_model);
+                        next
+                    });
                 PoolInfo {
                     pool,
                     region_key,
+                    model_key,
                     region: regions.get(pool.region.as_str()).copied(),
                     nodes: Vec::new(),
                     spot_interruptions_ppm: snapshot
@@ -98,13 +146,13 @@ impl<'a> Index<'a> {
             .iter()
             .filter_map(|n| pool_pos.get(n.pool.as_str()).map(|&p| (n, p)))
             .collect();
-        nodes.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+        nodes.sort_unstable_by(|a, b| a.0.id.cmp(&b.0.id));
         let (nodes, node_pool): (Vec<&Node>, Vec<usize>) = nodes.into_iter().unzip();
         for (i, &p) in node_pool.iter().enumerate() {
             pools[p].nodes.push(i);
         }
 
-        let node_pos: HashMap<&str, usize> = nodes
+        let node_pos: IdMap<&str, usize> = nodes
             .iter()
             .enumerate()
             .map(|(i, n)| (n.id.as_str(), i))
@@ -114,7 +162,7 @@ impl<'a> Index<'a> {
             .iter()
             .filter_map(|a| node_pos.get(a.node.as_str()).map(|&n| (n, a)))
             .collect();
-        running.sort_by_key(|a| (a.0, a.1.attempt));
+        running.sort_unstable_by_key(|a| (a.0, a.1.attempt));
         let mut preemptible = vec![Vec::new(); nodes.len()];
         for (i, (node, attempt)) in running.iter().enumerate() {
             if attempt.priority == Priority::Low {
@@ -150,7 +198,7 @@ impl<'a> Index<'a> {
                 })
                 .collect();
             order.sort_unstable();
-            order
+            PriceOrder::new(order, &pools)
         });
 
         Index {
@@ -166,6 +214,8 @@ impl<'a> Index<'a> {
             by_price,
             region_keys,
             regions,
+            region_ids,
+            model_names,
         }
     }
 
@@ -179,7 +229,7 @@ impl<'a> Index<'a> {
     }
 
     /// Every pool with the GPU-hour price a job with this spot rule pays there, cheapest first.
-    pub(crate) fn pools_by_price(&self, spot: SpotRule) -> &[(Money, usize)] {
+    pub(crate) fn pools_by_price(&self, spot: SpotRule) -> &PriceOrder {
         match spot {
             SpotRule::Never => &self.by_price[0],
             SpotRule::Allowed | SpotRule::Preferred => &self.by_price[1],
@@ -190,5 +240,50 @@ impl<'a> Index<'a> {
     pub(crate) fn usable(&self, node: usize) -> bool {
         let n = self.nodes[node];
         n.healthy && !n.draining
+    }
+}
+
+/// Pools by the GPU-hour price a job pays there, cheapest first (ties by id), with what the
+/// pruned scan needs to bound what the pools from a position on can offer.
+#[derive(Debug)]
+pub(crate) struct PriceOrder {
+    pub pools: Vec<(Money, usize)>,
+    /// Per position, the first position with a higher price (the end of its price tier).
+    pub tier_end: Vec<usize>,
+    /// Per position, the smallest pool position from it to the end of its tier.
+    pub tier_min_pool: Vec<usize>,
+    /// Per position, the shortest boot time of a launchable pool from it on (`None`: none).
+    pub min_boot_from: Vec<Option<u32>>,
+}
+
+impl PriceOrder {
+    fn new(pools: Vec<(Money, usize)>, info: &[PoolInfo]) -> PriceOrder {
+        let n = pools.len();
+        let mut tier_end = vec![n; n];
+        let mut tier_min_pool = vec![usize::MAX; n];
+        let mut min_boot_from = vec![None; n];
+        let mut boot: Option<u32> = None;
+        for i in (0..n).rev() {
+            let (price, pool) = pools[i];
+            let same_tier = i + 1 < n && pools[i + 1].0 == price;
+            if same_tier {
+                tier_end[i] = tier_end[i + 1];
+                tier_min_pool[i] = tier_min_pool[i + 1].min(pool);
+            } else {
+                tier_end[i] = i + 1;
+                tier_min_pool[i] = pool;
+            }
+            let p = info[pool].pool;
+            if p.launchable {
+                boot = Some(boot.map_or(p.boot_time_s, |b| b.min(p.boot_time_s)));
+            }
+            min_boot_from[i] = boot;
+        }
+        PriceOrder {
+            pools,
+            tier_end,
+            tier_min_pool,
+            min_boot_from,
+        }
     }
 }

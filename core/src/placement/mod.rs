@@ -5,7 +5,9 @@
 //! enough capacity frees); `finish = start + runtime`; `cost = price × (runtime + boot) + egress`.
 //! Objective, in order: no hard constraint broken, deadline met, lowest cost, earliest finish, and
 //! ties by id so the result never depends on input order. Waiting for cheaper capacity is a
-//! first-class choice: a job waits when waiting still meets its deadline and costs less. When
+//! first-class choice: a job waits when waiting still meets its deadline and costs less, and
+//! reserves the capacity it waits for, so a job later in the queue counts on what will be left
+//! rather than on the same release (and bursts when that would miss its deadline). When
 //! no candidate meets the deadline, the earliest finish wins (the least lateness), then cost.
 //!
 //! On top: spot only where the job and its policies allow it, priced with its interruption risk
@@ -273,7 +275,25 @@ pub struct Explanation {
 /// jobs took this round, except where the joint assignment (`batch`) gave contended free
 /// capacity to the jobs it saves most for.
 pub fn plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
-    greedy::plan(snapshot, now, greedy::Scan::Pruned)
+    greedy::plan(snapshot, now, greedy::Scan::Pruned, Detail::Full)
+}
+
+/// How much of each job's explanation a plan builds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Detail {
+    /// Every explanation with its candidates, as [`plan`] gives.
+    #[default]
+    Full,
+    /// Explanations with their outcomes only (no candidates): for callers that act on the
+    /// decisions and show none, such as the simulator. The decisions are those of `Full`.
+    Outcomes,
+}
+
+/// [`plan`] with a choice of how much to explain. The assignments, launches, preemptions,
+/// holds and outcomes are the same whatever the detail; `Outcomes` leaves the candidate lists
+/// empty, and since it needs only each job's winner it scans fewer pools.
+pub fn plan_with(snapshot: &Snapshot, now: Timestamp, detail: Detail) -> Plan {
+    greedy::plan(snapshot, now, greedy::Scan::Pruned, detail)
 }
 
 /// A warm planning state for placing jobs one at a time, as they arrive: the snapshot is
@@ -290,7 +310,7 @@ impl<'a> Planner<'a> {
     pub fn new(snapshot: &'a Snapshot, now: Timestamp) -> Planner<'a> {
         let index = index::Index::new(snapshot, now);
         Planner {
-            round: greedy::Round::new(index, greedy::Scan::Pruned),
+            round: greedy::Round::new(index, greedy::Scan::Pruned, Detail::Full),
         }
     }
 

@@ -25,7 +25,8 @@ impl Scheduler for Switchyard {
 
     fn decide(&mut self, view: &View<'_>) -> Decisions {
         let snap = view.snapshot;
-        let plan = crate::plan(snap, view.now);
+        // The adapter acts on decisions and shows no explanation: skip the candidate lists.
+        let plan = crate::placement::plan_with(snap, view.now, crate::placement::Detail::Outcomes);
         // Victims first: the jobs they make room for are assigned to the freed GPUs.
         let mut actions: Vec<Action> = plan
             .preemptions

@@ -329,3 +329,25 @@ fn assignments_carry_their_estimates() {
     );
     assert_eq!(p.explanations[&l.for_job].candidates[0].cost, usd(39.42));
 }
+
+#[rustfmt::skip]
+#[test]
+fn waiting_jobs_reserve_what_they_wait_for() {
+    // d1 frees its 8 GPUs in an hour; each job takes all 8 for an hour. Without reservations
+    // all three would count on +1h; in queue order they get +1h, +2h and +3h.
+    let busy = || two_pools(0, 0).busy("d1", 8, 3600).service_on("a1", 8);
+    check(busy().job(8).job(8).job(8), "j1: wait onprem:dc1/dgx +3600s | j2: wait onprem:dc1/dgx +7200s | j3: wait onprem:dc1/dgx +10800s");
+    // The queue goes by deadline: the third job waits first.
+    check(busy().job(8).job(8).job(8).deadline_in(4 * 3600), "j1: wait onprem:dc1/dgx +7200s | j2: wait onprem:dc1/dgx +10800s | j3: wait onprem:dc1/dgx +3600s");
+    // The third would finish at +4h, past its deadline (with its 180 s margin): it bursts
+    // instead of counting on capacity the jobs ahead of it will take.
+    check(busy().job(8).deadline_in(2 * 3600 + 180).job(8).deadline_in(3 * 3600 + 180).job(8).deadline_in(4 * 3600 + 179), "j1: wait onprem:dc1/dgx +3600s | j2: wait onprem:dc1/dgx +7200s | j3: launch aws:use1/p5 on_demand");
+    // Small jobs share the release: eight 1-GPU jobs all start at +1h, the ninth at +2h.
+    let nine = (0..9).fold(busy(), |w, _| w.job(1));
+    let plan = plan_of(nine);
+    let starts: Vec<i64> = plan.explanations.values().map(|e| match e.outcome {
+        Outcome::Wait { expected_start, .. } => expected_start.secs_since(NOW),
+        _ => -1,
+    }).collect();
+    assert_eq!(starts, [3600, 3600, 3600, 3600, 3600, 3600, 3600, 3600, 7200]);
+}

@@ -1,12 +1,15 @@
 //! The pruned pool scan must plan exactly as the exhaustive one — the same decisions and the
-//! same explanations — on fleets large enough that pruning cuts most scans short.
+//! same explanations — on fleets large enough that pruning cuts most scans short; a plan
+//! without candidate lists (`Detail::Outcomes`) must decide exactly as a full one; and skipping
+//! the joint assignment when nothing was contended must change nothing.
 
 use super::fleet::{NOW, fleet};
 use super::greedy::{self, Scan};
+use super::{Detail, Plan};
 use proptest::prelude::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
     fn pruning_changes_nothing(
@@ -18,8 +21,20 @@ proptest! {
     ) {
         let mut snapshot = fleet(seed, jobs, pools, nodes);
         snapshot.burst_enabled = burst_enabled;
-        let pruned = greedy::plan(&snapshot, NOW, Scan::Pruned);
-        let exhaustive = greedy::plan(&snapshot, NOW, Scan::Exhaustive);
-        prop_assert_eq!(pruned, exhaustive);
+        let pruned = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Full);
+        let exhaustive = greedy::plan(&snapshot, NOW, Scan::Exhaustive, Detail::Full);
+        prop_assert_eq!(&pruned, &exhaustive);
+        let lean = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Outcomes);
+        let batched = greedy::plan_always_batched(&snapshot, NOW, Scan::Pruned);
+        prop_assert_eq!(&batched, &pruned);
+        prop_assert_eq!(without_candidates(pruned), lean);
     }
+}
+
+/// The plan with every explanation's candidate list emptied.
+fn without_candidates(mut plan: Plan) -> Plan {
+    for e in plan.explanations.values_mut() {
+        e.candidates.clear();
+    }
+    plan
 }
