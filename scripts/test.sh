@@ -5,8 +5,8 @@
 # binaries.
 #
 # It installs what the tests need when it is missing: the Rust toolchain's own components and
-# the EC2 emulator (moto) the AWS provider tests start; Chromium and PostgreSQL join here with
-# the suites that use them.
+# the EC2 emulator (moto) the AWS provider tests start, and Chromium with chromedriver for the
+# console's browser tests; PostgreSQL joins here with the suites that use it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +26,22 @@ ensure_moto() {
   fi
 }
 
+# The console's browser tests (tests/tests/console.rs) drive Debian's Chromium through
+# chromedriver; they fail when these are missing (or skip with SWITCHYARD_SKIP_BROWSER=1).
+ensure_chromium() {
+  if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    step "installing chromium and chromium-driver (browser tests of the console)"
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver
+    if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+      echo "chromium or chromedriver is missing after installing them" >&2
+      exit 1
+    fi
+  fi
+}
+
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   step "installing rustfmt and clippy"
   rustup component add rustfmt clippy
@@ -41,8 +57,30 @@ step "building the binaries the end-to-end tests start"
 cargo build --locked -p switchyard-broker -p switchyard-agent
 
 ensure_moto
+if [ "${SWITCHYARD_SKIP_BROWSER:-}" != "1" ]; then ensure_chromium; fi
 
 step "cargo test (workspace)"
 cargo test --workspace --locked
+
+# The broker's suites again on PostgreSQL: a throwaway PostgreSQL 15 cluster (Debian's binaries,
+# initdb as the postgres user, a loopback port, its socket in a temp dir, fsync off), one fresh
+# database per test broker (tests/common), stopped and removed at exit, on failure too.
+step "cargo test (broker on PostgreSQL)"
+PGBIN=/usr/lib/postgresql/15/bin
+PG_DIR=$(mktemp -d)
+stop_postgres() {
+  if [ -f "$PG_DIR/data/postmaster.pid" ]; then
+    runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PG_DIR/data" -m immediate stop >/dev/null 2>&1 || true
+  fi
+  rm -rf "$PG_DIR"
+}
+trap stop_postgres EXIT
+chown postgres "$PG_DIR"
+PG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+runuser -u postgres -- "$PGBIN/initdb" -D "$PG_DIR/data" -U postgres -A trust --no-sync -E UTF8 >/dev/null
+runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
+  -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start
+SWITCHYARD_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT" \
+  cargo test -p switchyard-broker --locked --features postgres
 
 step "all tests passed"

@@ -222,6 +222,7 @@ async fn work(
                     env: l.spec.env.clone(),
                     gpus: l.gpus,
                     grace_s: app.config.grace_s,
+                    traceparent: l.trace_parent,
                 })
                 .collect();
             return Ok(Json(WorkResponse { leases, stop }));
@@ -249,7 +250,9 @@ async fn events(
         .apply_events(&node.id, &batch.events, clock::now())
         .await?;
     for e in &ended {
-        tracing::info!(job.id = %e.job, node.id = %e.node, state = e.final_state.as_str(), "job finished");
+        let span = tracing::info_span!("job.report", job.id = %e.job, node.id = %e.node);
+        crate::trace::join_job(&app, &span, e.job).await;
+        span.in_scope(|| tracing::info!(state = e.final_state.as_str(), "job finished"));
     }
     if !ended.is_empty() {
         app.scheduler.send(SchedulerEvent::AttemptsEnded(ended));

@@ -29,6 +29,8 @@ pub struct AppInner {
     pub providers: ProviderSet,
     /// Wakes the burst controller when the scheduler asked for launches.
     pub burst: Arc<Notify>,
+    /// Counters and histograms for `/metrics`.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Which provider launches which pool. Pools without one are never launched.
@@ -94,6 +96,8 @@ pub struct Running {
     pub app: App,
     pub scheduler: JoinHandle<()>,
     pub burst: JoinHandle<()>,
+    /// The ledger's accrual loop.
+    pub ledger: JoinHandle<()>,
     /// The admin token, when this start created it (first start).
     pub created_admin_token: Option<String>,
 }
@@ -109,8 +113,13 @@ impl App {
                     .await
                     .with_context(|| format!("opening {url}"))?,
             )
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            open_postgres(&url).await?
         } else {
-            anyhow::bail!("unsupported database URL {url:?} (this build supports sqlite://)");
+            anyhow::bail!(
+                "unsupported database URL {:?} (sqlite://… or postgres://…)",
+                redact_url(&url)
+            );
         };
         seed_catalogue(store.as_ref(), &config).await?;
         for offers in &providers.offers {
@@ -131,15 +140,53 @@ impl App {
             agents,
             providers,
             burst: Arc::new(Notify::new()),
+            metrics: crate::metrics::Metrics::default(),
         }));
         let scheduler = tokio::spawn(worker.run(app.clone()));
         let burst = tokio::spawn(crate::burst::run(app.clone()));
+        let ledger = tokio::spawn(crate::ledger::run(app.clone()));
         Ok(Running {
             app,
             scheduler,
             burst,
+            ledger,
             created_admin_token,
         })
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+    let store = crate::store::PgStore::open_url(url)
+        .await
+        .with_context(|| format!("opening {}", redact_url(url)))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+    anyhow::bail!(
+        "{} is a PostgreSQL URL, but this build has no PostgreSQL support: rebuild with \
+         `--features postgres` (cargo build -p switchyard-broker --features postgres)",
+        redact_url(url)
+    )
+}
+
+/// A database URL with its password (if any) replaced, for messages and logs.
+fn redact_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => {
+                let user = userinfo.split(':').next().unwrap_or("");
+                if userinfo.contains(':') {
+                    format!("{scheme}://{user}:***@{host}")
+                } else {
+                    url.to_string()
+                }
+            }
+            None => url.to_string(),
+        },
+        None => url.to_string(),
     }
 }
 

@@ -64,7 +64,13 @@ pub async fn reconcile(app: &App, reap: bool) -> Result<bool, StoreError> {
     let mut changed = false;
     for inst in &instances {
         changed |= match inst.state {
-            InstanceState::Requested if inst.next_attempt_at <= now => launch(app, inst).await?,
+            InstanceState::Requested if inst.next_attempt_at <= now => {
+                let span = tracing::info_span!("instance.launch", instance.id = %inst.id, pool.id = %inst.pool);
+                if let Some(job) = inst.for_job {
+                    crate::trace::join_job(app, &span, job).await;
+                }
+                tracing::Instrument::instrument(launch(app, inst), span).await?
+            }
             InstanceState::Requested => false,
             InstanceState::Booting => {
                 let booting_for = inst.launched_at.map_or(0, |t| now.secs_since(t));

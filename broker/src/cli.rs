@@ -9,8 +9,8 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use switchyard_protocol::api::{
-    CreateToken, ErrorBody, JobList, JobSpec, JobView, LogPage, LogStream, PoolList, Role,
-    TokenCreated,
+    CreateToken, ErrorBody, JobList, JobSpec, JobView, LogPage, LogStream, PolicyBody, PolicyView,
+    PoolList, Role, TokenCreated,
 };
 
 pub struct Client {
@@ -79,18 +79,23 @@ fn reason(s: StatusCode) -> &'static str {
     s.canonical_reason().unwrap_or("error")
 }
 
-/// Reads a job spec from a `.toml` or `.json` file.
-pub fn read_spec(path: &Path) -> anyhow::Result<Value> {
+/// Reads a `.toml` or `.json` document as JSON.
+fn read_doc(path: &Path) -> anyhow::Result<Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let value: Value = match path.extension().and_then(|e| e.to_str()) {
+    Ok(match path.extension().and_then(|e| e.to_str()) {
         Some("toml") => {
             let v: toml::Value =
                 toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
             serde_json::to_value(v)?
         }
         _ => serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?,
-    };
+    })
+}
+
+/// Reads a job spec from a `.toml` or `.json` file.
+pub fn read_spec(path: &Path) -> anyhow::Result<Value> {
+    let value = read_doc(path)?;
     // Check the shape here too, so typos are reported before anything is sent.
     let _: JobSpec = serde_json::from_value(value.clone())
         .with_context(|| format!("{} is not a valid job spec", path.display()))?;
@@ -239,5 +244,128 @@ pub async fn token_create(c: &Client, role: Role, team: Option<String>) -> anyho
     })?;
     let created: TokenCreated = c.call(Method::POST, "/tokens", Some(&body)).await?;
     println!("{}", created.token);
+    Ok(())
+}
+
+fn policy_path(team: &str, project: Option<&str>) -> String {
+    let mut path = format!("/policies/{team}");
+    if let Some(p) = project {
+        path.push_str(&format!("?project={p}"));
+    }
+    path
+}
+
+/// Prints the current policy of a team (or project) as JSON, with its version.
+pub async fn policy_get(c: &Client, team: &str, project: Option<&str>) -> anyhow::Result<()> {
+    let view: PolicyView = c
+        .call(Method::GET, &policy_path(team, project), None)
+        .await?;
+    println!("{}", serde_json::to_string_pretty(&view)?);
+    Ok(())
+}
+
+/// Reads a policy from a `.toml` or `.json` file (the REST body's fields) and saves it as a new
+/// version.
+pub async fn policy_set(
+    c: &Client,
+    team: &str,
+    file: &Path,
+    project: Option<&str>,
+) -> anyhow::Result<()> {
+    let body = read_doc(file)?;
+    let _: PolicyBody = serde_json::from_value(body.clone())
+        .with_context(|| format!("{} is not a valid policy", file.display()))?;
+    let view: PolicyView = c
+        .call(Method::PUT, &policy_path(team, project), Some(&body))
+        .await?;
+    println!(
+        "policy of {}{} saved: version {}",
+        view.team,
+        view.project.map(|p| format!("/{p}")).unwrap_or_default(),
+        view.version
+    );
+    Ok(())
+}
+
+/// What `switchyard spend` asks for.
+pub struct SpendArgs {
+    pub group_by: String,
+    pub from: Option<String>,
+    pub to: Option<String>,
+    pub bucket: Option<String>,
+    pub team: Option<String>,
+}
+
+/// Prints spend from the ledger as a table, or the broker's CSV as it comes.
+pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()> {
+    let mut query = vec![("group_by", args.group_by.clone())];
+    for (name, value) in [
+        ("from", &args.from),
+        ("to", &args.to),
+        ("bucket", &args.bucket),
+        ("team", &args.team),
+    ] {
+        if let Some(v) = value {
+            query.push((name, v.clone()));
+        }
+    }
+    let url = format!("{}/api/v1/spend", c.base);
+    let res = c
+        .http
+        .get(&url)
+        .bearer_auth(&c.token)
+        .header(
+            reqwest::header::ACCEPT,
+            if csv { "text/csv" } else { "application/json" },
+        )
+        .query(&query)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach the broker at {}", c.base))?;
+    let status = res.status();
+    let text = res.text().await.context("reading the response")?;
+    if !status.is_success() {
+        let detail = serde_json::from_str::<ErrorBody>(&text)
+            .map(|e| format!("{} ({})", e.error.message, e.error.code))
+            .unwrap_or(text);
+        bail!("{} {}: {detail}", status.as_u16(), reason(status));
+    }
+    if csv {
+        print!("{text}");
+        return Ok(());
+    }
+    let report: switchyard_protocol::api::SpendReport =
+        serde_json::from_str(&text).with_context(|| format!("unexpected response from {url}"))?;
+    let bucketed = report.rows.iter().any(|r| r.bucket_start.is_some());
+    let key_name = report.group_by.to_uppercase();
+    if bucketed {
+        println!("{:<20}  {:<40}  {:>14}", "BUCKET", key_name, "USD");
+    } else {
+        println!("{:<40}  {:>14}", key_name, "USD");
+    }
+    for row in &report.rows {
+        let key = row
+            .key
+            .get(&report.group_by)
+            .cloned()
+            .flatten()
+            .unwrap_or_else(|| "-".into());
+        match row.bucket_start {
+            Some(b) => println!(
+                "{:<20}  {:<40}  {:>14.6}",
+                b.format("%Y-%m-%d %H:%M"),
+                truncate(&key, 40),
+                row.amount_usd
+            ),
+            None => println!("{:<40}  {:>14.6}", truncate(&key, 40), row.amount_usd),
+        }
+    }
+    let width = if bucketed { 78 } else { 56 };
+    println!("{}", "-".repeat(width));
+    if bucketed {
+        println!("{:<20}  {:<40}  {:>14.6}", "", "TOTAL", report.total_usd);
+    } else {
+        println!("{:<40}  {:>14.6}", "TOTAL", report.total_usd);
+    }
     Ok(())
 }

@@ -15,7 +15,8 @@ pub struct Config {
     pub public_url: Option<String>,
     /// Holds the SQLite file and `admin.token`.
     pub data_dir: PathBuf,
-    /// `sqlite://…`; defaults to `{data_dir}/switchyard.db`.
+    /// `sqlite://…` (defaults to `{data_dir}/switchyard.db`) or `postgres://…` (the
+    /// `postgres` feature); `SWITCHYARD_DATABASE_URL`, `--database-url`.
     pub database_url: Option<String>,
     /// How often agents heartbeat.
     pub heartbeat_interval_s: u64,
@@ -41,6 +42,8 @@ pub struct Config {
     pub pool_backoff_s: u64,
     /// Launch attempts per instance on throttling or transient errors before giving up.
     pub launch_attempts: u32,
+    /// How often the ledger accrues running attempts and live instances (spend to date).
+    pub ledger_accrual_interval_ms: u64,
     /// Regions with capacity the broker does not launch (on-prem) or configures by hand.
     pub regions: Vec<RegionConfig>,
     pub pools: Vec<PoolConfig>,
@@ -144,6 +147,7 @@ impl Default for Config {
             min_billed_s: 60,
             pool_backoff_s: 300,
             launch_attempts: 5,
+            ledger_accrual_interval_ms: 60_000,
             regions: Vec::new(),
             pools: Vec::new(),
             catalogue_regions: Vec::new(),
@@ -180,6 +184,9 @@ impl Config {
                 }
                 "LEASE_TTL_S" => self.lease_ttl_s = value.parse().map_err(|e| bad(&e))?,
                 "GRACE_S" => self.grace_s = value.parse().map_err(|e| bad(&e))?,
+                "LEDGER_ACCRUAL_INTERVAL_MS" => {
+                    self.ledger_accrual_interval_ms = value.parse().map_err(|e| bad(&e))?
+                }
                 _ => {}
             }
         }

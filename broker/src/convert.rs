@@ -253,6 +253,7 @@ pub fn job_view(job: &JobRecord) -> Result<wire::JobView, ApiError> {
         }),
         attempts: job.attempts,
         cancel_requested: job.cancel_requested,
+        cost_usd: job.cost.as_dollars(),
         spec,
     })
 }

@@ -25,6 +25,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("{0}")]
     Forbidden(String),
+    /// 403 `csrf`: a cookie-authenticated write without the session's `X-CSRF-Token`.
+    #[error("{0}")]
+    Csrf(String),
     #[error("{0} not found")]
     NotFound(String),
     #[error("{0}")]
@@ -36,6 +39,10 @@ pub enum ApiError {
         message: String,
         details: Option<serde_json::Value>,
     },
+    /// 422 `policy_violation`: the team's policy can never allow this request; `field` names
+    /// the request field, the message the policy rule.
+    #[error("{message}")]
+    PolicyViolation { field: String, message: String },
     #[error("service unavailable: {0}")]
     Unavailable(String),
     #[error(transparent)]
@@ -70,9 +77,13 @@ impl ApiError {
             ApiError::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, code),
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::Csrf(_) => (StatusCode::FORBIDDEN, "csrf"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Unprocessable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "unsatisfiable"),
+            ApiError::PolicyViolation { .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "policy_violation")
+            }
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Store(_) | ApiError::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal")
@@ -95,6 +106,7 @@ impl IntoResponse for ApiError {
         let (field, details) = match self {
             ApiError::BadRequest { field, .. } => (field, None),
             ApiError::Unprocessable { field, details, .. } => (field, details),
+            ApiError::PolicyViolation { field, .. } => (Some(field), None),
             _ => (None, None),
         };
         let body = ErrorBody {

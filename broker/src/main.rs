@@ -55,6 +55,10 @@ enum Command {
         /// The simulated providers' minimum billed time per instance (EC2: 60s).
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         billing_minimum: Duration,
+        /// The database: `sqlite://…` (default: `<data-dir>/switchyard.db`) or `postgres://…`
+        /// (builds with the `postgres` feature).
+        #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
+        database_url: Option<String>,
     },
     /// Run the broker alone.
     Serve {
@@ -66,6 +70,8 @@ enum Command {
         listen: Option<std::net::SocketAddr>,
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// `sqlite://…` (default: `<data-dir>/switchyard.db`) or `postgres://…` (builds with
+        /// the `postgres` feature); also `SWITCHYARD_DATABASE_URL`.
         #[arg(long)]
         database_url: Option<String>,
     },
@@ -105,6 +111,32 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Read or set a team's cost policy.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// Spend from the ledger, grouped (finance, admin, infra: every team; developers: their own).
+    Spend {
+        /// team, project, region, provider or pool.
+        #[arg(long, default_value = "team")]
+        group_by: String,
+        /// From this time (RFC 3339).
+        #[arg(long)]
+        from: Option<String>,
+        /// Up to this time (RFC 3339).
+        #[arg(long)]
+        to: Option<String>,
+        /// hour or day: one row per bucket and key.
+        #[arg(long)]
+        bucket: Option<String>,
+        /// Only this team.
+        #[arg(long)]
+        team: Option<String>,
+        /// Print CSV instead of a table.
+        #[arg(long)]
+        csv: bool,
+    },
     /// Replay a job trace under Switchyard and the peers' strategies; writes report.json and
     /// SVG plots.
     Simulate(switchyard_broker::simulate::SimulateArgs),
@@ -118,6 +150,23 @@ enum TokenCommand {
         role: RoleArg,
         #[arg(long)]
         team: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCommand {
+    /// Print the team's (or project's) current policy as JSON.
+    Get {
+        team: String,
+        #[arg(long)]
+        project: Option<String>,
+    },
+    /// Save a new version of the policy from a `.json` or `.toml` file (finance, admin).
+    Set {
+        team: String,
+        file: PathBuf,
+        #[arg(long)]
+        project: Option<String>,
     },
 }
 
@@ -140,23 +189,22 @@ impl From<RoleArg> for Role {
     }
 }
 
-fn init_tracing(json: bool, default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Logs (and traces, when an OTLP endpoint is set) for the long-running commands; set up
+    // outside the runtime so that the exporter's flush at exit runs outside it too.
+    let telemetry = match &args.command {
+        Command::Up { .. } => Some(("switchyard", "warn,switchyard_broker=info")),
+        Command::Serve { .. } => Some(("switchyard", "info")),
+        Command::Agent(_) => Some(("switchyard-agent", "info")),
+        _ => None,
+    }
+    .map(|(service, filter)| switchyard_agent::telemetry::init(service, args.json_logs, filter));
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(run(args))
+    let result = runtime.block_on(run(args));
+    drop(runtime);
+    drop(telemetry);
+    result
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -173,8 +221,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             boot_delay,
             idle_ttl,
             billing_minimum,
+            database_url,
         } => {
-            init_tracing(args.json_logs, "warn,switchyard_broker=info");
             up::run(up::UpOptions {
                 port,
                 data_dir,
@@ -182,6 +230,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 boot_delay,
                 idle_ttl,
                 billing_minimum,
+                database_url,
             })
             .await
         }
@@ -191,7 +240,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
             data_dir,
             database_url,
         } => {
-            init_tracing(args.json_logs, "info");
             let mut cfg = match config {
                 Some(path) => Config::from_file(&path)?,
                 None => Config::default(),
@@ -237,10 +285,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             eprintln!("switchyard listening on {}", cfg.public_url());
             server::serve(running.app, listener, server::shutdown_signal()).await
         }
-        Command::Agent(agent_args) => {
-            init_tracing(args.json_logs, "info");
-            switchyard_agent::run(agent_args).await
-        }
+        Command::Agent(agent_args) => switchyard_agent::run(agent_args).await,
         Command::Submit { file } => cli::submit(&client(default_dir())?, &file).await,
         Command::Jobs {
             state,
@@ -255,6 +300,34 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Token {
             command: TokenCommand::Create { role, team },
         } => cli::token_create(&client(default_dir())?, role.into(), team).await,
+        Command::Spend {
+            group_by,
+            from,
+            to,
+            bucket,
+            team,
+            csv,
+        } => {
+            let query = cli::SpendArgs {
+                group_by,
+                from,
+                to,
+                bucket,
+                team,
+            };
+            cli::spend(&client(default_dir())?, &query, csv).await
+        }
+        Command::Policy {
+            command: PolicyCommand::Get { team, project },
+        } => cli::policy_get(&client(default_dir())?, &team, project.as_deref()).await,
+        Command::Policy {
+            command:
+                PolicyCommand::Set {
+                    team,
+                    file,
+                    project,
+                },
+        } => cli::policy_set(&client(default_dir())?, &team, &file, project.as_deref()).await,
         Command::Simulate(sim) => {
             switchyard_broker::simulate::run(&sim)?;
             eprintln!(

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use switchyard_core::{
-    AttemptId, Explanation, JobId, Node, NodeId, Pool, QueuedJob, Region, RunningAttempt, Snapshot,
-    Timestamp, plan,
+    AttemptId, Explanation, JobId, Node, NodeId, Pool, Priority, QueuedJob, Region, RunningAttempt,
+    Snapshot, Timestamp, plan,
 };
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -35,6 +35,8 @@ pub enum SchedulerEvent {
     AttemptsEnded(Vec<EndedAttempt>),
     /// Burst instances were launched, became ready, or ended: reload everything.
     InstancesChanged,
+    /// A pool was edited (price, node limit, launchable): reload everything.
+    CatalogueChanged,
 }
 
 /// Handlers' side of the scheduler: send events, read the latest explanations.
@@ -82,6 +84,8 @@ pub fn channel() -> (SchedulerHandle, Worker) {
 struct Pending {
     job: QueuedJob,
     version: i64,
+    /// Held by a policy (budget, time window): the reason stored with the job.
+    held: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -177,6 +181,8 @@ impl State {
                         submitted_at: job.submitted_at,
                     },
                     version: job.version,
+                    held: (job.state == switchyard_core::JobState::Held)
+                        .then(|| job.reason.clone().unwrap_or_default()),
                 },
             );
         }
@@ -192,7 +198,13 @@ impl State {
         }
     }
 
-    fn snapshot(&self, burst_enabled: bool, providers: &ProviderSet, now: Timestamp) -> Snapshot {
+    fn snapshot(
+        &self,
+        burst_enabled: bool,
+        grace_s: u64,
+        providers: &ProviderSet,
+        now: Timestamp,
+    ) -> Snapshot {
         let pools = self
             .pools
             .iter()
@@ -228,14 +240,24 @@ impl State {
             running: self
                 .live
                 .values()
-                .map(|a| RunningAttempt {
-                    job: a.job,
-                    attempt: a.id,
-                    node: a.node.clone(),
-                    gpus: a.gpus.len() as u32,
-                    priority: a.priority,
-                    started_at: a.created_at,
-                    expected_end: a.expected_end,
+                .map(|a| {
+                    // An attempt being preempted frees its GPUs within the grace period, and
+                    // cannot be taken twice: the planner sees it ending soon, not preemptible.
+                    let (priority, expected_end) = if a.stopping {
+                        let by = now.plus_secs(grace_s as i64);
+                        (a.priority.max(Priority::Normal), a.expected_end.min(by))
+                    } else {
+                        (a.priority, a.expected_end)
+                    };
+                    RunningAttempt {
+                        job: a.job,
+                        attempt: a.id,
+                        node: a.node.clone(),
+                        gpus: a.gpus.len() as u32,
+                        priority,
+                        started_at: a.created_at,
+                        expected_end,
+                    }
                 })
                 .collect(),
             burst_enabled,
@@ -318,11 +340,15 @@ impl Worker {
                 }
             }
             SchedulerEvent::AttemptsEnded(ended) => {
+                let mut requeued = false;
                 for e in ended {
                     state.end_attempt(e.attempt);
+                    requeued |= e.final_state == switchyard_core::JobState::Queued;
                 }
+                // A preempted job is back in the queue: reload to pick it up.
+                return requeued;
             }
-            SchedulerEvent::InstancesChanged => return true,
+            SchedulerEvent::InstancesChanged | SchedulerEvent::CatalogueChanged => return true,
         }
         false
     }
@@ -340,6 +366,7 @@ impl Worker {
         let before = now.plus_secs(-(app.config.lease_ttl_s as i64));
         match app.store.expire_leases(before, now).await {
             Ok(expired) if !expired.nodes.is_empty() => {
+                app.metrics.lease_expired(expired.nodes.len());
                 for node in &expired.nodes {
                     tracing::warn!(node.id = %node, jobs.requeued = expired.requeued.len(), "node lost: lease expired");
                 }
@@ -358,17 +385,31 @@ impl Worker {
             return Ok(());
         }
         let now = clock::now();
-        let snapshot = state.snapshot(app.config.burst_enabled, &app.providers, now);
+        let mut snapshot = state.snapshot(
+            app.config.burst_enabled,
+            app.config.grace_s,
+            &app.providers,
+            now,
+        );
+        // Policies, hard budgets with what they have left (ledger + reserved estimates), and
+        // the on-prem rates new attempts are charged at.
+        let round = crate::budget::round_policies(app.store.as_ref(), now).await?;
+        snapshot.policies = round.policies;
+        let rates = round.rates;
         let started = std::time::Instant::now();
         let plan = plan(&snapshot, now);
         let plan_us = started.elapsed().as_micros() as u64;
+        app.metrics
+            .observe_plan(started.elapsed().as_secs_f64(), snapshot.queued.len());
 
         let mut commits = Vec::with_capacity(plan.assignments.len());
         let mut taken: HashMap<NodeId, BTreeSet<u32>> = HashMap::new();
-        // Preemption is decided by the planner but not yet carried out here: a job whose
-        // assignment depends on victims stopping stays queued (and is re-planned each round).
+        // A job whose assignment depends on victims stopping stays queued: the victims are
+        // told to stop now and hold their GPUs until their agents report the end; the job is
+        // placed in a later round, once the GPUs are free.
         let waits_for_victims: std::collections::HashSet<JobId> =
             plan.preemptions.iter().map(|p| p.for_job).collect();
+        self.preempt(app, state, &plan.preemptions, now).await?;
         for a in &plan.assignments {
             if waits_for_victims.contains(&a.job) {
                 continue;
@@ -401,6 +442,14 @@ impl Worker {
                 switchyard_core::JobKind::Service => Timestamp::MAX,
                 switchyard_core::JobKind::Batch => now.plus_secs(runtime),
             };
+            // What the ledger charges while it runs on a node the broker did not launch.
+            let hourly_rate = state.pools.iter().find(|p| p.id == a.pool).map_or(
+                switchyard_core::Money::ZERO,
+                |pool| {
+                    let onprem = rates.onprem_rate(&pending.job.spec, pool);
+                    crate::ledger::attempt_rate(pool, a.market, a.gpus, onprem)
+                },
+            );
             commits.push(NewAttempt {
                 id: AttemptId(Uuid::now_v7()),
                 job: a.job,
@@ -410,6 +459,7 @@ impl Worker {
                 gpus,
                 market: a.market,
                 estimated_cost: a.estimated_cost,
+                hourly_rate,
                 expected_end,
                 explanation_json,
             });
@@ -435,13 +485,18 @@ impl Worker {
                 hourly_price,
                 for_job: l.for_job,
                 job_version: pending.version,
+                estimated_cost: crate::budget::launch_estimate(&plan, l),
             });
         }
         if !commits.is_empty() || !launches.is_empty() {
             app.store.commit_plan(&commits, &launches, now).await?;
         }
         for l in &launches {
-            tracing::info!(job.id = %l.for_job, pool.id = %l.pool, instance.id = %l.id, market = ?l.market, "burst requested");
+            let span = tracing::info_span!("job.burst", job.id = %l.for_job, pool.id = %l.pool);
+            crate::trace::join_job(app, &span, l.for_job).await;
+            span.in_scope(
+                || tracing::info!(instance.id = %l.id, market = ?l.market, "burst requested"),
+            );
             if let Some(p) = state.pending.get_mut(&l.for_job) {
                 p.version += 1;
             }
@@ -467,15 +522,16 @@ impl Worker {
             if let Some(node) = state.nodes.get_mut(&c.node) {
                 node.busy.extend(c.gpus.iter().copied());
             }
-            tracing::info!(
-                job.id = %c.job,
-                node.id = %c.node,
-                pool.id = %c.pool,
-                gpus = ?c.gpus,
-                cost_usd = c.estimated_cost.as_dollars(),
-                plan_us,
-                "job placed"
-            );
+            let span = tracing::info_span!("job.place", job.id = %c.job, node.id = %c.node, pool.id = %c.pool);
+            crate::trace::join_job(app, &span, c.job).await;
+            span.in_scope(|| {
+                tracing::info!(
+                    gpus = ?c.gpus,
+                    cost_usd = c.estimated_cost.as_dollars(),
+                    plan_us,
+                    "job placed"
+                )
+            });
             app.agents.wake(&c.node);
             state.live.insert(
                 c.id,
@@ -487,8 +543,97 @@ impl Worker {
                     priority: pending.job.spec.priority,
                     created_at: now,
                     expected_end: c.expected_end,
+                    stopping: false,
                 },
             );
+        }
+        self.apply_holds(app, state, &plan.holds).await
+    }
+
+    /// Jobs a policy holds (a hard budget their estimate does not fit, a time window) become
+    /// `held` with the hold's code as their reason; held jobs the plan no longer holds go back
+    /// to `queued` (a budget raised or a new period, a window opened). Either way they stay in
+    /// the queue and are planned every round.
+    async fn apply_holds(
+        &self,
+        app: &App,
+        state: &mut State,
+        holds: &[switchyard_core::Hold],
+    ) -> Result<(), StoreError> {
+        use switchyard_core::HoldCode;
+        let by_policy: HashMap<JobId, &'static str> = holds
+            .iter()
+            .filter(|h| {
+                matches!(
+                    h.code,
+                    HoldCode::BudgetExhausted | HoldCode::OutsideTimeWindow
+                )
+            })
+            .map(|h| (h.job, h.code.as_str()))
+            .collect();
+        let mut changes = Vec::new();
+        for (id, pending) in state.pending.iter_mut() {
+            if state.waiting_for_instance.contains_key(id) {
+                continue;
+            }
+            let want = by_policy.get(id).map(|r| r.to_string());
+            if want != pending.held {
+                changes.push((*id, want.clone()));
+                pending.held = want;
+            }
+        }
+        if !changes.is_empty() {
+            for (id, reason) in &changes {
+                tracing::info!(job.id = %id, reason = reason.as_deref().unwrap_or("released"), "job hold changed");
+            }
+            app.store.set_holds(&changes).await?;
+        }
+        Ok(())
+    }
+
+    /// Carries out the plan's preemptions: the victims become `preempting` (their agents get a
+    /// stop: checkpoint signal, grace, kill) and their jobs will be requeued with a note of the
+    /// progress they made when the agents report the end.
+    async fn preempt(
+        &self,
+        app: &App,
+        state: &mut State,
+        preemptions: &[switchyard_core::Preemption],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let victims: Vec<(AttemptId, String)> = preemptions
+            .iter()
+            .filter_map(|p| {
+                let a = state.live.get(&p.attempt)?;
+                if a.stopping {
+                    return None;
+                }
+                let ran_s = (now.millis() - a.created_at.millis()).max(0) / 1000;
+                let planned = if a.expected_end == Timestamp::MAX {
+                    String::new()
+                } else {
+                    let total = (a.expected_end.millis() - a.created_at.millis()).max(0) / 1000;
+                    format!(" of an estimated {total} s")
+                };
+                Some((
+                    p.attempt,
+                    format!(
+                        "preempted by job {} ({}) after {ran_s} s{planned}",
+                        p.for_job, p.reason
+                    ),
+                ))
+            })
+            .collect();
+        if victims.is_empty() {
+            return Ok(());
+        }
+        for (node, victim) in app.store.preempt_attempts(&victims).await? {
+            let id = AttemptId(victim.attempt_id);
+            if let Some(a) = state.live.get_mut(&id) {
+                a.stopping = true;
+            }
+            tracing::info!(job.id = %victim.job_id, attempt.id = %id, node.id = %node, "preempting");
+            app.agents.wake(&node);
         }
         Ok(())
     }

@@ -27,6 +27,8 @@ pub struct UpOptions {
     pub boot_delay: Duration,
     pub idle_ttl: Duration,
     pub billing_minimum: Duration,
+    /// `None`: SQLite in the data directory.
+    pub database_url: Option<String>,
 }
 
 /// The configuration `up` runs with: one on-prem region and three priced cloud regions.
@@ -42,12 +44,15 @@ pub fn up_config(opts: &UpOptions) -> Config {
     Config {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], opts.port)),
         data_dir: opts.data_dir.clone(),
+        database_url: opts.database_url.clone(),
         burst_enabled: true,
         idle_ttl_s: opts.idle_ttl.as_secs(),
         min_billed_s: opts.billing_minimum.as_secs(),
         // Local "instances" boot in `boot_delay`; give them ample room before calling it a
         // failure.
         boot_timeout_s: opts.boot_delay.as_secs() + 60,
+        // A first look at the console shows running work's spend within seconds.
+        ledger_accrual_interval_ms: 10_000,
         regions: vec![RegionConfig {
             id: "onprem:local-dc1".into(),
             latitude: None,

@@ -154,6 +154,7 @@ mod tests {
             env: BTreeMap::new(),
             gpus: vec![],
             grace_s: 1,
+            traceparent: None,
         }
     }
 

@@ -25,6 +25,7 @@ pub mod inventory;
 pub mod logs;
 pub mod outbox;
 pub mod runner;
+pub mod telemetry;
 
 pub use args::AgentArgs;
 pub use error::AgentError;

@@ -4,7 +4,6 @@
 use clap::Parser;
 use std::process::ExitCode;
 use switchyard_agent::AgentArgs;
-use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
 #[command(name = "switchyard-agent", version, about)]
@@ -13,16 +12,16 @@ struct Cli {
     agent: AgentArgs,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match switchyard_agent::run(cli.agent).await {
+    // Outside the runtime, so that the trace exporter's flush at exit runs outside it too.
+    let telemetry = switchyard_agent::telemetry::init("switchyard-agent", false, "info");
+    let result = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt.block_on(switchyard_agent::run(cli.agent)),
+        Err(e) => Err(anyhow::anyhow!("starting the async runtime: {e}")),
+    };
+    drop(telemetry);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("switchyard-agent: {e:#}");

@@ -40,7 +40,8 @@ pub fn grace_of(lease: &Lease, opts: RunOptions) -> Duration {
 /// Runs the attempt to its end and reports it on `sink`. Never fails: every problem becomes a
 /// `Finished` event (unless the lease was lost, when nothing more is reported).
 pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, opts: RunOptions) {
-    let span = tracing::info_span!("attempt", job.id = %lease.attempt.job_id, attempt.id = %lease.attempt.attempt_id);
+    let span = tracing::info_span!("job.run", job.id = %lease.attempt.job_id, attempt.id = %lease.attempt.attempt_id);
+    crate::telemetry::set_parent(&span, lease.traceparent.as_deref());
     async move {
         let attempt = lease.attempt.clone();
         let grace = grace_of(&lease, opts);
@@ -181,6 +182,7 @@ fn spawn(lease: &Lease) -> Result<Child, String> {
             lease.attempt.attempt_id.to_string(),
         )
         .envs(&lease.env)
+        .envs(lease.traceparent.as_ref().map(|tp| ("TRACEPARENT", tp)))
         // Set last: the agent, not the job spec, decides which GPUs a job sees.
         .env("CUDA_VISIBLE_DEVICES", cuda_visible_devices(&lease.gpus))
         .stdin(Stdio::null())

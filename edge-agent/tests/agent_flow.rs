@@ -269,6 +269,7 @@ fn lease(command: &[&str]) -> Lease {
         env: BTreeMap::new(),
         gpus: vec![1],
         grace_s: 1,
+        traceparent: None,
     }
 }
 

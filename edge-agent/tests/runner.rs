@@ -28,6 +28,7 @@ fn lease(command: &[&str], grace_s: u64) -> Lease {
         env: BTreeMap::new(),
         gpus: vec![],
         grace_s,
+        traceparent: None,
     }
 }
 

@@ -122,6 +122,10 @@ pub struct Lease {
     pub gpus: Vec<u32>,
     /// Seconds between SIGTERM and SIGKILL when the attempt is stopped.
     pub grace_s: u64,
+    /// W3C trace context of the job's trace, when the broker exports traces: the agent's span
+    /// for the run joins it, and the job sees it as `TRACEPARENT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -151,6 +151,10 @@ pub struct JobView {
     pub placement: Option<PlacementView>,
     pub attempts: u32,
     pub cancel_requested: bool,
+    /// What the ledger attributes to the job so far (USD): accrued while it runs, settled when
+    /// it ends.
+    #[serde(default)]
+    pub cost_usd: f64,
     /// The spec as submitted.
     pub spec: JobSpec,
 }
@@ -343,4 +347,221 @@ pub struct InstanceView {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct InstanceList {
     pub instances: Vec<InstanceView>,
+}
+
+/// A team's (or project's) cost policy, as `PUT /policies/{team}` takes it. Every field is
+/// optional (absent or `null`: no rule); unknown fields are rejected.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetRule>,
+    /// Most one GPU-hour may cost (USD) in the market used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_price_per_gpu_hour: Option<f64>,
+    /// Providers the team may use (`onprem`, `aws`…); `null`: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_providers: Option<Vec<String>>,
+    /// Regions (`provider:code`) the team may use; `null`: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_regions: Option<Vec<String>>,
+    /// The most spot the team's jobs may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot: Option<SpotRule>,
+    /// Whether cloud nodes may be launched for the team's jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<bool>,
+    /// When jobs of a priority may start; outside every window that covers them, they wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<Vec<PolicyWindow>>,
+    /// The highest priority the team's jobs get; higher asks are capped (not refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_ceiling: Option<Priority>,
+    /// On-prem internal rate, USD per GPU-hour, by GPU model (e.g. `{"H100": 1.5}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onprem_rates: Option<BTreeMap<String, f64>>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetPeriod {
+    /// The calendar month, UTC.
+    #[default]
+    Month,
+    /// The ISO week (Monday 00:00 UTC).
+    Week,
+    /// `from` to `to`.
+    Custom,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Enforcement {
+    /// Jobs whose estimate does not fit the remaining budget are held.
+    #[default]
+    Hard,
+    /// Only alerts.
+    Soft,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetRule {
+    pub amount_usd: f64,
+    pub period: BudgetPeriod,
+    /// Custom periods only: the start (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<DateTime<Utc>>,
+    /// Custom periods only: the end (RFC 3339), after `from`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<DateTime<Utc>>,
+    /// Default `hard`.
+    #[serde(default)]
+    pub enforcement: Enforcement,
+    /// Fractions of the amount at which to alert, each in (0, 1].
+    #[serde(default)]
+    pub alert_at: Vec<f64>,
+}
+
+/// Jobs of `priority` (all priorities when absent) may start only between `from` and `to`
+/// (`HH:MM`, local time in `tz`; `from > to` wraps past midnight).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyWindow {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    pub from: String,
+    pub to: String,
+    /// IANA time zone, e.g. `Asia/Shanghai` (default `UTC`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
+}
+
+/// A stored policy: its current version.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PolicyView {
+    pub team: String,
+    pub project: Option<String>,
+    /// Starts at 1; every PUT adds one. Sent as the `ETag`.
+    pub version: i64,
+    pub updated_at: DateTime<Utc>,
+    /// Who saved this version, e.g. `finance:alice`.
+    pub updated_by: String,
+    pub policy: PolicyBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PolicyList {
+    pub policies: Vec<PolicyView>,
+}
+
+/// One change in the append-only audit log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AuditEntry {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    /// `role:name` of the token that made the change (or `system`).
+    pub actor: String,
+    /// `policy.put`, `pool.patch`, `token.create`, `budget.alert`…
+    pub action: String,
+    /// What changed, e.g. `policy:ml`, `pool:aws:us-east-1/p5.48xlarge`.
+    pub target: String,
+    #[schema(value_type = Option<Object>)]
+    pub before: Option<serde_json::Value>,
+    #[schema(value_type = Option<Object>)]
+    pub after: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AuditList {
+    /// Newest first.
+    pub entries: Vec<AuditEntry>,
+    /// Pass as `cursor` to get older entries; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QueueDelay {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// What the simulator measured for one policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WhatIfOutcome {
+    pub total_cost_usd: f64,
+    pub deadline_met_fraction: f64,
+    pub queue_delay_s: QueueDelay,
+    /// Jobs that never started under this policy.
+    pub held_jobs: u32,
+}
+
+/// `POST /policies/{team}/what-if`: the team's recorded jobs replayed under the current policy
+/// and under the draft.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WhatIfReport {
+    pub jobs: u32,
+    pub current: WhatIfOutcome,
+    pub draft: WhatIfOutcome,
+}
+
+/// `PATCH /pools/{id}`: infra's edits to a pool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_limit: Option<u32>,
+    /// On-demand USD per GPU-hour (on-prem: the internal rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_per_gpu_hour: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launchable: Option<bool>,
+}
+
+/// One row of a spend report. The group's key is named after the grouping (`team`, `project`,
+/// `region`, `provider` or `pool`; `null` for entries without one, e.g. an instance whose job is
+/// gone), e.g. `{"team": "ml", "amount_usd": 12.5}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SpendRow {
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub key: BTreeMap<String, Option<String>>,
+    /// With `bucket`: the start of the hour or day (UTC) the row covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_start: Option<DateTime<Utc>>,
+    pub amount_usd: f64,
+}
+
+/// `GET /spend`: ledger entries whose period starts in `[from, to)`, grouped.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SpendReport {
+    pub group_by: String,
+    pub rows: Vec<SpendRow>,
+    /// The sum of the ledger entries in the window (for the caller's scope).
+    pub total_usd: f64,
+}
+
+/// Where a team's (or project's) budget stands this period.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BudgetView {
+    pub team: String,
+    pub project: Option<String>,
+    pub period_start: DateTime<Utc>,
+    pub period_end: DateTime<Utc>,
+    pub amount_usd: f64,
+    /// The ledger in the period.
+    pub spent_usd: f64,
+    /// Estimates of live work (and launches in flight) beyond what they have accrued.
+    pub committed_usd: f64,
+    /// `amount − spent − committed`; negative when over.
+    pub remaining_usd: f64,
+    pub enforcement: Enforcement,
+    pub alert_at: Vec<f64>,
+    /// The `alert_at` fractions spend has reached this period.
+    pub alerts_crossed: Vec<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BudgetList {
+    pub budgets: Vec<BudgetView>,
 }

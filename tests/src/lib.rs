@@ -143,20 +143,32 @@ impl Broker {
     }
 
     /// Starts a broker whose config has `extra` (TOML: top-level keys, then sections) after its
-    /// own top-level keys and before its region and pool tables.
+    /// own top-level keys and before its region and pool tables. A top-level key in `extra`
+    /// replaces the harness's own setting of it.
     pub async fn start_with(extra: &str) -> Broker {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let url = format!("http://127.0.0.1:{port}");
+        let overridden = |key: &str| {
+            extra
+                .lines()
+                .any(|l| l.split('=').next().map(str::trim) == Some(key))
+        };
+        let defaults: String = [
+            ("heartbeat_interval_s", "1"),
+            ("lease_ttl_s", "10"),
+            ("grace_s", "2"),
+            ("scheduler_tick_ms", "200"),
+        ]
+        .iter()
+        .filter(|(k, _)| !overridden(k))
+        .map(|(k, v)| format!("{k} = {v}\n"))
+        .collect();
         let config = format!(
             r#"
 listen = "127.0.0.1:{port}"
 data_dir = "{data}"
-heartbeat_interval_s = 1
-lease_ttl_s = 10
-grace_s = 2
-scheduler_tick_ms = 200
-{extra}
+{defaults}{extra}
 
 [[regions]]
 id = "onprem:e2e-dc"
@@ -175,20 +187,8 @@ node_limit = 4
         );
         let config_path = dir.path().join("switchyard.toml");
         std::fs::write(&config_path, config).unwrap();
-        let mut cmd = Command::new(bin("switchyard"));
-        cmd.arg("serve").arg("--config").arg(&config_path);
-        let proc = Proc::spawn("broker", cmd, &dir.path().join("broker.log")).unwrap();
         let http = reqwest::Client::new();
-        let ready_url = format!("{url}/readyz");
-        eventually("the broker to be ready", Duration::from_secs(20), || {
-            let http = http.clone();
-            let ready_url = ready_url.clone();
-            async move {
-                let r = http.get(&ready_url).send().await.ok()?;
-                r.status().is_success().then_some(())
-            }
-        })
-        .await;
+        let proc = Broker::spawn_serve(dir.path(), &url, &http).await;
         let admin = std::fs::read_to_string(dir.path().join("data/admin.token"))
             .unwrap()
             .trim()
@@ -201,6 +201,33 @@ node_limit = 4
             proc,
             agents: Vec::new(),
         }
+    }
+
+    /// `switchyard serve` with the config in `dir`; returns once it is ready.
+    async fn spawn_serve(dir: &Path, url: &str, http: &reqwest::Client) -> Proc {
+        let mut cmd = Command::new(bin("switchyard"));
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(dir.join("switchyard.toml"));
+        let proc = Proc::spawn("broker", cmd, &dir.join("broker.log")).unwrap();
+        let ready_url = format!("{url}/readyz");
+        eventually("the broker to be ready", Duration::from_secs(20), || {
+            let http = http.clone();
+            let ready_url = ready_url.clone();
+            async move {
+                let r = http.get(&ready_url).send().await.ok()?;
+                r.status().is_success().then_some(())
+            }
+        })
+        .await;
+        proc
+    }
+
+    /// Stops the broker (SIGTERM, graceful) and starts it again on the same config and data.
+    pub async fn restart(&mut self) {
+        self.proc.signal_group(Signal::SIGTERM);
+        self.proc.wait_exit(Duration::from_secs(20)).unwrap();
+        self.proc = Broker::spawn_serve(self.dir.path(), &self.url, &self.http).await;
     }
 
     pub async fn call(

@@ -139,6 +139,60 @@ async fn cancel_kills_the_whole_process_group_within_the_grace_period() {
     assert!(took < Duration::from_secs(8), "stopping took {took:?}");
 }
 
+/// A critical job due soon takes the node from low-priority work: the real agent sends the
+/// low job SIGTERM (its checkpoint signal), the job saves and exits, is requeued with its
+/// progress noted, and resumes after the urgent job is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_urgent_job_preempts_low_work_through_the_real_agent() {
+    let mut broker = Broker::start().await;
+    broker.start_agent("agent-p", 4).await;
+
+    let mut low = spec(
+        "low",
+        &[
+            "sh",
+            "-c",
+            "trap 'echo checkpoint saved; exit 0' TERM; echo working; sleep 3021 & wait",
+        ],
+        4,
+    );
+    low["priority"] = json!("low");
+    low["estimated_runtime_s"] = json!(36_000);
+    let low = broker.submit(low).await;
+    broker
+        .wait_state(&low, &["running"], Duration::from_secs(30))
+        .await;
+
+    let mut urgent = spec("urgent", &["echo", "urgent done"], 4);
+    urgent["priority"] = json!("critical");
+    urgent["estimated_runtime_s"] = json!(60);
+    urgent["deadline"] = json!(in_secs(600));
+    let urgent = broker.submit(urgent).await;
+    let job = broker
+        .wait_state(&urgent, &["succeeded", "failed"], Duration::from_secs(30))
+        .await;
+    assert_eq!(job["state"], "succeeded", "{job}\n{}", broker.dump_logs());
+    assert_eq!(broker.logs(&urgent).await.0, "urgent done\n");
+
+    // The victim checkpointed on SIGTERM, was requeued with its progress noted, and runs again
+    // on its second attempt.
+    let victim = broker
+        .wait_state(&low, &["running"], Duration::from_secs(30))
+        .await;
+    assert_eq!(victim["attempts"], 2, "{victim}");
+    let (out, _, _) = broker.logs(&low).await;
+    assert!(out.contains("working\ncheckpoint saved\n"), "{out:?}");
+    eventually(
+        "the second attempt's log",
+        Duration::from_secs(10),
+        || async {
+            let (out, _, _) = broker.logs(&low).await;
+            (out.matches("working").count() == 2).then_some(())
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switchyard_up_runs_a_federation_and_ctrl_c_stops_it_all() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,14 +2,21 @@
 //! nodes that joined.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use std::collections::HashMap;
-use switchyard_protocol::api::{ErrorBody, PoolList, RegionList, RegionView};
+use switchyard_core::{Money, PoolId};
+use switchyard_protocol::api::{
+    ErrorBody, PoolList, PoolPatch, PoolView, RegionList, RegionView, Role,
+};
 
 use crate::app::App;
 use crate::auth::Caller;
+use crate::clock;
 use crate::convert;
 use crate::error::ApiError;
+use crate::json::ApiJson;
+use crate::scheduler::SchedulerEvent;
+use crate::store::PoolChange;
 
 /// Every pool with price, latency and capacity.
 #[utoipa::path(get, path = "/pools", tag = "catalogue",
@@ -40,6 +47,81 @@ pub async fn pools(State(app): State<App>, _caller: Caller) -> Result<Json<PoolL
         })
         .collect();
     Ok(Json(PoolList { pools }))
+}
+
+/// Infra's edit of a pool: its node limit, its on-demand (on-prem: internal) price per GPU-hour,
+/// whether the broker may launch nodes in it. Audited as `pool.patch`; the scheduler plans with
+/// it from its next round. Pool ids contain `/`: send it as `%2F`.
+#[utoipa::path(patch, path = "/pools/{id}", tag = "catalogue", request_body = PoolPatch,
+    params(("id" = String, Path, description = "Pool id, e.g. `onprem:sh-dc1%2Fdgx-h100`")),
+    responses(
+        (status = 200, body = PoolView),
+        (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn patch_pool(
+    State(app): State<App>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(patch): ApiJson<PoolPatch>,
+) -> Result<Json<PoolView>, ApiError> {
+    caller.require(&[Role::Admin, Role::Infra])?;
+    if patch == PoolPatch::default() {
+        return Err(ApiError::invalid(
+            "node_limit",
+            "nothing to change: give node_limit, price_per_gpu_hour or launchable",
+        ));
+    }
+    if let Some(n) = patch.node_limit
+        && n > 100_000
+    {
+        return Err(ApiError::invalid("node_limit", "must be at most 100000"));
+    }
+    let id = PoolId(id);
+    let Some(pool) = app.store.pools().await?.into_iter().find(|p| p.id == id) else {
+        return Err(ApiError::NotFound(format!("pool {id}")));
+    };
+    let on_demand_per_hour = match patch.price_per_gpu_hour {
+        None => None,
+        Some(p) => Some(
+            Money::from_dollars(p)
+                .filter(|m| p > 0.0 && m.micros() > 0)
+                .map(|m| m.saturating_mul(i64::from(pool.gpus_per_node.max(1))))
+                .ok_or_else(|| {
+                    ApiError::invalid("price_per_gpu_hour", "must be a positive amount of USD")
+                })?,
+        ),
+    };
+    let change = PoolChange {
+        node_limit: patch.node_limit,
+        on_demand_per_hour,
+        launchable: patch.launchable,
+    };
+    let (_, after) = app
+        .store
+        .patch_pool(&id, &change, &caller.actor(), clock::now())
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("pool {id}")))?;
+    tracing::info!(pool.id = %id, actor = %caller.actor(), ?patch, "pool patched");
+    app.scheduler.send(SchedulerEvent::CatalogueChanged);
+    let regions = app.store.regions().await?;
+    let nodes = app.store.nodes().await?;
+    let busy = busy_gpus(&app).await?;
+    let healthy: Vec<_> = nodes.iter().filter(|n| n.pool == id && n.healthy).collect();
+    let total: u32 = healthy.iter().map(|n| n.gpus_total).sum();
+    let used: u32 = healthy
+        .iter()
+        .map(|n| busy.get(n.id.as_str()).copied().unwrap_or(0))
+        .sum();
+    Ok(Json(convert::pool_view(
+        &after,
+        regions.iter().find(|r| r.id == after.region),
+        nodes.iter().filter(|n| n.pool == id).count() as u32,
+        total,
+        total.saturating_sub(used),
+    )))
 }
 
 async fn busy_gpus(app: &App) -> Result<HashMap<String, u32>, ApiError> {

@@ -28,7 +28,7 @@ use crate::store::{CancelOutcome, JobFilter, JobRecord, NewJob};
         (status = 400, description = "Malformed or invalid field", body = ErrorBody),
         (status = 401, description = "No or bad token", body = ErrorBody),
         (status = 403, description = "Not allowed for this role or team", body = ErrorBody),
-        (status = 422, description = "No pool can ever run it", body = ErrorBody),
+        (status = 422, description = "No pool can ever run it (`unsatisfiable`), or the team's policy never allows it (`policy_violation`)", body = ErrorBody),
     ),
     security(("bearer" = [])))]
 pub async fn submit(
@@ -49,6 +49,7 @@ pub async fn submit(
     let pools = app.store.pools().await?;
     check_satisfiable(&pools, &core_spec)
         .map_err(|u| ApiError::unprocessable(u.field, u.message))?;
+    crate::policy::check_submit_against_store(&app, &pools, &core_spec, now).await?;
     if let Some(data) = &core_spec.data {
         let regions = app.store.regions().await?;
         if !regions.iter().any(|r| r.id == data.region) {
@@ -61,13 +62,17 @@ pub async fn submit(
     let id = JobId(Uuid::now_v7());
     let spec_json = serde_json::to_string(&spec)
         .map_err(|e| ApiError::Internal(format!("serialising a spec: {e}")))?;
+    // The root of the job's trace (exported only when an OTLP endpoint is configured).
+    let span = tracing::info_span!("job.submit", job.id = %id, team = %spec.team);
     let job = NewJob {
         id,
         spec: core_spec,
         spec_json,
         submitted_at: now,
+        trace_parent: switchyard_agent::telemetry::traceparent(&span),
     };
-    app.store.insert_job(&job).await?;
+    tracing::Instrument::instrument(app.store.insert_job(&job), span).await?;
+    app.metrics.job_submitted();
     let record = JobRecord {
         id,
         spec: job.spec,
@@ -83,6 +88,7 @@ pub async fn submit(
         version: 0,
         explanation_json: None,
         placement: None,
+        cost: switchyard_core::Money::ZERO,
     };
     let view = convert::job_view(&record)?;
     tracing::info!(job.id = %id, job.team = %record.spec.team, gpus = record.spec.resources.gpus, "job submitted");

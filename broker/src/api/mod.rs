@@ -2,16 +2,20 @@
 //! `/openapi.json`, generated from the handlers), the agent protocol under `/agent/v1`, probes,
 //! and the console at `/`.
 
+pub mod audit;
+pub mod budgets;
 pub mod catalogue;
 pub mod instances;
 pub mod jobs;
+pub mod policies;
+pub mod spend;
 pub mod tokens;
 
 use axum::Json;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use switchyard_protocol::api::Health;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -31,6 +35,8 @@ use crate::error::ApiError;
         (name = "jobs", description = "Submit, watch and cancel jobs"),
         (name = "catalogue", description = "Pools and regions with price, latency and capacity"),
         (name = "auth", description = "API and enrolment tokens"),
+        (name = "policies", description = "Team cost policies, what-if simulation and the audit log"),
+        (name = "spend", description = "The ledger: spend by team, project, region, provider or pool; budgets"),
     )
 )]
 struct ApiDoc;
@@ -60,6 +66,13 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(instances::list))
         .routes(routes!(tokens::create))
         .routes(routes!(tokens::create_enrolment))
+        .routes(routes!(policies::list))
+        .routes(routes!(policies::get, policies::put))
+        .routes(routes!(policies::what_if))
+        .routes(routes!(audit::list))
+        .routes(routes!(catalogue::patch_pool))
+        .routes(routes!(spend::report))
+        .routes(routes!(budgets::list))
         .split_for_parts();
     doc.servers = Some(vec![utoipa::openapi::Server::new("/api/v1")]);
     (router, doc)
@@ -74,6 +87,7 @@ pub fn router(app: App) -> Router {
         .nest("/agent/v1", agent_api::router())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route(
             "/openapi.json",
             get(move || {
@@ -81,7 +95,7 @@ pub fn router(app: App) -> Router {
                 async move { Json(doc) }
             }),
         )
-        .route("/", get(console))
+        .merge(crate::console::router())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(tower_http::trace::TraceLayer::new_for_http())
@@ -108,10 +122,25 @@ async fn readyz(State(app): State<App>) -> impl IntoResponse {
     }
 }
 
-async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::NotFound(format!("route {}", uri.path()))
+/// Prometheus exposition. Needs an `admin`, `infra` or `finance` token (Prometheus's
+/// `authorization` scrape setting): the figures name teams and what they spend.
+async fn metrics(
+    State(app): State<App>,
+    caller: crate::auth::Caller,
+) -> Result<Response, ApiError> {
+    use switchyard_protocol::api::Role;
+    caller.require(&[Role::Admin, Role::Infra, Role::Finance])?;
+    let body = app.metrics.render(app.store.as_ref()).await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            crate::metrics::CONTENT_TYPE,
+        )],
+        body,
+    )
+        .into_response())
 }
 
-async fn console() -> Html<&'static str> {
-    Html(include_str!("../../../web/index.html"))
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(format!("route {}", uri.path()))
 }

@@ -48,10 +48,22 @@ pub async fn create(
             token_hash: hash_token(&token),
             role: req.role,
             team: team.clone(),
-            name: req.name,
+            name: req.name.clone(),
             created_at: clock::now(),
             revoked: false,
         })
+        .await?;
+    let after = serde_json::json!({
+        "id": id, "role": crate::store::role_name(req.role), "team": team, "name": req.name,
+    });
+    app.store
+        .append_audit(&crate::api::audit::entry(
+            &caller,
+            "token.create",
+            format!("token:{id}"),
+            None,
+            Some(&after),
+        ))
         .await?;
     tracing::info!(token.id = %id, role = ?req.role, team = ?team, "api token created");
     Ok((

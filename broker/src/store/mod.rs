@@ -7,14 +7,20 @@
 //! the embedded default; PostgreSQL (a later issue) is a second implementation with its own
 //! migrations folder, not a rewrite. Each method is one transaction.
 
+#[cfg(feature = "postgres")]
+mod postgres;
 mod records;
 mod sqlite;
 
+#[cfg(feature = "postgres")]
+pub use postgres::{PgStore, WRITE_LOCK_KEY};
 pub use records::*;
-pub use sqlite::{SqliteStore, role_name};
+pub use sqlite::{SqliteStore, policy_target, role_name};
 
 use async_trait::async_trait;
-use switchyard_core::{JobId, NodeId, Pool, PoolId, Region, Timestamp};
+use switchyard_core::{
+    AttemptId, JobId, JobState, NodeId, Pool, PoolId, Priority, Region, Timestamp,
+};
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventResult, Inventory};
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +63,17 @@ pub trait Store: Send + Sync + 'static {
     async fn insert_api_token(&self, token: &ApiTokenRecord) -> StoreResult<()>;
     async fn api_token_by_hash(&self, hash: &str) -> StoreResult<Option<ApiTokenRecord>>;
 
+    // Console sessions.
+    async fn insert_console_session(&self, session: &ConsoleSessionRecord) -> StoreResult<()>;
+    /// The session with this id hash and the API token it acts as, whatever their state (the
+    /// caller checks expiry and revocation).
+    async fn console_session(
+        &self,
+        id_hash: &str,
+    ) -> StoreResult<Option<(ConsoleSessionRecord, ApiTokenRecord)>>;
+    /// Marks the session revoked; false when there was no live session with this hash.
+    async fn revoke_console_session(&self, id_hash: &str, now: Timestamp) -> StoreResult<bool>;
+
     // Enrolment and nodes.
     async fn insert_enrolment_token(&self, token: &EnrolmentTokenRecord) -> StoreResult<()>;
     /// Consumes a one-time enrolment token and creates the node in one transaction.
@@ -84,6 +101,10 @@ pub trait Store: Send + Sync + 'static {
     async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>>;
     async fn list_jobs(&self, filter: &JobFilter) -> StoreResult<Vec<JobRecord>>;
     async fn cancel_job(&self, id: JobId, now: Timestamp) -> StoreResult<CancelOutcome>;
+    /// The W3C trace context recorded with the job at submit, if any.
+    async fn job_trace_parent(&self, job: JobId) -> StoreResult<Option<String>>;
+    /// Jobs not yet finished, counted by state and priority (for `/metrics`).
+    async fn queue_depth(&self) -> StoreResult<Vec<(JobState, Priority, i64)>>;
     async fn set_explanation(&self, id: JobId, explanation_json: &str) -> StoreResult<()>;
 
     // Scheduler.
@@ -130,6 +151,80 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<bool>;
     /// Sum of ledger entries (micro-dollars).
     async fn ledger_total(&self) -> StoreResult<i64>;
+
+    // Ledger accrual, spend and budgets.
+    /// Writes ledger entries for every source up to `now` in one transaction: running attempts
+    /// on nodes the broker did not launch, live instances (idle time included), and anything
+    /// that ended unsettled (instances with at least `min_billed_s`). Returns the entries
+    /// written. Idempotent: each source remembers how far it was accrued.
+    async fn accrue_ledger(&self, now: Timestamp, min_billed_s: i64) -> StoreResult<usize>;
+    /// Ledger entries grouped (and bucketed) as `query` asks.
+    async fn spend(&self, query: &SpendQuery) -> StoreResult<Vec<SpendGroupRow>>;
+    /// What a budget of `team` (and `project`) has spent in `[from, to)` and what live work of
+    /// its jobs is still expected to cost.
+    async fn budget_usage(
+        &self,
+        team: &str,
+        project: Option<&str>,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> StoreResult<BudgetUsage>;
+    /// Records that a budget's spend reached a threshold this period; false if it already was.
+    async fn record_budget_alert(
+        &self,
+        team: &str,
+        project: Option<&str>,
+        period_start: Timestamp,
+        threshold_ppm: i64,
+        now: Timestamp,
+    ) -> StoreResult<bool>;
+    /// Ledger entries (of one job, or all), oldest period first.
+    async fn ledger_entries(&self, job: Option<JobId>) -> StoreResult<Vec<LedgerEntry>>;
+    /// Policy holds from the planner: `Some(reason)` makes a waiting job `held` with that
+    /// reason, `None` returns a held job to `queued`. Jobs that left the queue meanwhile are
+    /// left alone. Versions are not bumped: held jobs are still the planner's to place.
+    async fn set_holds(&self, changes: &[(JobId, Option<String>)]) -> StoreResult<()>;
+
+    /// Preemption: each `running` victim becomes `preempting` — it keeps its GPUs, and its
+    /// agent is told to stop it (checkpoint signal, grace, kill); when the agent reports the
+    /// end, the attempt becomes `preempted` and its job goes back to the queue with `why`
+    /// (which notes the progress made). Victims not running (yet, or any more) are left alone.
+    /// Returns the attempts now stopping.
+    async fn preempt_attempts(
+        &self,
+        victims: &[(AttemptId, String)],
+    ) -> StoreResult<Vec<(NodeId, AttemptRef)>>;
+
+    // Policies and the audit log.
+    /// Saves a new version of the policy of `team` (and `project`) and its `policy.put` audit
+    /// row in one transaction. With `expected_version`, a compare-and-swap: `Some(0)` means
+    /// "there is none yet"; any other mismatch is a [`PolicyConflict`] and nothing is written.
+    async fn put_policy(
+        &self,
+        team: &str,
+        project: Option<&str>,
+        body: &switchyard_protocol::api::PolicyBody,
+        expected_version: Option<i64>,
+        actor: &str,
+        now: Timestamp,
+    ) -> StoreResult<Result<PolicyRecord, PolicyConflict>>;
+    /// The current version of one policy.
+    async fn policy(&self, team: &str, project: Option<&str>) -> StoreResult<Option<PolicyRecord>>;
+    /// The current version of every policy, by team then project (team-wide first).
+    async fn policies(&self) -> StoreResult<Vec<PolicyRecord>>;
+    /// Appends one audit row; returns its id.
+    async fn append_audit(&self, entry: &NewAuditEntry) -> StoreResult<i64>;
+    /// Audit rows, newest first.
+    async fn audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>>;
+    /// Applies infra's edit to a pool with its `pool.patch` audit row in one transaction (the
+    /// edit outlives catalogue re-seeding). Returns the pool before and after; `None` if unknown.
+    async fn patch_pool(
+        &self,
+        id: &PoolId,
+        change: &PoolChange,
+        actor: &str,
+        now: Timestamp,
+    ) -> StoreResult<Option<(Pool, Pool)>>;
 
     // Agent protocol.
     async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>>;

@@ -18,6 +18,17 @@ pub struct ApiTokenRecord {
     pub revoked: bool,
 }
 
+/// A console (browser) session: the hash of its id, the API token it acts as, its CSRF token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConsoleSessionRecord {
+    pub id_hash: String,
+    pub api_token_id: Uuid,
+    pub csrf_token: String,
+    pub created_at: Timestamp,
+    pub expires_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct EnrolmentTokenRecord {
     pub token_hash: String,
@@ -71,6 +82,8 @@ pub struct NewJob {
     /// The spec exactly as submitted (wire JSON), served back to users.
     pub spec_json: String,
     pub submitted_at: Timestamp,
+    /// W3C trace context of the submit span (only when traces are exported).
+    pub trace_parent: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -90,6 +103,8 @@ pub struct JobRecord {
     pub explanation_json: Option<String>,
     /// The current or last attempt, with its placement.
     pub placement: Option<AttemptPlacement>,
+    /// What the ledger attributes to the job so far.
+    pub cost: Money,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -137,6 +152,9 @@ pub struct NewAttempt {
     pub gpus: Vec<u32>,
     pub market: Market,
     pub estimated_cost: Money,
+    /// What the attempt costs an hour while it runs on a node the broker did not launch
+    /// (GPUs × the pool's per-GPU rate, or the team's on-prem rate): what the ledger accrues.
+    pub hourly_rate: Money,
     pub expected_end: Timestamp,
     pub explanation_json: String,
 }
@@ -150,6 +168,8 @@ pub struct AttemptRecord {
     pub priority: switchyard_core::Priority,
     pub created_at: Timestamp,
     pub expected_end: Timestamp,
+    /// Being preempted: told to stop, GPUs still held until the agent reports the end.
+    pub stopping: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -159,6 +179,7 @@ pub struct LeaseRecord {
     pub epoch: u64,
     pub spec: JobSpec,
     pub gpus: Vec<u32>,
+    pub trace_parent: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -228,6 +249,9 @@ pub struct NewInstance {
     pub for_job: JobId,
     /// The job version the plan was made from (compare-and-swap).
     pub job_version: i64,
+    /// The planner's estimate for the job: reserved against its team's budget until the job
+    /// is placed on the instance.
+    pub estimated_cost: Money,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -261,4 +285,169 @@ pub enum LaunchFailure {
     GiveUp {
         pool_backoff_until: Option<Timestamp>,
     },
+}
+
+/// The current (or a past) version of a team's or project's policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyRecord {
+    pub team: String,
+    /// `None`: the team-wide policy.
+    pub project: Option<String>,
+    /// Starts at 1.
+    pub version: i64,
+    pub body: switchyard_protocol::api::PolicyBody,
+    pub updated_at: Timestamp,
+    pub updated_by: String,
+}
+
+/// A policy write lost its compare-and-swap: the version the caller expected is not current.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyConflict {
+    /// The current version (`None`: there is no policy yet).
+    pub current: Option<i64>,
+}
+
+/// A row to append to the audit log. `before`/`after` are JSON text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewAuditEntry {
+    pub at: Timestamp,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub before_json: Option<String>,
+    pub after_json: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AuditRecord {
+    pub id: i64,
+    pub at: Timestamp,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub before_json: Option<String>,
+    pub after_json: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AuditFilter {
+    /// Only entries for this target (exact).
+    pub target: Option<String>,
+    /// Entries with ids below this one (lists are newest first).
+    pub before: Option<i64>,
+    pub limit: i64,
+}
+
+/// Infra's edit of a pool; `None` leaves a field as it is.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolChange {
+    pub node_limit: Option<u32>,
+    /// Per node and hour.
+    pub on_demand_per_hour: Option<Money>,
+    pub launchable: Option<bool>,
+}
+
+/// How spend is grouped (`GET /spend?group_by=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpendGroup {
+    Team,
+    Project,
+    Region,
+    Provider,
+    Pool,
+}
+
+impl SpendGroup {
+    pub fn parse(s: &str) -> Option<SpendGroup> {
+        Some(match s {
+            "team" => SpendGroup::Team,
+            "project" => SpendGroup::Project,
+            "region" => SpendGroup::Region,
+            "provider" => SpendGroup::Provider,
+            "pool" => SpendGroup::Pool,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpendGroup::Team => "team",
+            SpendGroup::Project => "project",
+            SpendGroup::Region => "region",
+            SpendGroup::Provider => "provider",
+            SpendGroup::Pool => "pool",
+        }
+    }
+}
+
+/// Time buckets of a spend report (UTC).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpendBucket {
+    Hour,
+    Day,
+}
+
+impl SpendBucket {
+    pub fn parse(s: &str) -> Option<SpendBucket> {
+        match s {
+            "hour" => Some(SpendBucket::Hour),
+            "day" => Some(SpendBucket::Day),
+            _ => None,
+        }
+    }
+
+    pub fn millis(self) -> i64 {
+        match self {
+            SpendBucket::Hour => 3_600_000,
+            SpendBucket::Day => 86_400_000,
+        }
+    }
+}
+
+/// Ledger entries whose period starts in `[from, to)`, of one team or all, grouped.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpendQuery {
+    pub group: SpendGroup,
+    pub bucket: Option<SpendBucket>,
+    pub from: Option<Timestamp>,
+    pub to: Option<Timestamp>,
+    pub team: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpendGroupRow {
+    /// The group's key (`None`: entries with no team, project…).
+    pub key: Option<String>,
+    pub bucket_start: Option<Timestamp>,
+    pub amount: Money,
+}
+
+/// A budget's use: what the ledger holds in its period, and what live work is still expected
+/// to cost beyond what it has accrued (launches in flight included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BudgetUsage {
+    pub spent: Money,
+    pub committed: Money,
+}
+
+/// One ledger entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LedgerEntry {
+    pub id: i64,
+    pub at: Timestamp,
+    /// `attempt` or `instance`.
+    pub kind: String,
+    /// `attempt:<id>` or `instance:<id>`.
+    pub source: Option<String>,
+    pub team: Option<String>,
+    pub project: Option<String>,
+    pub job: Option<String>,
+    pub attempt: Option<String>,
+    pub instance: Option<String>,
+    pub provider: String,
+    pub region: String,
+    pub pool: String,
+    pub period_start: Timestamp,
+    pub period_end: Timestamp,
+    pub amount: Money,
 }

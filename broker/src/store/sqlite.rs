@@ -19,6 +19,8 @@ use switchyard_protocol::agent::{EventStatus, Stream};
 use switchyard_protocol::api::Role;
 use uuid::Uuid;
 
+mod ledger;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
 #[derive(Clone, Debug)]
@@ -67,7 +69,7 @@ impl SqliteStore {
     }
 }
 
-fn corrupt(what: impl std::fmt::Display) -> StoreError {
+pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(what.to_string())
 }
 
@@ -75,11 +77,11 @@ fn parse_uuid(s: &str) -> StoreResult<Uuid> {
     Uuid::parse_str(s).map_err(|e| corrupt(format!("bad uuid {s:?}: {e}")))
 }
 
-fn u32_of(v: i64, what: &str) -> StoreResult<u32> {
+pub(crate) fn u32_of(v: i64, what: &str) -> StoreResult<u32> {
     u32::try_from(v).map_err(|_| corrupt(format!("{what} out of range: {v}")))
 }
 
-fn market_str(m: Market) -> &'static str {
+pub(crate) fn market_str(m: Market) -> &'static str {
     match m {
         Market::OnDemand => "on_demand",
         Market::Spot => "spot",
@@ -103,7 +105,7 @@ pub fn role_name(r: Role) -> &'static str {
     }
 }
 
-fn parse_role(s: &str) -> StoreResult<Role> {
+pub(crate) fn parse_role(s: &str) -> StoreResult<Role> {
     Ok(match s {
         "admin" => Role::Admin,
         "finance" => Role::Finance,
@@ -113,19 +115,19 @@ fn parse_role(s: &str) -> StoreResult<Role> {
     })
 }
 
-fn parse_state(s: &str) -> StoreResult<JobState> {
+pub(crate) fn parse_state(s: &str) -> StoreResult<JobState> {
     JobState::parse(s).ok_or_else(|| corrupt(format!("bad job state {s:?}")))
 }
 
-fn gpus_json(gpus: &[u32]) -> String {
+pub(crate) fn gpus_json(gpus: &[u32]) -> String {
     serde_json::to_string(gpus).unwrap_or_else(|_| "[]".into())
 }
 
-fn parse_gpus(s: &str) -> StoreResult<Vec<u32>> {
+pub(crate) fn parse_gpus(s: &str) -> StoreResult<Vec<u32>> {
     serde_json::from_str(s).map_err(|e| corrupt(format!("bad gpus {s:?}: {e}")))
 }
 
-fn parse_spec(s: &str) -> StoreResult<JobSpec> {
+pub(crate) fn parse_spec(s: &str) -> StoreResult<JobSpec> {
     serde_json::from_str(s).map_err(|e| corrupt(format!("bad job spec: {e}")))
 }
 
@@ -210,10 +212,11 @@ fn job_from_row(r: &SqliteRow) -> StoreResult<JobRecord> {
         version: r.try_get("version")?,
         explanation_json: r.try_get("explanation_json")?,
         placement,
+        cost: Money(r.try_get::<Option<i64>, _>("cost_micros")?.unwrap_or(0)),
     })
 }
 
-fn parse_priority(s: &str) -> StoreResult<Priority> {
+pub(crate) fn parse_priority(s: &str) -> StoreResult<Priority> {
     Ok(match s {
         "low" => Priority::Low,
         "normal" => Priority::Normal,
@@ -291,9 +294,7 @@ impl Store for SqliteStore {
     }
 
     async fn pools(&self) -> StoreResult<Vec<Pool>> {
-        let rows = sqlx::query("SELECT * FROM pools ORDER BY id")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(SQL_POOLS).fetch_all(&self.pool).await?;
         rows.iter().map(pool_from_row).collect()
     }
 
@@ -330,6 +331,72 @@ impl Store for SqliteStore {
             })
         })
         .transpose()
+    }
+
+    async fn insert_console_session(&self, session: &ConsoleSessionRecord) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO console_sessions \
+             (id_hash, api_token_id, csrf_token, created_at, expires_at, revoked_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&session.id_hash)
+        .bind(session.api_token_id.to_string())
+        .bind(&session.csrf_token)
+        .bind(session.created_at.millis())
+        .bind(session.expires_at.millis())
+        .bind(session.revoked_at.map(|t| t.millis()))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn console_session(
+        &self,
+        id_hash: &str,
+    ) -> StoreResult<Option<(ConsoleSessionRecord, ApiTokenRecord)>> {
+        let row = sqlx::query(
+            "SELECT s.id_hash, s.api_token_id, s.csrf_token, s.created_at AS s_created_at, \
+             s.expires_at, s.revoked_at AS s_revoked_at, t.id, t.token_hash, t.role, t.team, \
+             t.name, t.created_at, t.revoked_at \
+             FROM console_sessions s JOIN api_tokens t ON t.id = s.api_token_id \
+             WHERE s.id_hash = $1",
+        )
+        .bind(id_hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            let session = ConsoleSessionRecord {
+                id_hash: r.try_get("id_hash")?,
+                api_token_id: parse_uuid(&r.try_get::<String, _>("api_token_id")?)?,
+                csrf_token: r.try_get("csrf_token")?,
+                created_at: Timestamp(r.try_get("s_created_at")?),
+                expires_at: Timestamp(r.try_get("expires_at")?),
+                revoked_at: r.try_get::<Option<i64>, _>("s_revoked_at")?.map(Timestamp),
+            };
+            let token = ApiTokenRecord {
+                id: parse_uuid(&r.try_get::<String, _>("id")?)?,
+                token_hash: r.try_get("token_hash")?,
+                role: parse_role(&r.try_get::<String, _>("role")?)?,
+                team: r.try_get("team")?,
+                name: r.try_get("name")?,
+                created_at: Timestamp(r.try_get("created_at")?),
+                revoked: r.try_get::<Option<i64>, _>("revoked_at")?.is_some(),
+            };
+            Ok((session, token))
+        })
+        .transpose()
+    }
+
+    async fn revoke_console_session(&self, id_hash: &str, now: Timestamp) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE console_sessions SET revoked_at = $2 \
+             WHERE id_hash = $1 AND revoked_at IS NULL",
+        )
+        .bind(id_hash)
+        .bind(now.millis())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn insert_enrolment_token(&self, token: &EnrolmentTokenRecord) -> StoreResult<()> {
@@ -496,8 +563,8 @@ impl Store for SqliteStore {
             serde_json::to_string(&job.spec).map_err(|e| corrupt(format!("spec: {e}")))?;
         sqlx::query(
             "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
-             core_spec_json, submitted_at, deadline) \
-             VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10)",
+             core_spec_json, submitted_at, deadline, trace_parent) \
+             VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(job.id.to_string())
         .bind(&job.spec.team)
@@ -512,6 +579,7 @@ impl Store for SqliteStore {
         .bind(&core_spec)
         .bind(job.submitted_at.millis())
         .bind(job.spec.deadline.map(Timestamp::millis))
+        .bind(&job.trace_parent)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -527,15 +595,65 @@ impl Store for SqliteStore {
     }
 
     async fn list_jobs(&self, filter: &JobFilter) -> StoreResult<Vec<JobRecord>> {
-        let rows = sqlx::query(sql_list_jobs())
-            .bind(&filter.team)
-            .bind(filter.state.map(JobState::as_str))
-            .bind(&filter.name)
-            .bind(filter.before.map(|b| b.to_string()))
-            .bind(filter.limit)
-            .fetch_all(&self.pool)
-            .await?;
+        // Only the filters given are in the statement, so that SQLite walks the index that
+        // matches them — (team, state, id), (team, id) or (state, id) — newest first, instead
+        // of the whole table ("$1 IS NULL OR …" hides every index from the planner).
+        let mut sql = String::from(sql_list_jobs());
+        let mut n = 0;
+        let mut cond = |sql: &mut String, c: &str| {
+            n += 1;
+            sql.push_str(if n == 1 { " WHERE " } else { " AND " });
+            sql.push_str(&c.replace('?', &format!("${n}")));
+        };
+        if filter.team.is_some() {
+            cond(&mut sql, "j.team = ?");
+        }
+        if filter.state.is_some() {
+            cond(&mut sql, "j.state = ?");
+        }
+        if filter.name.is_some() {
+            cond(&mut sql, "j.name = ?");
+        }
+        if filter.before.is_some() {
+            cond(&mut sql, "j.id < ?");
+        }
+        sql.push_str(&format!(" ORDER BY j.id DESC LIMIT ${}", n + 1));
+        // Built from the fixed fragments above only; every value is bound.
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        if let Some(team) = &filter.team {
+            q = q.bind(team);
+        }
+        if let Some(state) = filter.state {
+            q = q.bind(state.as_str());
+        }
+        if let Some(name) = &filter.name {
+            q = q.bind(name);
+        }
+        if let Some(before) = filter.before {
+            q = q.bind(before.to_string());
+        }
+        let rows = q.bind(filter.limit).fetch_all(&self.pool).await?;
         rows.iter().map(job_from_row).collect()
+    }
+
+    async fn queue_depth(&self) -> StoreResult<Vec<(JobState, Priority, i64)>> {
+        // Through the state index: only unfinished jobs are read, however long the history.
+        let rows = sqlx::query(
+            "SELECT state, priority, COUNT(*) AS n FROM jobs \
+             WHERE state IN ('queued', 'held', 'provisioning', 'placed', 'running') \
+             GROUP BY state, priority ORDER BY state, priority",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    parse_state(&r.try_get::<String, _>("state")?)?,
+                    parse_priority(&r.try_get::<String, _>("priority")?)?,
+                    r.try_get::<i64, _>("n")?,
+                ))
+            })
+            .collect()
     }
 
     async fn cancel_job(&self, id: JobId, now: Timestamp) -> StoreResult<CancelOutcome> {
@@ -617,9 +735,9 @@ impl Store for SqliteStore {
 
     async fn live_attempts(&self) -> StoreResult<Vec<AttemptRecord>> {
         let rows = sqlx::query(
-            "SELECT a.id, a.job_id, a.node_id, a.gpus_json, a.created_at, \
+            "SELECT a.id, a.job_id, a.node_id, a.gpus_json, a.created_at, a.state, \
              a.expected_end, j.priority FROM attempts a JOIN jobs j ON j.id = a.job_id \
-             WHERE a.state IN ('assigned', 'running') ORDER BY a.id",
+             WHERE a.state IN ('assigned', 'running', 'preempting') ORDER BY a.id",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -634,6 +752,7 @@ impl Store for SqliteStore {
                     priority: parse_priority(&priority)?,
                     created_at: Timestamp(r.try_get("created_at")?),
                     expected_end: Timestamp(r.try_get("expected_end")?),
+                    stopping: r.try_get::<String, _>("state")? == "preempting",
                 })
             })
             .collect()
@@ -665,8 +784,8 @@ impl Store for SqliteStore {
             }
             sqlx::query(
                 "INSERT INTO instances (id, provider, pool_id, region_id, market, state, \
-                 hourly_price_micros, for_job, requested_at) \
-                 VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7, $8)",
+                 hourly_price_micros, for_job, requested_at, estimated_cost_micros) \
+                 VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7, $8, $9)",
             )
             .bind(&l.id)
             .bind(&l.provider)
@@ -676,6 +795,7 @@ impl Store for SqliteStore {
             .bind(l.hourly_price.micros())
             .bind(l.for_job.to_string())
             .bind(now.millis())
+            .bind(l.estimated_cost.micros())
             .execute(&mut *tx)
             .await?;
         }
@@ -703,8 +823,9 @@ impl Store for SqliteStore {
                 .await?;
             sqlx::query(
                 "INSERT INTO attempts (id, job_id, attempt_no, node_id, pool_id, epoch, gpus_json, \
-                 market, state, estimated_cost_micros, expected_end, created_at) \
-                 VALUES ($1, $2, $3, $4, $5, $3, $6, $7, 'assigned', $8, $9, $10)",
+                 market, state, estimated_cost_micros, expected_end, created_at, \
+                 hourly_rate_micros) \
+                 VALUES ($1, $2, $3, $4, $5, $3, $6, $7, 'assigned', $8, $9, $10, $11)",
             )
             .bind(a.id.to_string())
             .bind(a.job.to_string())
@@ -716,6 +837,7 @@ impl Store for SqliteStore {
             .bind(a.estimated_cost.micros())
             .bind(a.expected_end.millis())
             .bind(now.millis())
+            .bind(a.hourly_rate.micros())
             .execute(&mut *tx)
             .await?;
         }
@@ -723,9 +845,230 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn preempt_attempts(
+        &self,
+        victims: &[(AttemptId, String)],
+    ) -> StoreResult<Vec<(NodeId, AttemptRef)>> {
+        let mut tx = self.write_tx().await?;
+        let mut stopping = Vec::with_capacity(victims.len());
+        for (attempt, why) in victims {
+            let row = sqlx::query(
+                "UPDATE attempts SET state = 'preempting', error = $1 \
+                 WHERE id = $2 AND state = 'running' RETURNING id, job_id, epoch, node_id",
+            )
+            .bind(why)
+            .bind(attempt.to_string())
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(row) = row else { continue };
+            let victim = attempt_ref_from_row(&row)?;
+            sqlx::query("UPDATE jobs SET reason = $1, version = version + 1 WHERE id = $2")
+                .bind(why)
+                .bind(victim.job_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+            stopping.push((NodeId(row.try_get("node_id")?), victim));
+        }
+        tx.commit().await?;
+        Ok(stopping)
+    }
+
+    async fn put_policy(
+        &self,
+        team: &str,
+        project: Option<&str>,
+        body: &switchyard_protocol::api::PolicyBody,
+        expected_version: Option<i64>,
+        actor: &str,
+        now: Timestamp,
+    ) -> StoreResult<Result<PolicyRecord, PolicyConflict>> {
+        let body_json = serde_json::to_string(body)
+            .map_err(|e| corrupt(format!("policy body not serialisable: {e}")))?;
+        let project_key = project.unwrap_or("");
+        let mut tx = self.write_tx().await?;
+        let current = sqlx::query(
+            "SELECT version, body_json FROM policy_versions \
+             WHERE team = $1 AND project_key = $2 ORDER BY version DESC LIMIT 1",
+        )
+        .bind(team)
+        .bind(project_key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (current_version, before_json) = match &current {
+            Some(r) => (
+                Some(r.try_get::<i64, _>("version")?),
+                Some(r.try_get::<String, _>("body_json")?),
+            ),
+            None => (None, None),
+        };
+        if let Some(expected) = expected_version
+            && expected != current_version.unwrap_or(0)
+        {
+            return Ok(Err(PolicyConflict {
+                current: current_version,
+            }));
+        }
+        let version = current_version.unwrap_or(0) + 1;
+        sqlx::query(
+            "INSERT INTO policy_versions (team, project_key, version, body_json, created_at, \
+             created_by) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(team)
+        .bind(project_key)
+        .bind(version)
+        .bind(&body_json)
+        .bind(now.millis())
+        .bind(actor)
+        .execute(&mut *tx)
+        .await?;
+        insert_audit(
+            &mut tx,
+            &NewAuditEntry {
+                at: now,
+                actor: actor.to_string(),
+                action: "policy.put".into(),
+                target: policy_target(team, project),
+                before_json,
+                after_json: Some(body_json),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Ok(PolicyRecord {
+            team: team.to_string(),
+            project: project.map(str::to_string),
+            version,
+            body: body.clone(),
+            updated_at: now,
+            updated_by: actor.to_string(),
+        }))
+    }
+
+    async fn policy(&self, team: &str, project: Option<&str>) -> StoreResult<Option<PolicyRecord>> {
+        let row = sqlx::query(
+            "SELECT team, project_key, version, body_json, created_at, created_by \
+             FROM policy_versions WHERE team = $1 AND project_key = $2 \
+             ORDER BY version DESC LIMIT 1",
+        )
+        .bind(team)
+        .bind(project.unwrap_or(""))
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(policy_from_row).transpose()
+    }
+
+    async fn policies(&self) -> StoreResult<Vec<PolicyRecord>> {
+        let rows = sqlx::query(
+            "SELECT v.team, v.project_key, v.version, v.body_json, v.created_at, v.created_by \
+             FROM policy_versions v \
+             WHERE v.version = (SELECT MAX(w.version) FROM policy_versions w \
+                                WHERE w.team = v.team AND w.project_key = v.project_key) \
+             ORDER BY v.team, v.project_key",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(policy_from_row).collect()
+    }
+
+    async fn append_audit(&self, entry: &NewAuditEntry) -> StoreResult<i64> {
+        let mut tx = self.write_tx().await?;
+        let id = insert_audit(&mut tx, entry).await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    async fn audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>> {
+        let rows = sqlx::query(
+            "SELECT id, at, actor, action, target, before_json, after_json FROM audit_log \
+             WHERE ($1 IS NULL OR target = $1) AND ($2 IS NULL OR id < $2) \
+             ORDER BY id DESC LIMIT $3",
+        )
+        .bind(&filter.target)
+        .bind(filter.before)
+        .bind(filter.limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(AuditRecord {
+                    id: r.try_get("id")?,
+                    at: Timestamp(r.try_get("at")?),
+                    actor: r.try_get("actor")?,
+                    action: r.try_get("action")?,
+                    target: r.try_get("target")?,
+                    before_json: r.try_get("before_json")?,
+                    after_json: r.try_get("after_json")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn patch_pool(
+        &self,
+        id: &PoolId,
+        change: &PoolChange,
+        actor: &str,
+        now: Timestamp,
+    ) -> StoreResult<Option<(Pool, Pool)>> {
+        let mut tx = self.write_tx().await?;
+        let Some(row) = sqlx::query(SQL_POOL_BY_ID)
+            .bind(id.as_str())
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let before = pool_from_row(&row)?;
+        sqlx::query(
+            "INSERT INTO pool_overrides (pool_id, node_limit, on_demand_micros, launchable, \
+             updated_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (pool_id) DO UPDATE SET \
+             node_limit = COALESCE(excluded.node_limit, pool_overrides.node_limit), \
+             on_demand_micros = COALESCE(excluded.on_demand_micros, pool_overrides.on_demand_micros), \
+             launchable = COALESCE(excluded.launchable, pool_overrides.launchable), \
+             updated_at = excluded.updated_at",
+        )
+        .bind(id.as_str())
+        .bind(change.node_limit.map(i64::from))
+        .bind(change.on_demand_per_hour.map(Money::micros))
+        .bind(change.launchable)
+        .bind(now.millis())
+        .execute(&mut *tx)
+        .await?;
+        let row = sqlx::query(SQL_POOL_BY_ID)
+            .bind(id.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+        let after = pool_from_row(&row)?;
+        let patch_json = |p: &Pool| {
+            serde_json::json!({
+                "node_limit": p.node_limit,
+                "on_demand_per_hour_usd": p.on_demand_per_hour.as_dollars(),
+                "price_per_gpu_hour": p.on_demand_per_gpu_hour().as_dollars(),
+                "launchable": p.launchable,
+            })
+            .to_string()
+        };
+        insert_audit(
+            &mut tx,
+            &NewAuditEntry {
+                at: now,
+                actor: actor.to_string(),
+                action: "pool.patch".into(),
+                target: format!("pool:{id}"),
+                before_json: Some(patch_json(&before)),
+                after_json: Some(patch_json(&after)),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some((before, after)))
+    }
+
     async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>> {
         let rows = sqlx::query(
-            "SELECT a.id, a.job_id, a.epoch, a.gpus_json, j.core_spec_json FROM attempts a \
+            "SELECT a.id, a.job_id, a.epoch, a.gpus_json, j.core_spec_json, j.trace_parent \
+             FROM attempts a \
              JOIN jobs j ON j.id = a.job_id \
              WHERE a.node_id = $1 AND a.state = 'assigned' AND j.cancel_requested = 0 \
              ORDER BY a.created_at, a.id",
@@ -741,15 +1084,26 @@ impl Store for SqliteStore {
                     epoch: r.try_get::<i64, _>("epoch")? as u64,
                     gpus: parse_gpus(&r.try_get::<String, _>("gpus_json")?)?,
                     spec: parse_spec(&r.try_get::<String, _>("core_spec_json")?)?,
+                    trace_parent: r.try_get("trace_parent")?,
                 })
             })
             .collect()
     }
 
+    async fn job_trace_parent(&self, job: JobId) -> StoreResult<Option<String>> {
+        let tp: Option<Option<String>> =
+            sqlx::query_scalar("SELECT trace_parent FROM jobs WHERE id = $1")
+                .bind(job.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(tp.flatten())
+    }
+
     async fn stops_for_node(&self, node: &NodeId) -> StoreResult<Vec<AttemptRef>> {
         let rows = sqlx::query(
             "SELECT a.id, a.job_id, a.epoch FROM attempts a JOIN jobs j ON j.id = a.job_id \
-             WHERE a.node_id = $1 AND a.state = 'running' AND j.cancel_requested = 1",
+             WHERE a.node_id = $1 \
+             AND ((a.state = 'running' AND j.cancel_requested = 1) OR a.state = 'preempting')",
         )
         .bind(node.as_str())
         .fetch_all(&self.pool)
@@ -870,13 +1224,16 @@ impl Store for SqliteStore {
                         .await?;
                         accepted()
                     }
-                    "running" | "finished" => duplicate(),
+                    "running" | "finished" | "preempting" => duplicate(),
                     _ => rejected("the lease was withdrawn"),
                 },
                 AgentEvent::Log {
                     seq, stream, data, ..
                 } => {
-                    if matches!(state.as_str(), "assigned" | "running" | "finished") {
+                    if matches!(
+                        state.as_str(),
+                        "assigned" | "running" | "finished" | "preempting"
+                    ) {
                         let inserted = sqlx::query(
                             "INSERT INTO log_chunks (job_id, attempt_id, attempt_no, seq, stream, \
                              data, at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
@@ -940,6 +1297,8 @@ impl Store for SqliteStore {
                         .bind(attempt.attempt_id.to_string())
                         .execute(&mut *tx)
                         .await?;
+                        ledger::settle_attempt(&mut tx, &attempt.attempt_id.to_string(), now)
+                            .await?;
                         sqlx::query(
                             "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
                              reason = $4, version = version + 1 \
@@ -958,6 +1317,17 @@ impl Store for SqliteStore {
                             job: JobId(attempt.job_id),
                             node: node.clone(),
                             final_state,
+                        });
+                        accepted()
+                    }
+                    "preempting" => {
+                        let job =
+                            finish_preemption(&mut tx, attempt, *exit_code, *signal, now).await?;
+                        ended.push(EndedAttempt {
+                            attempt: AttemptId(attempt.attempt_id),
+                            job: JobId(attempt.job_id),
+                            node: node.clone(),
+                            final_state: job,
                         });
                         accepted()
                     }
@@ -1113,35 +1483,9 @@ impl Store for SqliteStore {
         .bind(id)
         .execute(&mut *tx)
         .await?;
-        if let Some(launched) = inst.launched_at {
-            let seconds = now.secs_since(launched).max(min_billed_s);
-            let amount = inst.hourly_price.per_hour_for_secs(seconds);
-            let (team, project): (Option<String>, Option<String>) = match inst.for_job {
-                Some(job) => sqlx::query_as("SELECT team, project FROM jobs WHERE id = $1")
-                    .bind(job.to_string())
-                    .fetch_optional(&mut *tx)
-                    .await?
-                    .unwrap_or((None, None)),
-                None => (None, None),
-            };
-            sqlx::query(
-                "INSERT INTO ledger (at, kind, team, project, job_id, instance_id, provider, \
-                 region_id, pool_id, period_start, period_end, amount_micros) \
-                 VALUES ($1, 'instance', $2, $3, $4, $5, $6, $7, $8, $9, $1, $10)",
-            )
-            .bind(now.millis())
-            .bind(team)
-            .bind(project)
-            .bind(inst.for_job.map(|j| j.to_string()))
-            .bind(id)
-            .bind(&inst.provider)
-            .bind(&inst.region)
-            .bind(inst.pool.as_str())
-            .bind(launched.millis())
-            .bind(amount.micros())
-            .execute(&mut *tx)
-            .await?;
-        }
+        // Its cost up to now (at least the minimum billed time), charged to the work on it,
+        // before that work is ended below.
+        ledger::settle_instance(&mut tx, id, min_billed_s, now).await?;
         if let Some(node) = &inst.node {
             sqlx::query("UPDATE nodes SET healthy = 0, revoked = 1 WHERE id = $1")
                 .bind(node.as_str())
@@ -1163,6 +1507,77 @@ impl Store for SqliteStore {
             .fetch_one(&self.pool)
             .await?;
         Ok(total.unwrap_or(0))
+    }
+
+    async fn accrue_ledger(&self, now: Timestamp, min_billed_s: i64) -> StoreResult<usize> {
+        let mut tx = self.write_tx().await?;
+        let written = ledger::accrue_all(&mut tx, now, min_billed_s).await?;
+        tx.commit().await?;
+        Ok(written)
+    }
+
+    async fn spend(&self, query: &SpendQuery) -> StoreResult<Vec<SpendGroupRow>> {
+        ledger::spend(&self.pool, query).await
+    }
+
+    async fn budget_usage(
+        &self,
+        team: &str,
+        project: Option<&str>,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> StoreResult<BudgetUsage> {
+        ledger::budget_usage(&self.pool, team, project, from, to).await
+    }
+
+    async fn record_budget_alert(
+        &self,
+        team: &str,
+        project: Option<&str>,
+        period_start: Timestamp,
+        threshold_ppm: i64,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "INSERT INTO budget_alerts (team, project, period_start, threshold_ppm, at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+        )
+        .bind(team)
+        .bind(project.unwrap_or(""))
+        .bind(period_start.millis())
+        .bind(threshold_ppm)
+        .bind(now.millis())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn ledger_entries(&self, job: Option<JobId>) -> StoreResult<Vec<LedgerEntry>> {
+        ledger::ledger_entries(&self.pool, job).await
+    }
+
+    async fn set_holds(&self, changes: &[(JobId, Option<String>)]) -> StoreResult<()> {
+        let mut tx = self.write_tx().await?;
+        for (job, reason) in changes {
+            match reason {
+                Some(reason) => sqlx::query(
+                    "UPDATE jobs SET state = 'held', reason = $1 \
+                     WHERE id = $2 AND state IN ('queued', 'held')",
+                )
+                .bind(reason)
+                .bind(job.to_string()),
+                None => sqlx::query(
+                    "UPDATE jobs SET state = 'queued', reason = NULL \
+                     WHERE id = $2 AND state = 'held' AND $1 IS NULL",
+                )
+                .bind(None::<String>)
+                .bind(job.to_string()),
+            }
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn logs(&self, job: JobId, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>> {
@@ -1191,6 +1606,67 @@ impl Store for SqliteStore {
 
 type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
 
+/// Pools with infra's edits (`pool_overrides`) applied.
+macro_rules! pools_select {
+    ($tail:literal) => {
+        concat!(
+            "SELECT p.id, p.region_id, p.provider, p.instance_type, p.gpu_model, \
+             p.gpus_per_node, p.gpu_memory_gb, p.vcpus, p.memory_gb, \
+             COALESCE(o.on_demand_micros, p.on_demand_micros) AS on_demand_micros, \
+             p.spot_micros, COALESCE(o.node_limit, p.node_limit) AS node_limit, \
+             COALESCE(o.launchable, p.launchable) AS launchable, p.boot_time_s, \
+             CASE WHEN o.on_demand_micros IS NOT NULL AND o.updated_at > p.price_updated_at \
+                  THEN o.updated_at ELSE p.price_updated_at END AS price_updated_at, \
+             p.recent_capacity_failures \
+             FROM pools p LEFT JOIN pool_overrides o ON o.pool_id = p.id",
+            $tail
+        )
+    };
+}
+
+const SQL_POOLS: &str = pools_select!(" ORDER BY p.id");
+const SQL_POOL_BY_ID: &str = pools_select!(" WHERE p.id = $1");
+
+/// The audit target of a policy: `policy:TEAM` or `policy:TEAM/PROJECT`.
+pub fn policy_target(team: &str, project: Option<&str>) -> String {
+    match project {
+        Some(p) => format!("policy:{team}/{p}"),
+        None => format!("policy:{team}"),
+    }
+}
+
+/// Appends one audit row inside a caller's transaction (so a change and its audit entry commit
+/// together); returns its id.
+pub(crate) async fn insert_audit(tx: &mut Tx, e: &NewAuditEntry) -> StoreResult<i64> {
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO audit_log (at, actor, action, target, before_json, after_json) \
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+    )
+    .bind(e.at.millis())
+    .bind(&e.actor)
+    .bind(&e.action)
+    .bind(&e.target)
+    .bind(&e.before_json)
+    .bind(&e.after_json)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(id)
+}
+
+fn policy_from_row(r: &SqliteRow) -> StoreResult<PolicyRecord> {
+    let project: String = r.try_get("project_key")?;
+    let body_json: String = r.try_get("body_json")?;
+    Ok(PolicyRecord {
+        team: r.try_get("team")?,
+        project: (!project.is_empty()).then_some(project),
+        version: r.try_get("version")?,
+        body: serde_json::from_str(&body_json)
+            .map_err(|e| corrupt(format!("bad policy body: {e}")))?,
+        updated_at: Timestamp(r.try_get("created_at")?),
+        updated_by: r.try_get("created_by")?,
+    })
+}
+
 /// Ends a node's live attempts in `attempt_state` (`lost` when the node or its instance is
 /// gone, `preempted` when it is being interrupted) and sends their jobs back to the queue (or to
 /// `cancelled` when a cancel was pending). Returns the attempts ended and the jobs requeued.
@@ -1203,7 +1679,8 @@ async fn end_node_work(
 ) -> StoreResult<(Vec<AttemptRef>, Vec<JobId>)> {
     let rows = sqlx::query(
         "SELECT id, job_id, epoch FROM attempts \
-         WHERE node_id = $1 AND state IN ('assigned', 'running') ORDER BY created_at, id",
+         WHERE node_id = $1 AND state IN ('assigned', 'running', 'preempting') \
+         ORDER BY created_at, id",
     )
     .bind(node)
     .fetch_all(&mut **tx)
@@ -1219,6 +1696,7 @@ async fn end_node_work(
             .bind(attempt.attempt_id.to_string())
             .execute(&mut **tx)
             .await?;
+        ledger::settle_attempt(tx, &attempt.attempt_id.to_string(), now).await?;
         sqlx::query(
             "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
              ELSE 'queued' END, \
@@ -1236,6 +1714,47 @@ async fn end_node_work(
         stopped.push(attempt);
     }
     Ok((stopped, requeued))
+}
+
+/// The agent reports the end of an attempt it was told to stop for a preemption: the attempt
+/// is `preempted` and its job back in the queue (or `cancelled` when a cancel was pending),
+/// keeping the reason the preemption wrote, which notes the progress made. Returns the job's
+/// new state.
+async fn finish_preemption(
+    tx: &mut Tx,
+    attempt: &AttemptRef,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    now: Timestamp,
+) -> StoreResult<JobState> {
+    sqlx::query(
+        "UPDATE attempts SET state = 'preempted', finished_at = $1, exit_code = $2, signal = $3 \
+         WHERE id = $4",
+    )
+    .bind(now.millis())
+    .bind(exit_code.map(i64::from))
+    .bind(signal.map(i64::from))
+    .bind(attempt.attempt_id.to_string())
+    .execute(&mut **tx)
+    .await?;
+    ledger::settle_attempt(tx, &attempt.attempt_id.to_string(), now).await?;
+    let cancelled: Option<bool> = sqlx::query_scalar(
+        "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
+         ELSE 'queued' END, \
+         finished_at = CASE WHEN cancel_requested = 1 THEN $1 ELSE NULL END, \
+         version = version + 1 \
+         WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running') \
+         RETURNING cancel_requested",
+    )
+    .bind(now.millis())
+    .bind(attempt.job_id.to_string())
+    .bind(attempt.attempt_id.to_string())
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(match cancelled {
+        Some(true) => JobState::Cancelled,
+        _ => JobState::Queued,
+    })
 }
 
 /// A job waiting for an instance that will not come goes back to the queue.
@@ -1287,7 +1806,7 @@ fn attempt_ref_from_row(r: &SqliteRow) -> StoreResult<AttemptRef> {
     })
 }
 
-fn stream_str(s: Stream) -> &'static str {
+pub(crate) fn stream_str(s: Stream) -> &'static str {
     match s {
         Stream::Stdout => "stdout",
         Stream::Stderr => "stderr",
@@ -1295,21 +1814,21 @@ fn stream_str(s: Stream) -> &'static str {
     }
 }
 
-fn accepted() -> EventResult {
+pub(crate) fn accepted() -> EventResult {
     EventResult {
         status: EventStatus::Accepted,
         reason: None,
     }
 }
 
-fn duplicate() -> EventResult {
+pub(crate) fn duplicate() -> EventResult {
     EventResult {
         status: EventStatus::Duplicate,
         reason: None,
     }
 }
 
-fn rejected(reason: &str) -> EventResult {
+pub(crate) fn rejected(reason: &str) -> EventResult {
     EventResult {
         status: EventStatus::Rejected,
         reason: Some(reason.to_string()),
@@ -1322,7 +1841,8 @@ macro_rules! job_select {
             "SELECT j.id, j.core_spec_json, j.spec_json, j.state, j.submitted_at, j.started_at, \
              j.finished_at, j.exit_code, j.reason, j.cancel_requested, j.attempts, j.version, \
              j.explanation_json, a.id AS a_id, a.node_id AS a_node, a.pool_id AS a_pool, \
-             a.gpus_json AS a_gpus, a.market AS a_market, p.region_id AS a_region \
+             a.gpus_json AS a_gpus, a.market AS a_market, p.region_id AS a_region, \
+             (SELECT SUM(l.amount_micros) FROM ledger l WHERE l.job_id = j.id) AS cost_micros \
              FROM jobs j LEFT JOIN attempts a ON a.id = j.current_attempt \
              LEFT JOIN pools p ON p.id = a.pool_id ",
             $tail
@@ -1334,12 +1854,9 @@ fn sql_job_by_id() -> &'static str {
     job_select!("WHERE j.id = $1")
 }
 
+/// The job columns; `list_jobs` appends the filters it is given.
 fn sql_list_jobs() -> &'static str {
-    job_select!(
-        "WHERE ($1 IS NULL OR j.team = $1) AND ($2 IS NULL OR j.state = $2) \
-         AND ($3 IS NULL OR j.name = $3) AND ($4 IS NULL OR j.id < $4) \
-         ORDER BY j.id DESC LIMIT $5"
-    )
+    job_select!("")
 }
 
 fn sql_pending_jobs() -> &'static str {

@@ -1,5 +1,7 @@
-//! `TestApp`: the real router and scheduler on an ephemeral port, a fresh SQLite file per test,
-//! and helpers to act as each role or as an agent speaking the protocol by hand.
+//! `TestApp`: the real router and scheduler on an ephemeral port, a fresh database per test
+//! (a SQLite file in the data directory, or — with `SWITCHYARD_TEST_PG_URL` set and the
+//! `postgres` feature — a PostgreSQL database of its own), and helpers to act as each role or
+//! as an agent speaking the protocol by hand.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -37,6 +39,7 @@ pub fn test_config(dir: &std::path::Path) -> Config {
     Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.to_path_buf(),
+        database_url: test_database_url(dir),
         heartbeat_interval_s: 1,
         lease_ttl_s: 5,
         grace_s: 2,
@@ -64,6 +67,112 @@ pub fn test_config(dir: &std::path::Path) -> Config {
         }],
         ..Config::default()
     }
+}
+
+/// The PostgreSQL server the tests use instead of SQLite (`postgres://user@host:port`, no
+/// database name), if any.
+fn test_pg_url() -> Option<String> {
+    let url = std::env::var("SWITCHYARD_TEST_PG_URL")
+        .ok()
+        .filter(|u| !u.is_empty())?;
+    if !cfg!(feature = "postgres") {
+        panic!(
+            "SWITCHYARD_TEST_PG_URL is set but these tests were built without `--features postgres`"
+        );
+    }
+    Some(url.trim_end_matches('/').to_string())
+}
+
+/// The database of the broker whose data directory is `dir`: `None` (SQLite in `dir`), or with
+/// `SWITCHYARD_TEST_PG_URL` a fresh PostgreSQL database `sy_<uuid>`, created on first use and
+/// named in `dir/pg-database`, so that a broker restarted on the same directory finds its data.
+pub fn test_database_url(dir: &std::path::Path) -> Option<String> {
+    let server = test_pg_url()?;
+    let marker = dir.join("pg-database");
+    let name = match std::fs::read_to_string(&marker) {
+        Ok(name) => name,
+        Err(_) => {
+            let name = format!("sy_{}", uuid::Uuid::now_v7().simple());
+            create_pg_database(&server, &name);
+            std::fs::write(&marker, &name).unwrap();
+            name
+        }
+    };
+    Some(format!("{server}/{name}"))
+}
+
+#[cfg(feature = "postgres")]
+fn create_pg_database(server: &str, name: &str) {
+    use sqlx::Connection;
+    let url = format!("{server}/postgres");
+    let sql = format!("CREATE DATABASE {name}");
+    // `test_config` is not async and runs inside the tests' runtime: a runtime of its own on
+    // another thread.
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let mut conn = sqlx::PgConnection::connect(&url)
+                    .await
+                    .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+                conn.close().await.unwrap();
+            })
+    })
+    .join()
+    .unwrap();
+}
+
+#[cfg(not(feature = "postgres"))]
+fn create_pg_database(_server: &str, _name: &str) {
+    unreachable!("test_pg_url refuses to run without the postgres feature")
+}
+
+/// A store on its own (no broker) for data directory `dir`, on the backend the tests use.
+pub async fn test_store(
+    dir: &std::path::Path,
+) -> std::sync::Arc<dyn switchyard_broker::store::Store> {
+    match test_database_url(dir) {
+        #[cfg(feature = "postgres")]
+        Some(url) => std::sync::Arc::new(
+            switchyard_broker::store::PgStore::open_url(&url)
+                .await
+                .unwrap(),
+        ),
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => unreachable!(),
+        None => std::sync::Arc::new(
+            switchyard_broker::store::SqliteStore::open(&dir.join("switchyard.db"))
+                .await
+                .unwrap(),
+        ),
+    }
+}
+
+/// Runs one statement straight on the broker's database, whichever backend it is (for tests
+/// of what the schema itself refuses). Returns the database's error message on failure.
+pub async fn execute_raw(config: &Config, sql: &'static str) -> Result<u64, String> {
+    let url = config.database_url();
+    if url.starts_with("postgres") {
+        #[cfg(feature = "postgres")]
+        {
+            let pool = sqlx::PgPool::connect(&url).await.unwrap();
+            let out = sqlx::query(sql).execute(&pool).await;
+            pool.close().await;
+            return out.map(|d| d.rows_affected()).map_err(|e| e.to_string());
+        }
+        #[cfg(not(feature = "postgres"))]
+        unreachable!("a PostgreSQL URL without the postgres feature");
+    }
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let out = sqlx::query(sql).execute(&pool).await;
+    pool.close().await;
+    out.map(|d| d.rows_affected()).map_err(|e| e.to_string())
 }
 
 impl TestApp {

@@ -1,0 +1,111 @@
+//! `/api/v1/audit` (admin, finance, infra): the append-only log of changes — policies, pools,
+//! tokens, budget alerts — newest first.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use serde::Deserialize;
+use switchyard_protocol::api::{AuditEntry, AuditList, ErrorBody, Role};
+use utoipa::IntoParams;
+
+use crate::app::App;
+use crate::auth::Caller;
+use crate::clock;
+use crate::error::ApiError;
+use crate::store::{AuditFilter, AuditRecord, NewAuditEntry};
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AuditParams {
+    /// Page size, 1 to 500 (default 100).
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+    /// Only entries about this target, e.g. `policy:ml` or `pool:onprem:sh-dc1/dgx-h100`.
+    target: Option<String>,
+}
+
+fn json_of(text: Option<&str>) -> Option<serde_json::Value> {
+    // A row written by this broker is JSON; anything else is shown as the string it is.
+    text.map(|t| {
+        serde_json::from_str(t).unwrap_or_else(|_| serde_json::Value::String(t.to_string()))
+    })
+}
+
+pub fn entry_view(r: &AuditRecord) -> AuditEntry {
+    AuditEntry {
+        id: r.id,
+        at: clock::to_datetime(r.at),
+        actor: r.actor.clone(),
+        action: r.action.clone(),
+        target: r.target.clone(),
+        before: json_of(r.before_json.as_deref()),
+        after: json_of(r.after_json.as_deref()),
+    }
+}
+
+/// A new audit row for `action` on `target` by `caller`, with values before and after.
+pub fn entry(
+    caller: &Caller,
+    action: &str,
+    target: String,
+    before: Option<&serde_json::Value>,
+    after: Option<&serde_json::Value>,
+) -> NewAuditEntry {
+    NewAuditEntry {
+        at: clock::now(),
+        actor: caller.actor(),
+        action: action.to_string(),
+        target,
+        before_json: before.map(ToString::to_string),
+        after_json: after.map(ToString::to_string),
+    }
+}
+
+/// The audit log, newest first.
+#[utoipa::path(get, path = "/audit", tag = "policies", params(AuditParams),
+    responses(
+        (status = 200, body = AuditList),
+        (status = 400, body = ErrorBody),
+        (status = 403, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(app): State<App>,
+    caller: Caller,
+    params: Result<Query<AuditParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<AuditList>, ApiError> {
+    caller.require(&[Role::Admin, Role::Finance, Role::Infra])?;
+    let Query(params) = params.map_err(|e| ApiError::BadRequest {
+        code: "invalid_query",
+        field: None,
+        message: e.body_text(),
+    })?;
+    let limit = params.limit.unwrap_or(100);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::invalid("limit", "must be between 1 and 500"));
+    }
+    let before = match params.cursor.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(
+            c.parse::<i64>()
+                .ok()
+                .filter(|v| *v > 0)
+                .ok_or_else(|| ApiError::invalid("cursor", "not a cursor from this API"))?,
+        ),
+    };
+    let records = app
+        .store
+        .audit(&AuditFilter {
+            target: params.target.filter(|t| !t.is_empty()),
+            before,
+            limit,
+        })
+        .await?;
+    let next_cursor = (records.len() as i64 == limit)
+        .then(|| records.last().map(|r| r.id.to_string()))
+        .flatten();
+    Ok(Json(AuditList {
+        entries: records.iter().map(entry_view).collect(),
+        next_cursor,
+    }))
+}

@@ -1,0 +1,195 @@
+//! `/api/v1/spend`: the ledger grouped by team, project, region, provider or pool, optionally
+//! in hourly or daily buckets, as JSON or (with `Accept: text/csv`) CSV. Totals are sums of
+//! ledger entries, in micro-dollars until the last step. Developers see their own team only.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use switchyard_core::Money;
+use switchyard_protocol::api::{ErrorBody, SpendReport, SpendRow};
+use utoipa::IntoParams;
+
+use crate::app::App;
+use crate::auth::Caller;
+use crate::clock::{from_datetime, to_datetime};
+use crate::error::ApiError;
+use crate::store::{SpendBucket, SpendGroup, SpendGroupRow, SpendQuery};
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct SpendParams {
+    /// `team` (default), `project`, `region`, `provider` or `pool`.
+    group_by: Option<String>,
+    /// Entries whose period starts at or after this time (RFC 3339).
+    from: Option<String>,
+    /// Entries whose period starts before this time (RFC 3339).
+    to: Option<String>,
+    /// `hour` or `day`: one row per bucket (UTC) and key.
+    bucket: Option<String>,
+    /// Only this team's spend (developers always get their own team).
+    team: Option<String>,
+}
+
+fn time_param(
+    field: &str,
+    value: Option<&str>,
+) -> Result<Option<switchyard_core::Timestamp>, ApiError> {
+    value
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            chrono::DateTime::parse_from_rfc3339(v)
+                .map(|t| from_datetime(t.with_timezone(&chrono::Utc)))
+                .map_err(|_| {
+                    ApiError::invalid(field, "must be an RFC 3339 time, e.g. 2026-12-01T00:00:00Z")
+                })
+        })
+        .transpose()
+}
+
+/// Spend by team, project, region, provider or pool: the ledger's entries whose period starts
+/// in `[from, to)`. `Accept: text/csv` returns CSV with the header
+/// `<group_by>[,bucket_start],amount_usd`.
+#[utoipa::path(get, path = "/spend", tag = "spend", params(SpendParams),
+    responses(
+        (status = 200, description = "The report (JSON, or CSV with `Accept: text/csv`)",
+         content((SpendReport = "application/json"), (String = "text/csv"))),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn report(
+    State(app): State<App>,
+    caller: Caller,
+    headers: HeaderMap,
+    params: Result<Query<SpendParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(params) = params.map_err(|e| ApiError::BadRequest {
+        code: "invalid_query",
+        field: None,
+        message: e.body_text(),
+    })?;
+    let group_by = params.group_by.as_deref().unwrap_or("team");
+    let group = SpendGroup::parse(group_by).ok_or_else(|| {
+        ApiError::invalid(
+            "group_by",
+            "must be team, project, region, provider or pool",
+        )
+    })?;
+    let bucket = match params.bucket.as_deref() {
+        None | Some("") => None,
+        Some(b) => Some(
+            SpendBucket::parse(b)
+                .ok_or_else(|| ApiError::invalid("bucket", "must be hour or day"))?,
+        ),
+    };
+    let from = time_param("from", params.from.as_deref())?;
+    let to = time_param("to", params.to.as_deref())?;
+    if let (Some(f), Some(t)) = (from, to)
+        && t < f
+    {
+        return Err(ApiError::invalid("to", "is before from"));
+    }
+    let (team, visible) = match (caller.team_scope(), params.team) {
+        (Some(own), Some(asked)) if own != asked => (None, false),
+        (Some(own), _) => (Some(own.to_string()), true),
+        (None, asked) => (asked.filter(|t| !t.is_empty()), true),
+    };
+    let rows = if visible {
+        app.store
+            .spend(&SpendQuery {
+                group,
+                bucket,
+                from,
+                to,
+                team,
+            })
+            .await?
+    } else {
+        // A developer asking for another team sees nothing, as if it had spent nothing.
+        Vec::new()
+    };
+    let wants_csv = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains("text/csv"));
+    if wants_csv {
+        return csv_response(group, bucket.is_some(), &rows);
+    }
+    let total = rows
+        .iter()
+        .fold(0i64, |sum, r| sum.saturating_add(r.amount.micros()));
+    Ok(Json(SpendReport {
+        group_by: group.as_str().to_string(),
+        rows: rows
+            .iter()
+            .map(|r| SpendRow {
+                key: BTreeMap::from([(group.as_str().to_string(), r.key.clone())]),
+                bucket_start: r.bucket_start.map(to_datetime),
+                amount_usd: r.amount.as_dollars(),
+            })
+            .collect(),
+        total_usd: Money(total).as_dollars(),
+    })
+    .into_response())
+}
+
+/// Micro-dollars as an exact decimal string of dollars (`12.500000`).
+fn dollars_text(m: Money) -> String {
+    let sign = if m.micros() < 0 { "-" } else { "" };
+    let abs = m.micros().unsigned_abs();
+    format!("{sign}{}.{:06}", abs / 1_000_000, abs % 1_000_000)
+}
+
+fn csv_response(
+    group: SpendGroup,
+    bucketed: bool,
+    rows: &[SpendGroupRow],
+) -> Result<Response, ApiError> {
+    let broken = |e: &dyn std::fmt::Display| ApiError::Internal(format!("writing CSV: {e}"));
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let mut head = vec![group.as_str()];
+    if bucketed {
+        head.push("bucket_start");
+    }
+    head.push("amount_usd");
+    w.write_record(&head).map_err(|e| broken(&e))?;
+    for r in rows {
+        let mut record = vec![r.key.clone().unwrap_or_default()];
+        if bucketed {
+            record.push(
+                r.bucket_start
+                    .map(|b| to_datetime(b).to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                    .unwrap_or_default(),
+            );
+        }
+        record.push(dollars_text(r.amount));
+        w.write_record(&record).map_err(|e| broken(&e))?;
+    }
+    let body = w.into_inner().map_err(|e| broken(&e))?;
+    let mut res = body.into_response();
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/csv; charset=utf-8"),
+    );
+    res.headers_mut().insert(
+        header::CONTENT_DISPOSITION,
+        HeaderValue::from_static("attachment; filename=\"spend.csv\""),
+    );
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dollars_are_written_exactly() {
+        assert_eq!(dollars_text(Money(12_500_000)), "12.500000");
+        assert_eq!(dollars_text(Money(1)), "0.000001");
+        assert_eq!(dollars_text(Money(-2_000_001)), "-2.000001");
+    }
+}

@@ -1,0 +1,204 @@
+//! Prometheus exposition at `/metrics` (OpenMetrics text).
+//!
+//! Two kinds of figures. Counters and histograms the broker updates as it works (placement
+//! latency, plan size, lease expiries, submissions) live in [`Metrics`], shared through the
+//! `App`. Levels that the database already knows (queue depth by state and priority, instances
+//! by state and provider, nodes, and each GPU's utilisation, memory, temperature and power from
+//! the agents' last heartbeats) are read at scrape time, so they are never stale and never
+//! drift from the truth.
+//!
+//! GPU series use NVIDIA dcgm-exporter's names and labels (`DCGM_FI_DEV_GPU_UTIL`,
+//! `DCGM_FI_DEV_FB_USED`, `DCGM_FI_DEV_GPU_TEMP`, `DCGM_FI_DEV_POWER_USAGE` with `gpu`, `UUID`,
+//! `modelName`, `Hostname`) so that existing GPU dashboards work unchanged; a `node` and a
+//! `pool` label say where the GPU is in Switchyard's terms.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use switchyard_protocol::agent::Inventory;
+
+use crate::store::{Store, StoreError};
+
+type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// What the broker counts as it works. Cheap to update from any task.
+pub struct Metrics {
+    placement_seconds: Histogram,
+    plan_jobs: Histogram,
+    lease_expiries: Counter,
+    jobs_submitted: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            // 10 µs … ~5 s.
+            placement_seconds: Histogram::new(exponential_buckets(1e-5, 3.0, 12)),
+            // 1 … ~60,000 queued jobs per plan.
+            plan_jobs: Histogram::new(exponential_buckets(1.0, 3.0, 11)),
+            lease_expiries: Counter::default(),
+            jobs_submitted: Counter::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// One scheduler round: how long `plan` took and how many queued jobs it looked at.
+    pub fn observe_plan(&self, seconds: f64, queued: usize) {
+        self.placement_seconds.observe(seconds);
+        self.plan_jobs.observe(queued as f64);
+    }
+
+    /// Nodes whose lease expired (lost: their work was requeued).
+    pub fn lease_expired(&self, nodes: usize) {
+        self.lease_expiries.inc_by(nodes as u64);
+    }
+
+    pub fn job_submitted(&self) {
+        self.jobs_submitted.inc();
+    }
+
+    /// The whole exposition: this process's counters and the database's levels now.
+    pub async fn render(&self, store: &dyn Store) -> Result<String, StoreError> {
+        let mut registry = Registry::default();
+        registry.register(
+            "switchyard_placement_seconds",
+            "Time one scheduler round spent in the planner",
+            self.placement_seconds.clone(),
+        );
+        registry.register(
+            "switchyard_plan_queued_jobs",
+            "Queued jobs each scheduler round planned",
+            self.plan_jobs.clone(),
+        );
+        registry.register(
+            "switchyard_lease_expiries",
+            "Nodes lost because their lease expired (their work was requeued)",
+            self.lease_expiries.clone(),
+        );
+        registry.register(
+            "switchyard_jobs_submitted",
+            "Jobs accepted by this broker process",
+            self.jobs_submitted.clone(),
+        );
+
+        let queue = Family::<Labels, Gauge>::default();
+        for (state, priority, n) in store.queue_depth().await? {
+            queue
+                .get_or_create(&vec![
+                    ("state".into(), state.as_str().into()),
+                    ("priority".into(), priority.as_str().into()),
+                ])
+                .set(n);
+        }
+        registry.register(
+            "switchyard_jobs",
+            "Jobs not yet finished, by state and priority",
+            queue,
+        );
+
+        let instances = Family::<Labels, Gauge>::default();
+        let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
+        for i in store.instances(false).await? {
+            *counts
+                .entry((i.state.as_str().to_string(), i.provider.clone()))
+                .or_default() += 1;
+        }
+        for ((state, provider), n) in counts {
+            instances
+                .get_or_create(&vec![
+                    ("state".into(), state),
+                    ("provider".into(), provider),
+                ])
+                .set(n);
+        }
+        registry.register(
+            "switchyard_instances",
+            "Cloud instances the broker launched and has not seen end, by state and provider",
+            instances,
+        );
+
+        let nodes = Family::<Labels, Gauge>::default();
+        let util = Family::<Labels, Gauge>::default();
+        let fb_used = Family::<Labels, Gauge>::default();
+        let temp = Family::<Labels, Gauge>::default();
+        let power = Family::<Labels, FloatGauge>::default();
+        for node in store.nodes().await? {
+            if node.revoked {
+                continue;
+            }
+            let health = if !node.healthy {
+                "lost"
+            } else if node.draining {
+                "draining"
+            } else {
+                "healthy"
+            };
+            nodes
+                .get_or_create(&vec![
+                    ("pool".into(), node.pool.to_string()),
+                    ("health".into(), health.into()),
+                ])
+                .inc();
+            if !node.healthy {
+                continue; // its last readings are stale
+            }
+            // An inventory that does not parse is skipped, not fatal: it came from an agent.
+            let Ok(inventory) = serde_json::from_str::<Inventory>(&node.inventory_json) else {
+                continue;
+            };
+            for gpu in &inventory.gpus {
+                let labels: Labels = vec![
+                    ("gpu".into(), gpu.index.to_string()),
+                    ("UUID".into(), gpu.uuid.clone()),
+                    ("modelName".into(), gpu.model.clone()),
+                    ("Hostname".into(), node.hostname.clone()),
+                    ("node".into(), node.id.to_string()),
+                    ("pool".into(), node.pool.to_string()),
+                ];
+                if let Some(v) = gpu.utilization_pct {
+                    util.get_or_create(&labels).set(i64::from(v));
+                }
+                if let Some(v) = gpu.memory_used_mb {
+                    fb_used
+                        .get_or_create(&labels)
+                        .set(i64::try_from(v).unwrap_or(i64::MAX));
+                }
+                if let Some(v) = gpu.temperature_c {
+                    temp.get_or_create(&labels).set(i64::from(v));
+                }
+                if let Some(v) = gpu.power_w {
+                    power.get_or_create(&labels).set(v);
+                }
+            }
+        }
+        registry.register(
+            "switchyard_nodes",
+            "Registered nodes by pool and health",
+            nodes,
+        );
+        registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", util);
+        registry.register(
+            "DCGM_FI_DEV_FB_USED",
+            "Framebuffer memory used (in MiB)",
+            fb_used,
+        );
+        registry.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", temp);
+        registry.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)", power);
+
+        let mut out = String::new();
+        encode(&mut out, &registry)
+            .map_err(|e| StoreError::Corrupt(format!("encoding metrics: {e}")))?;
+        Ok(out)
+    }
+}
+
+/// The exposition's content type.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

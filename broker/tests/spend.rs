@@ -1,0 +1,1038 @@
+//! The ledger, the spend API and budgets: accrual of running work on-prem and in the cloud, spend
+//! reports that always equal the ledger (every grouping and bucket, JSON and CSV), developers
+//! scoped to their team, a hard budget that 100 concurrent submissions cannot overspend, held
+//! jobs released when the budget is raised, and accrual that settles exactly at the end and
+//! never counts twice across a restart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use switchyard_broker::app::{App, ProviderSet};
+use switchyard_broker::store::LedgerEntry;
+use switchyard_core::{Money, Timestamp};
+
+const CLOUD: &str = "aws:test-east/gpu8";
+
+async fn work(app: &TestApp, agent: &TestAgent) -> Value {
+    let r = app
+        .call(
+            Method::GET,
+            "/agent/v1/work?wait_s=5",
+            Some(&agent.token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    r.body
+}
+
+async fn events(app: &TestApp, agent: &TestAgent, events: Value) {
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/events",
+            Some(&agent.token),
+            Some(json!({ "events": events })),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    for result in r.body["results"].as_array().unwrap() {
+        assert_eq!(result["status"], "accepted", "{}", r.body);
+    }
+}
+
+/// Waits for the lease of `job` on `agent` and reports it started; returns its attempt.
+async fn start(app: &TestApp, agent: &TestAgent, job: &str) -> Value {
+    let attempt = eventually("the job's lease", 20, async || {
+        let w = work(app, agent).await;
+        w["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["attempt"]["job_id"] == job)
+            .map(|l| l["attempt"].clone())
+    })
+    .await;
+    events(
+        app,
+        agent,
+        json!([{"type": "started", "attempt": attempt, "pid": 1}]),
+    )
+    .await;
+    attempt
+}
+
+async fn finish(app: &TestApp, agent: &TestAgent, attempt: &Value) {
+    events(
+        app,
+        agent,
+        json!([{"type": "finished", "attempt": attempt, "exit_code": 0,
+        "signal": null, "error": null, "stopped": false}]),
+    )
+    .await;
+}
+
+fn id_of(r: &Response) -> String {
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    r.body["id"].as_str().unwrap().to_string()
+}
+
+fn micros(usd: &Value) -> i64 {
+    (usd.as_f64().unwrap() * 1e6).round() as i64
+}
+
+fn time_of(v: &Value) -> Timestamp {
+    let t: chrono::DateTime<chrono::Utc> = v.as_str().unwrap().parse().unwrap();
+    Timestamp(t.timestamp_millis())
+}
+
+async fn spend(app: &TestApp, token: &str, query: &str) -> Value {
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/spend?{query}"),
+            Some(token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{query}: {}", r.body);
+    r.body
+}
+
+async fn spend_csv(app: &TestApp, token: &str, query: &str) -> String {
+    let res = app
+        .http
+        .get(format!("{}/api/v1/spend?{query}", app.url))
+        .bearer_auth(token)
+        .header("accept", "text/csv")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/csv")
+    );
+    res.text().await.unwrap()
+}
+
+/// The key of an entry under a grouping, as the API names it.
+fn key_of(e: &LedgerEntry, group: &str) -> Option<String> {
+    match group {
+        "team" => e.team.clone(),
+        "project" => e.project.clone(),
+        "region" => Some(e.region.clone()),
+        "provider" => Some(e.provider.clone()),
+        "pool" => Some(e.pool.clone()),
+        _ => unreachable!(),
+    }
+}
+
+fn bucket_of(e: &LedgerEntry, bucket: &str) -> Option<String> {
+    let size = match bucket {
+        "hour" => 3_600_000,
+        "day" => 86_400_000,
+        _ => return None,
+    };
+    let start = e.period_start.millis() / size * size;
+    Some(switchyard_broker::clock::to_datetime(Timestamp(start)).to_rfc3339())
+}
+
+/// The ledger grouped by hand: (bucket, key) → micro-dollars.
+fn expected(
+    entries: &[LedgerEntry],
+    group: &str,
+    bucket: &str,
+) -> BTreeMap<(Option<String>, Option<String>), i64> {
+    let mut out = BTreeMap::new();
+    for e in entries {
+        *out.entry((bucket_of(e, bucket), key_of(e, group)))
+            .or_default() += e.amount.micros();
+    }
+    out
+}
+
+fn normalise_time(s: &str) -> String {
+    let t: chrono::DateTime<chrono::Utc> = s.parse().unwrap();
+    t.to_rfc3339()
+}
+
+/// Spend as the API reports it, in the same shape as [`expected`].
+fn reported(body: &Value, group: &str) -> BTreeMap<(Option<String>, Option<String>), i64> {
+    assert_eq!(body["group_by"], group);
+    body["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let key = r[group].as_str().map(str::to_string);
+            let bucket = r["bucket_start"].as_str().map(normalise_time);
+            ((bucket, key), micros(&r["amount_usd"]))
+        })
+        .collect()
+}
+
+/// The same from the CSV, parsed with the csv crate; checks its header.
+fn reported_csv(
+    text: &str,
+    group: &str,
+    bucketed: bool,
+) -> BTreeMap<(Option<String>, Option<String>), i64> {
+    let mut reader = csv::Reader::from_reader(text.as_bytes());
+    let header: Vec<String> = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .map(str::to_string)
+        .collect();
+    let mut want = vec![group.to_string()];
+    if bucketed {
+        want.push("bucket_start".into());
+    }
+    want.push("amount_usd".into());
+    assert_eq!(header, want);
+    reader
+        .records()
+        .map(|r| {
+            let r = r.unwrap();
+            let key = Some(r[0].to_string()).filter(|k| !k.is_empty());
+            let (bucket, amount) = if bucketed {
+                (Some(normalise_time(&r[1])), &r[2])
+            } else {
+                (None, &r[1])
+            };
+            let amount = (amount.parse::<f64>().unwrap() * 1e6).round() as i64;
+            ((bucket, key), amount)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
+    let (app, fake) = spawn_with_fake(|c| {
+        c.ledger_accrual_interval_ms = 100;
+        c.idle_ttl_s = 1;
+        c.min_billed_s = 0;
+        c.regions.push(cloud_region("aws:test-east"));
+        c.pools.push(cloud_pool(CLOUD, "aws:test-east", 4.0));
+    })
+    .await;
+    let finance = app.token("finance", None).await;
+    let ml = app.token("developer", Some("ml")).await;
+    let web = app.token("developer", Some("web")).await;
+    let onprem = app.agent(4).await;
+
+    // Two teams on-prem, one ml job in the cloud (it may only run there, and soon).
+    let cv = id_of(
+        &app.submit(
+            &ml,
+            json!({"name": "cv", "team": "ml", "project": "vision",
+            "command": ["true"], "resources": {"gpus": 2}, "estimated_runtime_s": 600}),
+        )
+        .await,
+    );
+    let site = id_of(
+        &app.submit(
+            &web,
+            json!({"name": "site", "team": "web", "command": ["true"],
+            "resources": {"gpus": 1}, "estimated_runtime_s": 600}),
+        )
+        .await,
+    );
+    let deadline =
+        switchyard_broker::clock::to_datetime(switchyard_broker::clock::now().plus_secs(3600))
+            .to_rfc3339();
+    let burst = id_of(
+        &app.submit(
+            &ml,
+            json!({"name": "burst", "team": "ml", "project": "llm",
+            "command": ["true"], "resources": {"gpus": 2, "gpu_models": ["H100"]},
+            "regions": ["aws:test-east"], "estimated_runtime_s": 600, "deadline": deadline,
+            "spot": "never"}),
+        )
+        .await,
+    );
+    let cv_attempt = start(&app, &onprem, &cv).await;
+    let site_attempt = start(&app, &onprem, &site).await;
+    let launched = eventually("a cloud launch", 20, async || {
+        fake.launches().into_iter().next()
+    })
+    .await;
+    let cloud = app.agent_with_token(&launched.enrolment_token, 8).await;
+    let burst_attempt = start(&app, &cloud, &burst).await;
+
+    // Running work shows spend to date, per job and in the report.
+    for (job, token) in [(&cv, &ml), (&site, &web), (&burst, &ml)] {
+        eventually("spend to date on a running job", 20, async || {
+            let j = app.job(token, job).await.body;
+            (j["state"] == "running" && j["cost_usd"].as_f64().unwrap() > 0.0).then_some(())
+        })
+        .await;
+    }
+    let running = spend(&app, &finance, "group_by=team").await;
+    assert!(running["total_usd"].as_f64().unwrap() > 0.0, "{running}");
+
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    finish(&app, &onprem, &cv_attempt).await;
+    finish(&app, &onprem, &site_attempt).await;
+    finish(&app, &cloud, &burst_attempt).await;
+    eventually("the idle instance to end", 20, async || {
+        let all = instances(&app).await;
+        all.iter().all(|i| i["state"] == "terminated").then_some(())
+    })
+    .await;
+    // Everything ended and is settled: the ledger no longer moves.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let entries = app.app.store.ledger_entries(None).await.unwrap();
+    let total = app.app.store.ledger_total().await.unwrap();
+    assert_eq!(
+        entries.iter().map(|e| e.amount.micros()).sum::<i64>(),
+        total
+    );
+    for kind in ["attempt", "instance"] {
+        assert!(
+            entries.iter().any(|e| e.kind == kind),
+            "{kind}: {entries:?}"
+        );
+    }
+    let instance = instances(&app)
+        .await
+        .into_iter()
+        .find(|i| i["pool"] == CLOUD)
+        .unwrap();
+    let instance_total: i64 = entries
+        .iter()
+        .filter(|e| e.instance.as_deref() == instance["id"].as_str())
+        .map(|e| e.amount.micros())
+        .sum();
+    assert_eq!(micros(&instance["cost_usd"]), instance_total);
+
+    for group in ["team", "project", "region", "provider", "pool"] {
+        for bucket in ["", "hour", "day"] {
+            let query = format!("group_by={group}&bucket={bucket}");
+            let body = spend(&app, &finance, &query).await;
+            let want = expected(&entries, group, bucket);
+            assert_eq!(reported(&body, group), want, "{query}");
+            assert_eq!(micros(&body["total_usd"]), total, "{query}");
+            let text = spend_csv(&app, &finance, &query).await;
+            assert_eq!(
+                reported_csv(&text, group, !bucket.is_empty()),
+                want,
+                "{query} as CSV"
+            );
+        }
+    }
+    // A window: entries whose period starts in [from, to).
+    let mid = entries[entries.len() / 2].period_start;
+    let from = switchyard_broker::clock::to_datetime(mid).to_rfc3339();
+    let body = spend(
+        &app,
+        &finance,
+        &format!("group_by=provider&from={}", urlencode(&from)),
+    )
+    .await;
+    let in_window: i64 = entries
+        .iter()
+        .filter(|e| e.period_start >= mid)
+        .map(|e| e.amount.micros())
+        .sum();
+    assert_eq!(micros(&body["total_usd"]), in_window);
+    let body = spend(
+        &app,
+        &finance,
+        &format!("group_by=provider&to={}", urlencode(&from)),
+    )
+    .await;
+    assert_eq!(micros(&body["total_usd"]), total - in_window);
+
+    // Each job's cost is its share of the ledger.
+    for (job, token) in [(&cv, &ml), (&site, &web), (&burst, &ml)] {
+        let j = app.job(token, job).await.body;
+        let share: i64 = entries
+            .iter()
+            .filter(|e| e.job.as_deref() == Some(job.as_str()))
+            .map(|e| e.amount.micros())
+            .sum();
+        assert!(share > 0);
+        assert_eq!(micros(&j["cost_usd"]), share, "{j}");
+    }
+
+    // A developer sees their own team only, whatever they ask for.
+    let team_total = |team: &str| -> i64 {
+        entries
+            .iter()
+            .filter(|e| e.team.as_deref() == Some(team))
+            .map(|e| e.amount.micros())
+            .sum()
+    };
+    let mine = spend(&app, &ml, "group_by=team").await;
+    let rows = mine["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{mine}");
+    assert_eq!(rows[0]["team"], "ml");
+    assert_eq!(micros(&mine["total_usd"]), team_total("ml"));
+    let by_project = spend(&app, &ml, "group_by=project").await;
+    assert_eq!(micros(&by_project["total_usd"]), team_total("ml"));
+    let theirs = spend(&app, &ml, "group_by=team&team=web").await;
+    assert!(theirs["rows"].as_array().unwrap().is_empty(), "{theirs}");
+    assert_eq!(theirs["total_usd"], 0.0);
+    let csv = spend_csv(&app, &web, "group_by=team").await;
+    assert_eq!(
+        reported_csv(&csv, "team", false),
+        BTreeMap::from([((None, Some("web".to_string())), team_total("web"))])
+    );
+    let filtered = spend(&app, &finance, "group_by=pool&team=web").await;
+    assert_eq!(micros(&filtered["total_usd"]), team_total("web"));
+
+    let doc = app.call(Method::GET, "/openapi.json", None, None).await;
+    for path in ["/spend", "/budgets"] {
+        assert!(
+            doc.body["paths"][path]["get"].is_object(),
+            "openapi lacks {path}"
+        );
+    }
+
+    // Bad parameters name the field.
+    for (query, field) in [
+        ("group_by=colour", "group_by"),
+        ("bucket=week", "bucket"),
+        ("from=yesterday", "from"),
+    ] {
+        let r = app
+            .call(
+                Method::GET,
+                &format!("/api/v1/spend?{query}"),
+                Some(&finance),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{query}: {}", r.body);
+        assert_eq!(r.error_field(), field);
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.replace('+', "%2B").replace(':', "%3A")
+}
+
+async fn put_budget(app: &TestApp, token: &str, team: &str, amount: f64) {
+    let r = app
+        .call(
+            Method::PUT,
+            &format!("/api/v1/policies/{team}"),
+            Some(token),
+            Some(json!({"budget": {"amount_usd": amount, "period": "month",
+                                   "enforcement": "hard", "alert_at": [0.5]}})),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.body);
+}
+
+async fn all_jobs(app: &TestApp) -> Vec<Value> {
+    let r = app
+        .call(
+            Method::GET,
+            "/api/v1/jobs?limit=500",
+            Some(&app.admin),
+            None,
+        )
+        .await;
+    r.body["jobs"].as_array().unwrap().clone()
+}
+
+/// The winner's estimate of a placed job.
+async fn estimate(app: &TestApp, job: &str) -> i64 {
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/jobs/{job}/placement"),
+            Some(&app.admin),
+            None,
+        )
+        .await;
+    micros(&r.body["candidates"][0]["cost_usd"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submissions_never_overspend_a_hard_budget_and_a_raise_releases_held_jobs() {
+    let app = TestApp::spawn_with(
+        |c| {
+            c.ledger_accrual_interval_ms = 100;
+            c.lease_ttl_s = 600;
+        },
+        |_| ProviderSet::default(),
+    )
+    .await;
+    for _ in 0..3 {
+        app.agent(4).await;
+    }
+    let finance = app.token("finance", None).await;
+    let dev = app.token("developer", Some("ml")).await;
+    // Each job is estimated at 1 GPU × $2/h × 1 h = $2: the budget fits five.
+    put_budget(&app, &finance, "ml", 11.0).await;
+
+    let spec = json!({"name": "b", "team": "ml", "command": ["true"], "resources": {"gpus": 1},
+                      "estimated_runtime_s": 3600});
+    let submissions = (0..100).map(|_| app.submit(&dev, spec.clone()));
+    for r in futures::future::join_all(submissions).await {
+        id_of(&r);
+    }
+    let settled = |placed: usize| {
+        let app = &app;
+        async move {
+            eventually("the queue to settle", 30, async || {
+                let jobs = all_jobs(app).await;
+                let n_placed = jobs.iter().filter(|j| j["state"] == "placed").count();
+                let n_held = jobs.iter().filter(|j| j["state"] == "held").count();
+                (n_placed == placed && n_placed + n_held == 100).then_some(jobs)
+            })
+            .await
+        }
+    };
+    let jobs = settled(5).await;
+    for j in jobs.iter().filter(|j| j["state"] == "held") {
+        assert_eq!(j["reason"], "budget_exhausted", "{j}");
+    }
+    let mut reserved = 0;
+    for j in jobs.iter().filter(|j| j["state"] == "placed") {
+        reserved += estimate(&app, j["id"].as_str().unwrap()).await;
+    }
+    let ledger = app.app.store.ledger_total().await.unwrap();
+    assert!(reserved + ledger <= 11_000_000, "{reserved} + {ledger}");
+    let budgets = app
+        .call(Method::GET, "/api/v1/budgets", Some(&finance), None)
+        .await
+        .body;
+    let b = &budgets["budgets"][0];
+    assert_eq!(b["team"], "ml");
+    assert_eq!(b["enforcement"], "hard");
+    assert_eq!(micros(&b["committed_usd"]), reserved, "{b}");
+    assert!(micros(&b["spent_usd"]) + micros(&b["committed_usd"]) <= 11_000_000);
+    assert!(micros(&b["remaining_usd"]) < 2_000_000, "{b}");
+    // Nothing ran: the budget is reserved, not spent, and a developer of another team sees none.
+    let other = app.token("developer", Some("web")).await;
+    let none = app
+        .call(Method::GET, "/api/v1/budgets", Some(&other), None)
+        .await
+        .body;
+    assert!(none["budgets"].as_array().unwrap().is_empty(), "{none}");
+
+    // Raising the budget releases as many held jobs as it now covers.
+    put_budget(&app, &finance, "ml", 21.0).await;
+    let jobs = settled(10).await;
+    let mut reserved = 0;
+    for j in jobs.iter().filter(|j| j["state"] == "placed") {
+        reserved += estimate(&app, j["id"].as_str().unwrap()).await;
+    }
+    assert!(reserved <= 21_000_000, "{reserved}");
+}
+
+/// A broker on a data directory that outlives it.
+struct Broker {
+    url: String,
+    app: App,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Broker {
+    async fn start(dir: &std::path::Path) -> (Broker, Option<String>) {
+        let mut config = test_config(dir);
+        config.ledger_accrual_interval_ms = 100;
+        config.lease_ttl_s = 600;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        config.public_url = Some(url.clone());
+        let running = App::start(config, ProviderSet::default()).await.unwrap();
+        let server = tokio::spawn({
+            let app = running.app.clone();
+            async move {
+                let _ =
+                    switchyard_broker::server::serve(app, listener, std::future::pending()).await;
+            }
+        });
+        let broker = Broker {
+            url,
+            app: running.app.clone(),
+            tasks: vec![running.scheduler, running.burst, running.ledger, server],
+        };
+        (broker, running.created_admin_token)
+    }
+
+    fn stop(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+
+    async fn call(&self, method: Method, path: &str, token: &str, body: Option<Value>) -> Value {
+        let mut req = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().await.unwrap();
+        assert!(res.status().is_success(), "{path}: {}", res.status());
+        res.json().await.unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accrual_shows_spend_to_date_and_settles_exactly_once_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, admin) = Broker::start(dir.path()).await;
+    let admin = admin.unwrap();
+    let enrol = broker
+        .call(
+            Method::POST,
+            "/api/v1/enrolment-tokens",
+            &admin,
+            Some(json!({"pool": POOL})),
+        )
+        .await;
+    let agent = broker
+        .call(
+            Method::POST,
+            "/agent/v1/register",
+            "",
+            Some(register_body(enrol["token"].as_str().unwrap(), 4)),
+        )
+        .await;
+    let agent_token = agent["agent_token"].as_str().unwrap().to_string();
+    let job = broker
+        .call(
+            Method::POST,
+            "/api/v1/jobs",
+            &admin,
+            Some(json!({"name": "long", "team": "ml", "command": ["true"],
+                        "resources": {"gpus": 2}, "estimated_runtime_s": 600})),
+        )
+        .await;
+    let job_id = job["id"].as_str().unwrap().to_string();
+    let lease = eventually("the lease", 20, async || {
+        let w = broker
+            .call(Method::GET, "/agent/v1/work?wait_s=5", &agent_token, None)
+            .await;
+        w["leases"].as_array().unwrap().first().cloned()
+    })
+    .await;
+    let attempt = lease["attempt"].clone();
+    broker
+        .call(
+            Method::POST,
+            "/agent/v1/events",
+            &agent_token,
+            Some(json!({"events": [{"type": "started", "attempt": attempt, "pid": 1}]})),
+        )
+        .await;
+
+    // Spend to date grows while it runs.
+    let cost = |b: &Broker| {
+        let (url, admin, job) = (b.url.clone(), admin.clone(), job_id.clone());
+        async move {
+            let v: Value = reqwest::Client::new()
+                .get(format!("{url}/api/v1/jobs/{job}"))
+                .bearer_auth(admin)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            micros(&v["cost_usd"])
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let first = cost(&broker).await;
+    assert!(first > 0, "spend to date while running");
+
+    // Restart on the same database; the accrual loop picks up where it left off.
+    broker.stop();
+    let (broker, _) = Broker::start(dir.path()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = cost(&broker).await;
+    assert!(second > first, "{second} > {first}");
+    broker
+        .call(
+            Method::POST,
+            "/agent/v1/events",
+            &agent_token,
+            Some(
+                json!({"events": [{"type": "finished", "attempt": attempt, "exit_code": 0,
+                "signal": null, "error": null, "stopped": false}]}),
+            ),
+        )
+        .await;
+    let view = broker
+        .call(Method::GET, &format!("/api/v1/jobs/{job_id}"), &admin, None)
+        .await;
+    assert_eq!(view["state"], "succeeded");
+    let (started, finished) = (time_of(&view["started_at"]), time_of(&view["finished_at"]));
+
+    // Settled at the end: contiguous periods from start to finish, each written once, adding
+    // up to exactly 2 GPUs × $2/h for the whole seconds it ran; later passes add nothing.
+    let settled = micros(&view["cost_usd"]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let entries = broker
+        .app
+        .store
+        .ledger_entries(Some(switchyard_core::JobId(job_id.parse().unwrap())))
+        .await
+        .unwrap();
+    assert!(entries.len() >= 3, "{entries:?}");
+    assert_eq!(entries[0].period_start, started);
+    assert_eq!(entries.last().unwrap().period_end, finished);
+    for pair in entries.windows(2) {
+        assert_eq!(pair[0].period_end, pair[1].period_start, "{entries:?}");
+    }
+    let sum: i64 = entries.iter().map(|e| e.amount.micros()).sum();
+    let want = Money(4_000_000)
+        .per_hour_for_secs(finished.secs_since(started))
+        .micros();
+    assert_eq!(sum, want);
+    assert_eq!(settled, want);
+    assert_eq!(cost(&broker).await, want);
+    assert_eq!(broker.app.store.ledger_total().await.unwrap(), want);
+    broker.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_budget_alerts_once_per_threshold_at_the_teams_onprem_rate_and_never_holds() {
+    let app = TestApp::spawn_with(
+        |c| {
+            c.ledger_accrual_interval_ms = 100;
+            c.lease_ttl_s = 600;
+        },
+        |_| ProviderSet::default(),
+    )
+    .await;
+    let agent = app.agent(4).await;
+    let finance = app.token("finance", None).await;
+    let dev = app.token("developer", Some("ops")).await;
+    // $36 per H100-hour is a cent a second: two seconds cross both thresholds.
+    let r = app
+        .call(
+            Method::PUT,
+            "/api/v1/policies/ops",
+            Some(&finance),
+            Some(
+                json!({"budget": {"amount_usd": 0.02, "period": "week", "enforcement": "soft",
+                                   "alert_at": [0.5, 1.0]},
+                        "onprem_rates": {"H100": 36.0}}),
+            ),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.body);
+    let spec = json!({"name": "s", "team": "ops", "command": ["true"], "resources": {"gpus": 1},
+                      "estimated_runtime_s": 3600});
+    let job = id_of(&app.submit(&dev, spec.clone()).await);
+    let attempt = start(&app, &agent, &job).await;
+    let alerts = || async {
+        let r = app
+            .call(
+                Method::GET,
+                "/api/v1/audit?target=policy:ops",
+                Some(&finance),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        r.body["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["action"] == "budget.alert")
+            .map(|e| e["after"]["threshold"].as_f64().unwrap())
+            .collect::<Vec<f64>>()
+    };
+    eventually("both thresholds to alert", 20, async || {
+        (alerts().await.len() == 2).then_some(())
+    })
+    .await;
+    // Over budget, soft: the next job is placed all the same.
+    let next = id_of(&app.submit(&dev, spec).await);
+    app.wait_for_job(&dev, &next, Duration::from_secs(10), |j| {
+        j["state"] == "placed"
+    })
+    .await;
+    finish(&app, &agent, &attempt).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut crossed = alerts().await;
+    crossed.sort_by(f64::total_cmp);
+    assert_eq!(
+        crossed,
+        vec![0.5, 1.0],
+        "one alert per threshold and period"
+    );
+
+    let view = app.job(&dev, &job).await.body;
+    let (started, finished) = (time_of(&view["started_at"]), time_of(&view["finished_at"]));
+    let want = Money(36_000_000)
+        .per_hour_for_secs(finished.secs_since(started))
+        .micros();
+    assert_eq!(micros(&view["cost_usd"]), want, "{view}");
+    let budgets = app
+        .call(Method::GET, "/api/v1/budgets", Some(&dev), None)
+        .await
+        .body;
+    let b = &budgets["budgets"][0];
+    assert_eq!(b["enforcement"], "soft");
+    assert!(micros(&b["spent_usd"]) >= want, "{b}");
+    assert!(b["remaining_usd"].as_f64().unwrap() < 0.0, "{b}");
+    assert_eq!(b["alerts_crossed"], json!([0.5, 1.0]));
+}
+
+/// The store on its own, with explicit times: an instance's life charged stretch by stretch to
+/// the job on it (else to the job it was launched for), contiguous, settled with the provider's
+/// minimum billed time, and never written twice.
+#[tokio::test]
+async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
+    use switchyard_broker::store::*;
+    use switchyard_core::{AttemptId, JobId, Market, NodeId, Pool, PoolId, Region, RegionId};
+    use switchyard_protocol::agent::{AgentEvent, AttemptRef};
+
+    let dir = tempfile::tempdir().unwrap();
+    // SQLite, or PostgreSQL with SWITCHYARD_TEST_PG_URL.
+    let store = test_store(dir.path()).await;
+    let region = Region {
+        id: RegionId("aws:x".into()),
+        provider: "aws".into(),
+        code: "x".into(),
+        latitude: None,
+        longitude: None,
+        egress_per_gb: Money::ZERO,
+        latency_ms: 10,
+        ingress_gbps: 10,
+    };
+    let pool = Pool {
+        id: PoolId("aws:x/gpu8".into()),
+        region: region.id.clone(),
+        provider: "aws".into(),
+        instance_type: "gpu8".into(),
+        gpu_model: "H100".into(),
+        gpus_per_node: 8,
+        gpu_memory_gb: 80,
+        vcpus: 0,
+        memory_gb: 0,
+        on_demand_per_hour: Money(3_600_000),
+        spot_per_hour: None,
+        node_limit: 2,
+        launchable: true,
+        boot_time_s: 60,
+        price_updated_at: Timestamp(0),
+        recent_capacity_failures: 0,
+    };
+    store.upsert_region(&region).await.unwrap();
+    store.upsert_pool(&pool).await.unwrap();
+    let t0 = Timestamp(1_800_000_000_000);
+    let at = |s: i64| t0.plus_secs(s);
+    let job = |team: &str| {
+        let wire: switchyard_protocol::api::JobSpec = serde_json::from_value(
+            json!({"name": "j", "team": team, "command": ["true"], "resources": {"gpus": 2}}),
+        )
+        .unwrap();
+        NewJob {
+            id: JobId(uuid::Uuid::now_v7()),
+            spec: switchyard_broker::convert::job_spec(&wire, t0).unwrap(),
+            spec_json: serde_json::to_string(&wire).unwrap(),
+            submitted_at: t0,
+            trace_parent: None,
+        }
+    };
+    let (j1, j2) = (job("ml"), job("web"));
+    store.insert_job(&j1).await.unwrap();
+    store.insert_job(&j2).await.unwrap();
+    let window = (Timestamp(0), Timestamp::MAX);
+    let usage = |team: &'static str| {
+        let store = &store;
+        async move {
+            store
+                .budget_usage(team, None, window.0, window.1)
+                .await
+                .unwrap()
+        }
+    };
+
+    // A launch for j1 reserves its estimate; the instance is paid from its launch ($3.6/h).
+    store
+        .commit_plan(
+            &[],
+            &[NewInstance {
+                id: "i-1".into(),
+                provider: "fake".into(),
+                pool: pool.id.clone(),
+                region: region.id.to_string(),
+                market: Market::OnDemand,
+                hourly_price: Money(3_600_000),
+                for_job: j1.id,
+                job_version: 0,
+                estimated_cost: Money(5_000_000),
+            }],
+            t0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(usage("ml").await.committed, Money(5_000_000));
+    store
+        .instance_launched("i-1", "prov-1", at(0))
+        .await
+        .unwrap();
+    assert_eq!(store.accrue_ledger(at(10), 0).await.unwrap(), 1);
+    let ml = usage("ml").await;
+    assert_eq!((ml.spent, ml.committed), (Money(10_000), Money(4_990_000)));
+
+    // Its agent enrols; j1 is placed, starts, runs and finishes on it.
+    store
+        .insert_enrolment_token(&EnrolmentTokenRecord {
+            token_hash: "enrol".into(),
+            pool: pool.id.clone(),
+            instance: Some("i-1".into()),
+            created_at: t0,
+            expires_at: at(3600),
+        })
+        .await
+        .unwrap();
+    let node = NodeId("n1".into());
+    store
+        .register_node(
+            "enrol",
+            NewNode {
+                id: node.clone(),
+                token_hash: "agent".into(),
+                hostname: "h".into(),
+                gpus_total: 8,
+                inventory_json: "{}".into(),
+            },
+            at(20),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let place = |job: &NewJob, version: i64, now: Timestamp| {
+        let attempt = AttemptId(uuid::Uuid::now_v7());
+        let new = NewAttempt {
+            id: attempt,
+            job: job.id,
+            job_version: version,
+            node: node.clone(),
+            pool: pool.id.clone(),
+            gpus: vec![0, 1],
+            market: Market::OnDemand,
+            estimated_cost: Money(5_000_000),
+            hourly_rate: Money(1),
+            expected_end: now.plus_secs(600),
+            explanation_json: "null".into(),
+        };
+        let r = AttemptRef {
+            job_id: job.id.0,
+            attempt_id: attempt.0,
+            epoch: 1,
+        };
+        (new, r)
+    };
+    let (a1, r1) = place(&j1, 1, at(20));
+    store.commit_plan(&[a1], &[], at(20)).await.unwrap();
+    let started = |r: &AttemptRef| AgentEvent::Started {
+        attempt: r.clone(),
+        pid: 1,
+    };
+    let finished = |r: &AttemptRef| AgentEvent::Finished {
+        attempt: r.clone(),
+        exit_code: Some(0),
+        signal: None,
+        error: None,
+        stopped: false,
+    };
+    store
+        .apply_events(&node, &[started(&r1)], at(30))
+        .await
+        .unwrap();
+    store.accrue_ledger(at(40), 0).await.unwrap();
+    store
+        .apply_events(&node, &[finished(&r1)], at(50))
+        .await
+        .unwrap();
+    // Then j2 (another team) runs on it until the instance is terminated at 70 s; the provider
+    // bills an hour at least.
+    let (a2, r2) = place(&j2, 0, at(55));
+    store.commit_plan(&[a2], &[], at(55)).await.unwrap();
+    store
+        .apply_events(&node, &[started(&r2)], at(60))
+        .await
+        .unwrap();
+    assert!(store.end_instance("i-1", None, 3600, at(70)).await.unwrap());
+    // Later passes add nothing.
+    assert_eq!(store.accrue_ledger(at(100), 3600).await.unwrap(), 0);
+    assert_eq!(store.accrue_ledger(at(200), 3600).await.unwrap(), 0);
+
+    let entries = store.ledger_entries(None).await.unwrap();
+    // (from s, to s, job, attempt, micro-dollars)
+    type Stretch = (i64, i64, Option<String>, Option<String>, i64);
+    let stretches: Vec<Stretch> = entries
+        .iter()
+        .map(|e| {
+            (
+                (e.period_start.millis() - t0.millis()) / 1000,
+                (e.period_end.millis() - t0.millis()) / 1000,
+                e.job.clone(),
+                e.attempt.clone(),
+                e.amount.micros(),
+            )
+        })
+        .collect();
+    let (j1s, j2s) = (Some(j1.id.to_string()), Some(j2.id.to_string()));
+    let (a1s, a2s) = (
+        Some(r1.attempt_id.to_string()),
+        Some(r2.attempt_id.to_string()),
+    );
+    assert_eq!(
+        stretches,
+        vec![
+            (0, 10, j1s.clone(), None, 10_000),
+            (10, 30, j1s.clone(), None, 20_000),
+            (30, 40, j1s.clone(), a1s.clone(), 10_000),
+            (40, 50, j1s.clone(), a1s.clone(), 10_000),
+            // Idle between jobs: the job it was launched for.
+            (50, 60, j1s.clone(), None, 10_000),
+            // The rest of the billed hour goes to the work on it at the end.
+            (60, 70, j2s.clone(), a2s.clone(), 3_540_000),
+        ]
+    );
+    assert!(entries.iter().all(|e| e.kind == "instance"
+        && e.instance.as_deref() == Some("i-1")
+        && e.source.as_deref() == Some("instance:i-1")));
+    assert_eq!(store.ledger_total().await.unwrap(), 3_600_000);
+    assert_eq!(store.job(j1.id).await.unwrap().unwrap().cost, Money(60_000));
+    assert_eq!(
+        store.job(j2.id).await.unwrap().unwrap().cost,
+        Money(3_540_000)
+    );
+    let by_team = store
+        .spend(&SpendQuery {
+            group: SpendGroup::Team,
+            bucket: None,
+            from: None,
+            to: None,
+            team: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        by_team
+            .iter()
+            .map(|r| (r.key.clone().unwrap(), r.amount.micros()))
+            .collect::<Vec<_>>(),
+        vec![("ml".to_string(), 60_000), ("web".to_string(), 3_540_000)]
+    );
+    // Nothing is live any more: nothing is reserved.
+    assert_eq!(usage("ml").await.committed, Money::ZERO);
+    assert_eq!(usage("web").await.committed, Money::ZERO);
+    assert_eq!(usage("web").await.spent, Money(3_540_000));
+}

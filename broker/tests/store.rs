@@ -1,0 +1,447 @@
+//! The store on its own, on whichever backend the suite runs (SQLite, or PostgreSQL with
+//! `SWITCHYARD_TEST_PG_URL`): values round-trip exactly, and concurrent writers are ordered the
+//! way SQLite's `BEGIN IMMEDIATE` orders them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::sync::Arc;
+use switchyard_broker::store::*;
+use switchyard_core::{
+    AttemptId, JobId, JobState, Market, Money, NodeId, Pool, PoolId, Region, RegionId, Timestamp,
+};
+use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventStatus};
+
+const T0: Timestamp = Timestamp(1_800_000_000_123);
+
+async fn seeded(dir: &std::path::Path) -> Arc<dyn Store> {
+    let store = test_store(dir).await;
+    let region = Region {
+        id: RegionId("onprem:dc".into()),
+        provider: "onprem".into(),
+        code: "dc".into(),
+        latitude: Some(52.5),
+        longitude: Some(-13.25),
+        egress_per_gb: Money::ZERO,
+        latency_ms: 2,
+        ingress_gbps: 100,
+    };
+    store.upsert_region(&region).await.unwrap();
+    store
+        .upsert_pool(&Pool {
+            id: PoolId("onprem:dc/h100x8".into()),
+            region: region.id.clone(),
+            provider: "onprem".into(),
+            instance_type: "h100x8".into(),
+            gpu_model: "H100".into(),
+            gpus_per_node: 8,
+            gpu_memory_gb: 80,
+            vcpus: 64,
+            memory_gb: 512,
+            on_demand_per_hour: Money(16_000_000),
+            spot_per_hour: None,
+            node_limit: 4,
+            launchable: false,
+            boot_time_s: 0,
+            price_updated_at: T0,
+            recent_capacity_failures: 0,
+        })
+        .await
+        .unwrap();
+    store
+        .insert_enrolment_token(&EnrolmentTokenRecord {
+            token_hash: "enrol".into(),
+            pool: PoolId("onprem:dc/h100x8".into()),
+            instance: None,
+            created_at: T0,
+            expires_at: T0.plus_secs(3600),
+        })
+        .await
+        .unwrap();
+    store
+        .register_node(
+            "enrol",
+            NewNode {
+                id: NodeId("n1".into()),
+                token_hash: "agent".into(),
+                hostname: "h".into(),
+                gpus_total: 8,
+                inventory_json: "{}".into(),
+            },
+            T0,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    store
+}
+
+fn new_job(kind: &str) -> NewJob {
+    let wire: switchyard_protocol::api::JobSpec = serde_json::from_value(json!({
+        "name": "j", "team": "ml", "command": ["true"], "resources": {"gpus": 1}, "kind": kind,
+    }))
+    .unwrap();
+    NewJob {
+        id: JobId(uuid::Uuid::now_v7()),
+        spec: switchyard_broker::convert::job_spec(&wire, T0).unwrap(),
+        spec_json: serde_json::to_string(&wire).unwrap(),
+        submitted_at: T0,
+        trace_parent: None,
+    }
+}
+
+fn attempt_for(job: &NewJob, expected_end: Timestamp) -> NewAttempt {
+    NewAttempt {
+        id: AttemptId(uuid::Uuid::now_v7()),
+        job: job.id,
+        job_version: 0,
+        node: NodeId("n1".into()),
+        pool: PoolId("onprem:dc/h100x8".into()),
+        gpus: vec![3],
+        market: Market::OnDemand,
+        estimated_cost: Money(1_000_000),
+        hourly_rate: Money(2_000_000),
+        expected_end,
+        explanation_json: "{\"b\": 1, \"a\": [2]}".into(),
+    }
+}
+
+#[tokio::test]
+async fn times_ids_and_documents_round_trip_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path()).await;
+    let regions = store.regions().await.unwrap();
+    assert_eq!(regions[0].latitude, Some(52.5));
+    assert_eq!(store.pools().await.unwrap()[0].price_updated_at, T0);
+
+    // Odd milliseconds survive; so do the "never" of a service's expected end and the spec
+    // text exactly as submitted.
+    let job = new_job("service");
+    store.insert_job(&job).await.unwrap();
+    let a = attempt_for(&job, Timestamp::MAX);
+    store
+        .commit_plan(std::slice::from_ref(&a), &[], T0.plus_secs(1))
+        .await
+        .unwrap();
+    let rec = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!(rec.submitted_at, T0);
+    assert_eq!(rec.spec_json, job.spec_json);
+    assert_eq!(rec.spec, job.spec);
+    assert_eq!(
+        rec.explanation_json.as_deref(),
+        Some("{\"b\": 1, \"a\": [2]}")
+    );
+    assert_eq!(rec.state, JobState::Placed);
+    assert_eq!(rec.placement.as_ref().unwrap().attempt, a.id);
+    assert_eq!(rec.placement.as_ref().unwrap().gpus, vec![3]);
+    let live = store.live_attempts().await.unwrap();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].expected_end, Timestamp::MAX);
+    assert_eq!(live[0].created_at, T0.plus_secs(1));
+
+    // Events: started, logs in order, finished; the job's times are the events' times.
+    let r = AttemptRef {
+        job_id: job.id.0,
+        attempt_id: a.id.0,
+        epoch: 1,
+    };
+    let events = [
+        AgentEvent::Started {
+            attempt: r.clone(),
+            pid: 7,
+        },
+        AgentEvent::Log {
+            attempt: r.clone(),
+            seq: 0,
+            stream: switchyard_protocol::agent::Stream::Stdout,
+            data: "héllo\n".into(),
+        },
+        AgentEvent::Log {
+            attempt: r.clone(),
+            seq: 0,
+            stream: switchyard_protocol::agent::Stream::Stdout,
+            data: "héllo\n".into(),
+        },
+        AgentEvent::Finished {
+            attempt: r.clone(),
+            exit_code: Some(3),
+            signal: None,
+            error: None,
+            stopped: false,
+        },
+    ];
+    let (results, ended) = store
+        .apply_events(
+            &NodeId("n1".into()),
+            &events,
+            Timestamp(T0.millis() + 2_007),
+        )
+        .await
+        .unwrap();
+    let statuses: Vec<_> = results.iter().map(|r| r.status.clone()).collect();
+    assert_eq!(
+        statuses,
+        [
+            EventStatus::Accepted,
+            EventStatus::Accepted,
+            EventStatus::Duplicate,
+            EventStatus::Accepted
+        ]
+    );
+    assert_eq!(ended.len(), 1);
+    let rec = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!(rec.state, JobState::Failed);
+    assert_eq!(rec.exit_code, Some(3));
+    assert_eq!(rec.started_at, Some(Timestamp(T0.millis() + 2_007)));
+    assert_eq!(rec.reason.as_deref(), Some("exited with code 3"));
+    let logs = store.logs(job.id, 0, 10).await.unwrap();
+    assert_eq!(logs.len(), 1);
+    assert_eq!(logs[0].data, "héllo\n");
+    assert_eq!(logs[0].at, Timestamp(T0.millis() + 2_007));
+
+    // Lists: newest first, with the `before` cursor on the time-ordered ids.
+    let newer = new_job("batch");
+    store.insert_job(&newer).await.unwrap();
+    let all = store
+        .list_jobs(&JobFilter {
+            limit: 10,
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter().map(|j| j.id).collect::<Vec<_>>(),
+        [newer.id, job.id]
+    );
+    let older = store
+        .list_jobs(&JobFilter {
+            before: Some(newer.id),
+            state: Some(JobState::Failed),
+            team: Some("ml".into()),
+            limit: 10,
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(older.len(), 1);
+    assert_eq!(older[0].id, job.id);
+}
+
+/// Many plan commits race for one job: exactly one places it, the rest are told their plan is
+/// stale, and the job has one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_plan_commits_place_a_job_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path()).await;
+    let job = new_job("batch");
+    store.insert_job(&job).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let store = store.clone();
+        let a = attempt_for(&job, T0.plus_secs(600));
+        tasks.push(tokio::spawn(async move {
+            store.commit_plan(&[a], &[], T0.plus_secs(1)).await
+        }));
+    }
+    let mut placed = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => placed += 1,
+            Err(StoreError::Stale(_)) => {}
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+    assert_eq!(placed, 1);
+    let rec = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.state, rec.attempts, rec.version),
+        (JobState::Placed, 1, 1)
+    );
+    assert_eq!(store.live_attempts().await.unwrap().len(), 1);
+}
+
+/// Cancels racing with a start report: the job ends up in one consistent state either way —
+/// cancelled at once (the start is then rejected) or stopping (cancel requested while running).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_racing_a_start_leaves_one_consistent_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path()).await;
+    for _ in 0..10 {
+        let job = new_job("batch");
+        store.insert_job(&job).await.unwrap();
+        let a = attempt_for(&job, T0.plus_secs(600));
+        store
+            .commit_plan(std::slice::from_ref(&a), &[], T0)
+            .await
+            .unwrap();
+        let r = AttemptRef {
+            job_id: job.id.0,
+            attempt_id: a.id.0,
+            epoch: 1,
+        };
+        let start = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .apply_events(
+                        &NodeId("n1".into()),
+                        &[AgentEvent::Started { attempt: r, pid: 1 }],
+                        T0.plus_secs(2),
+                    )
+                    .await
+                    .unwrap()
+            })
+        };
+        let cancel = {
+            let store = store.clone();
+            tokio::spawn(async move { store.cancel_job(job.id, T0.plus_secs(2)).await.unwrap() })
+        };
+        let (results, _) = start.await.unwrap();
+        let outcome = cancel.await.unwrap();
+        let rec = store.job(job.id).await.unwrap().unwrap();
+        match outcome {
+            CancelOutcome::Cancelled => {
+                assert_eq!(results[0].status, EventStatus::Rejected);
+                assert_eq!(rec.state, JobState::Cancelled);
+            }
+            CancelOutcome::Stopping { .. } => {
+                assert_eq!(results[0].status, EventStatus::Accepted);
+                assert_eq!(rec.state, JobState::Running);
+                assert!(rec.cancel_requested);
+                assert_eq!(
+                    store
+                        .stops_for_node(&NodeId("n1".into()))
+                        .await
+                        .unwrap()
+                        .len(),
+                    1
+                );
+                // Let it end, so the next round starts clean.
+                store
+                    .apply_events(
+                        &NodeId("n1".into()),
+                        &[AgentEvent::Finished {
+                            attempt: AttemptRef {
+                                job_id: job.id.0,
+                                attempt_id: a.id.0,
+                                epoch: 1,
+                            },
+                            exit_code: None,
+                            signal: Some(15),
+                            error: None,
+                            stopped: true,
+                        }],
+                        T0.plus_secs(3),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    store.job(job.id).await.unwrap().unwrap().state,
+                    JobState::Cancelled
+                );
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+}
+
+/// A heartbeat racing lease expiry: the node is either lost (and the heartbeat then brings it
+/// back) or kept (the expiry saw the fresh heartbeat) — never lost with a fresh heartbeat and
+/// reported as healthy all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeats_and_lease_expiry_are_ordered() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path()).await;
+    let node = NodeId("n1".into());
+    let inventory: switchyard_protocol::agent::Inventory = serde_json::from_value(json!({
+        "gpus": [], "cpus": 8, "memory_mb": 1024, "simulated": true
+    }))
+    .unwrap();
+    for i in 1..=20 {
+        let now = T0.plus_secs(100 * i);
+        let hb = {
+            let (store, node, inventory) = (store.clone(), node.clone(), inventory.clone());
+            tokio::spawn(async move { store.heartbeat(&node, &inventory, now).await.unwrap() })
+        };
+        let expiry = {
+            let store = store.clone();
+            tokio::spawn(async move { store.expire_leases(now.plus_secs(-1), now).await.unwrap() })
+        };
+        let came_back = hb.await.unwrap();
+        let expired = expiry.await.unwrap();
+        let healthy = store.nodes().await.unwrap()[0].healthy;
+        if expired.nodes.is_empty() {
+            // The heartbeat came first (or the node was already unhealthy and came back).
+            assert!(healthy);
+        } else if came_back {
+            // Expiry first, then the heartbeat brought it back.
+            assert!(healthy);
+        } else {
+            // Expiry after a heartbeat it did not see: the serial order forbids this.
+            panic!("round {i}: node expired after a heartbeat it should have seen");
+        }
+    }
+}
+
+/// PostgreSQL only: the schema uses native types (the SQLite schema has no such types).
+#[tokio::test]
+async fn postgres_schema_uses_native_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = test_database_url(dir.path()) else {
+        return;
+    };
+    let _store = test_store(dir.path()).await;
+    #[cfg(feature = "postgres")]
+    {
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        let types: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT table_name::TEXT, column_name::TEXT, data_type::TEXT \
+             FROM information_schema.columns WHERE table_schema = 'public' \
+             AND (table_name, column_name) IN (('jobs', 'id'), ('jobs', 'submitted_at'), \
+             ('jobs', 'cancel_requested'), ('ledger', 'amount_micros'), ('attempts', 'job_id')) \
+             ORDER BY 1, 2",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let types: Vec<_> = types
+            .iter()
+            .map(|(t, c, d)| format!("{t}.{c}: {d}"))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "attempts.job_id: uuid",
+                "jobs.cancel_requested: boolean",
+                "jobs.id: uuid",
+                "jobs.submitted_at: timestamp with time zone",
+                "ledger.amount_micros: bigint",
+            ]
+        );
+        pool.close().await;
+    }
+    #[cfg(not(feature = "postgres"))]
+    let _ = url;
+}
+
+/// Every SQLite migration has its PostgreSQL twin (same version and name), so that both
+/// backends reach the same schema version.
+#[test]
+fn both_backends_have_the_same_migrations() {
+    let names = |backend: &str| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../migrations")
+            .join(backend);
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".sql"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names("sqlite"), names("postgres"));
+}

@@ -1,0 +1,777 @@
+//! The web console in a real headless Chromium over WebDriver (chromedriver + fantoccini),
+//! against the real `switchyard` binary: sign in, set a hard budget on the policies page, see
+//! the change in the audit log, watch a job submitted over REST beyond the budget be held with
+//! `budget_exhausted`, raise the budget in the console and watch the job run; and every page at
+//! desktop (1280 px) and phone (390 px) width with no script errors.
+//!
+//! Screenshots of each page land in `target/console-screenshots/` (or
+//! `SWITCHYARD_SCREENSHOT_DIR`). Chromium and chromedriver come from Debian's `chromium` and
+//! `chromium-driver` (`scripts/test.sh` installs them); when they are missing these tests fail
+//! and say so, unless `SWITCHYARD_SKIP_BROWSER=1` asks to skip them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use fantoccini::elements::Element;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use switchyard_tests::*;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Chromium and chromedriver, or `None` when they are missing and skipping was asked for.
+fn browser_binaries() -> Option<(PathBuf, PathBuf)> {
+    let chromium = PathBuf::from(
+        std::env::var("SWITCHYARD_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()),
+    );
+    let driver = PathBuf::from(
+        std::env::var("SWITCHYARD_CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into()),
+    );
+    let missing: Vec<String> = [&chromium, &driver]
+        .iter()
+        .filter(|p| !p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    if missing.is_empty() {
+        return Some((chromium, driver));
+    }
+    if std::env::var("SWITCHYARD_SKIP_BROWSER").as_deref() == Ok("1") {
+        eprintln!(
+            "SKIPPED: browser test: {} missing and SWITCHYARD_SKIP_BROWSER=1",
+            missing.join(", ")
+        );
+        return None;
+    }
+    panic!(
+        "the console's browser tests need Chromium and chromedriver, missing: {}. Install them \
+         with `apt-get install chromium chromium-driver` (scripts/test.sh does), point \
+         SWITCHYARD_CHROMIUM / SWITCHYARD_CHROMEDRIVER at them, or set SWITCHYARD_SKIP_BROWSER=1 \
+         to skip these tests",
+        missing.join(", ")
+    );
+}
+
+fn screenshot_dir() -> PathBuf {
+    let dir = std::env::var_os("SWITCHYARD_SCREENSHOT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots")
+        });
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A headless Chromium driven through chromedriver, on the console at `base`.
+struct Browser {
+    client: Client,
+    base: String,
+    driver_url: String,
+    // Dropped after the client: chromedriver (and the browser it started) die with it.
+    _driver: Proc,
+    _dir: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start(base: &str) -> Option<Browser> {
+        let (chromium, driver_bin) = browser_binaries()?;
+        // fantoccini's TLS stack and the rest of the workspace's bring two rustls providers.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut cmd = Command::new(&driver_bin);
+        cmd.arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1");
+        let driver = Proc::spawn("chromedriver", cmd, &dir.path().join("chromedriver.log"))
+            .expect("starting chromedriver");
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        eventually("chromedriver to listen", WAIT, || async {
+            let r = http.get(format!("{url}/status")).send().await.ok()?;
+            r.status().is_success().then_some(())
+        })
+        .await;
+        let profile = dir.path().join("profile");
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                "args": [
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--window-size=1280,900",
+                    format!("--user-data-dir={}", profile.display()),
+                ],
+            }),
+        );
+        // The browser's console log, read through chromedriver's log endpoint where it has one.
+        caps.insert("goog:loggingPrefs".into(), json!({"browser": "ALL"}));
+        let client = ClientBuilder::rustls()
+            .expect("TLS roots")
+            .capabilities(caps)
+            .connect(&url)
+            .await
+            .unwrap_or_else(|e| {
+                let log = std::fs::read_to_string(dir.path().join("chromedriver.log"))
+                    .unwrap_or_default();
+                panic!("could not start a Chromium session: {e}\n{log}")
+            });
+        Some(Browser {
+            client,
+            base: base.to_string(),
+            driver_url: url,
+            _driver: driver,
+            _dir: dir,
+        })
+    }
+
+    /// Waits for an element matching `css`.
+    async fn el(&self, css: &str) -> Element {
+        self.client
+            .wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no element {css} within {WAIT:?}: {e}"))
+    }
+
+    async fn js(&self, script: &str, args: Vec<Value>) -> Value {
+        self.client.execute(script, args).await.unwrap()
+    }
+
+    /// Polls `script` (a function body returning a value) until it returns something truthy.
+    async fn until(&self, what: &str, timeout: Duration, script: &str, args: Vec<Value>) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.js(script, args.clone()).await;
+            let truthy =
+                !matches!(&v, Value::Null | Value::Bool(false)) && v != json!("") && v != json!(0);
+            if truthy {
+                return v;
+            }
+            if Instant::now() > deadline {
+                let errors = self.errors().await;
+                panic!(
+                    "timed out after {timeout:?} waiting for {what} (script errors: {errors:?})"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Loads the console (a full page load).
+    async fn load(&self, route: &str) {
+        self.client
+            .goto(&format!("{}/{route}", self.base))
+            .await
+            .unwrap();
+    }
+
+    /// Goes to `route` (`#/jobs`…) inside the page and waits until that page has rendered its
+    /// data; returns the page's root.
+    async fn open(&self, route: &str, page: &str) -> Element {
+        self.js(
+            "document.querySelectorAll('section.page').forEach(e => e.setAttribute('data-stale', '1'));
+             if (location.hash === arguments[0]) { window.dispatchEvent(new HashChangeEvent('hashchange')); }
+             else { location.hash = arguments[0]; }
+             return true;",
+            vec![json!(route)],
+        )
+        .await;
+        self.ready(page).await
+    }
+
+    async fn ready(&self, page: &str) -> Element {
+        let css = format!("[data-test=\"page-{page}\"]:not([data-stale])");
+        let root = self.el(&css).await;
+        let state = self
+            .until(
+                &format!("page {page} to load"),
+                WAIT,
+                "const e = document.querySelector(arguments[0]);
+                 return e && e.getAttribute('data-state') !== 'loading' ? e.getAttribute('data-state') : null;",
+                vec![json!(css)],
+            )
+            .await;
+        if state != json!("ready") {
+            let text = root.text().await.unwrap_or_default();
+            panic!("page {page} did not render: {state} {text}");
+        }
+        root
+    }
+
+    async fn errors(&self) -> Vec<String> {
+        let v = self
+            .client
+            .execute("return window.__syErrors || null;", vec![])
+            .await
+            .unwrap_or(Value::Null);
+        match v {
+            Value::Array(a) => a.iter().map(|e| e.to_string()).collect(),
+            _ => vec!["window.__syErrors is missing: app.js did not run".into()],
+        }
+    }
+
+    /// SEVERE entries of the browser's console (failed loads, uncaught errors, CSP reports)
+    /// since the last call; empty where chromedriver offers no log endpoint.
+    async fn console_errors(&self) -> Vec<String> {
+        let session = self.client.session_id().await.unwrap().unwrap();
+        let res = reqwest::Client::new()
+            .post(format!("{}/session/{session}/se/log", self.driver_url))
+            .json(&json!({"type": "browser"}))
+            .send()
+            .await
+            .unwrap();
+        if !res.status().is_success() {
+            return Vec::new();
+        }
+        let body: Value = res.json().await.unwrap_or(Value::Null);
+        body["value"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["level"] == "SEVERE")
+            .map(|e| e["message"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    async fn assert_no_errors(&self, context: &str) {
+        let mut errors = self.errors().await;
+        errors.extend(self.console_errors().await);
+        assert!(errors.is_empty(), "script errors {context}: {errors:?}");
+    }
+
+    async fn sign_in(&self, token: &str) {
+        self.load("").await;
+        let input = self.el("[data-test=login-token]").await;
+        input.send_keys(token).await.unwrap();
+        self.el("[data-test=login-submit]")
+            .await
+            .click()
+            .await
+            .unwrap();
+        self.ready("overview").await;
+    }
+
+    async fn set_width(&self, width: u32, height: u32) {
+        self.client.set_window_size(width, height).await.unwrap();
+        let inner = self
+            .until(
+                "the window to resize",
+                WAIT,
+                "return window.innerWidth;",
+                vec![],
+            )
+            .await;
+        assert_eq!(inner, json!(width), "viewport width after resizing");
+    }
+
+    /// The page fits the window: nothing but the tables' own scrollers may be wider.
+    async fn assert_fits(&self, context: &str) {
+        let over = self
+            .js(
+                "const w = document.documentElement.clientWidth;
+                 const wide = [...document.querySelectorAll('body *')].filter(e => {
+                   if (e.closest('.table-wrap, pre, .nav')) return false;
+                   const r = e.getBoundingClientRect();
+                   return r.width > 0 && r.right > w + 1;
+                 }).slice(0, 5).map(e => e.tagName + '.' + e.className + '[' + (e.getAttribute('data-test') || '') + ']');
+                 return { scroll: document.documentElement.scrollWidth, width: w, wide };",
+                vec![],
+            )
+            .await;
+        assert!(
+            over["scroll"].as_u64() <= over["width"].as_u64()
+                && over["wide"].as_array().is_some_and(|a| a.is_empty()),
+            "{context}: the page is wider than the window: {over}"
+        );
+    }
+
+    /// A Chrome DevTools command through chromedriver.
+    async fn cdp(&self, cmd: &str, params: Value) -> Value {
+        let session = self.client.session_id().await.unwrap().unwrap();
+        let res = reqwest::Client::new()
+            .post(format!(
+                "{}/session/{session}/goog/cdp/execute",
+                self.driver_url
+            ))
+            .json(&json!({"cmd": cmd, "params": params}))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        let body: Value = res.json().await.unwrap_or(Value::Null);
+        assert!(status.is_success(), "CDP {cmd}: {status} {body}");
+        body["value"].clone()
+    }
+
+    /// A PNG of the whole page: the viewport is stretched to the page's height for the shot.
+    async fn screenshot(&self, name: &str, width: u32, height: u32) {
+        let full = self
+            .js(
+                "return Math.ceil(document.documentElement.scrollHeight);",
+                vec![],
+            )
+            .await
+            .as_u64()
+            .unwrap_or(height as u64)
+            .clamp(height as u64, 6000);
+        self.cdp(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": width, "height": full, "deviceScaleFactor": 1, "mobile": false}),
+        )
+        .await;
+        let png = self.client.screenshot().await;
+        self.cdp("Emulation.clearDeviceMetricsOverride", json!({}))
+            .await;
+        let png = png.unwrap();
+        let path = screenshot_dir().join(format!("{name}.png"));
+        std::fs::write(&path, png).unwrap();
+        eprintln!("screenshot: {}", path.display());
+    }
+}
+
+/// A REST call with a bearer token.
+async fn rest(
+    url: &str,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .request(method, format!("{url}{path}"))
+        .bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn put_policy(url: &str, token: &str, team: &str, body: Value) {
+    let (status, res) = rest(
+        url,
+        token,
+        reqwest::Method::PUT,
+        &format!("/api/v1/policies/{team}"),
+        Some(body),
+    )
+    .await;
+    assert!(status == 200 || status == 201, "{status} {res}");
+}
+
+/// Sets the budget amount on the open policy form and saves; returns the status line.
+async fn save_budget(b: &Browser, amount: &str) -> Element {
+    let form = b.el("[data-test=policy-form][data-team=ml]").await;
+    let enabled = form
+        .find(Locator::Css("[data-test=\"field-budget.enabled\"]"))
+        .await
+        .unwrap();
+    if enabled.prop("checked").await.unwrap().as_deref() != Some("true") {
+        enabled.click().await.unwrap();
+    }
+    let input = form
+        .find(Locator::Css("[data-test=\"field-budget.amount_usd\"]"))
+        .await
+        .unwrap();
+    input.clear().await.unwrap();
+    input.send_keys(amount).await.unwrap();
+    form.find(Locator::Css("[data-test=\"field-budget.period\"]"))
+        .await
+        .unwrap()
+        .select_by_value("month")
+        .await
+        .unwrap();
+    form.find(Locator::Css("[data-test=\"field-budget.enforcement\"]"))
+        .await
+        .unwrap()
+        .select_by_value("hard")
+        .await
+        .unwrap();
+    form.find(Locator::Css("[data-test=policy-save]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    form
+}
+
+/// Waits for the jobs page to show job `id` in one of `states`; returns (state, reason).
+async fn job_row_state(
+    b: &Browser,
+    id: &str,
+    states: &[&str],
+    timeout: Duration,
+) -> (String, String) {
+    let v = b
+        .until(
+            &format!("job {id} to show as {states:?} on the jobs page"),
+            timeout,
+            "const row = document.querySelector('[data-test=job-row][data-job-id=\"' + arguments[0] + '\"]');
+             if (!row || !arguments[1].includes(row.getAttribute('data-state'))) return null;
+             return [row.getAttribute('data-state'), row.querySelector('[data-test=job-reason]').textContent];",
+            vec![json!(id), json!(states)],
+        )
+        .await;
+    (
+        v[0].as_str().unwrap().to_string(),
+        v[1].as_str().unwrap().to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
+    let mut broker = Broker::start().await;
+    let Some(b) = Browser::start(&broker.url).await else {
+        return;
+    };
+    broker.start_agent("console-a1", 4).await;
+
+    // Sign in with the admin token.
+    b.sign_in(&broker.admin).await;
+    let who = b.el("[data-test=who]").await.text().await.unwrap();
+    assert!(who.contains("admin"), "{who}");
+
+    // The policies page: a bad amount is refused with a message next to the field.
+    b.open("#/policies/ml", "policies").await;
+    let form = save_budget(&b, "-5").await;
+    let error = b
+        .until(
+            "the amount's error message",
+            WAIT,
+            "const e = document.querySelector('[data-test=\"error-budget.amount_usd\"]');
+             return e && !e.hidden ? e.textContent : null;",
+            vec![],
+        )
+        .await;
+    assert!(!error.as_str().unwrap().is_empty());
+    b.screenshot("policies-validation", 1280, 900).await;
+    // The refused PUT is the one failed request the browser logged so far.
+    let logged = b.console_errors().await;
+    assert!(
+        logged
+            .iter()
+            .all(|e| e.contains("/api/v1/policies/ml") && e.contains("400")),
+        "{logged:?}"
+    );
+    b.assert_no_errors("after the refused save").await;
+
+    // A $1 monthly hard budget for team ml.
+    save_budget(&b, "1").await;
+    let saved = b
+        .until(
+            "the policy to be saved",
+            WAIT,
+            "const s = document.querySelector('[data-test=policy-status]');
+             return s && s.getAttribute('data-version');",
+            vec![],
+        )
+        .await;
+    assert_eq!(saved, json!("1"));
+    assert!(
+        form.find(Locator::Css("[data-test=\"error-budget.amount_usd\"]"))
+            .await
+            .unwrap()
+            .prop("hidden")
+            .await
+            .unwrap()
+            .as_deref()
+            == Some("true"),
+        "the old error is cleared"
+    );
+    let (_, policy) = broker
+        .call(reqwest::Method::GET, "/api/v1/policies/ml", None)
+        .await;
+    assert_eq!(
+        policy["policy"]["budget"]["amount_usd"],
+        json!(1.0),
+        "{policy}"
+    );
+    assert_eq!(
+        policy["policy"]["budget"]["enforcement"], "hard",
+        "{policy}"
+    );
+    b.screenshot("policies", 1280, 900).await;
+
+    // The audit page shows who changed what.
+    b.open("#/audit", "audit").await;
+    let entry = b
+        .until(
+            "the policy.put audit entry",
+            WAIT,
+            "const r = [...document.querySelectorAll('[data-test=audit-row][data-action=\"policy.put\"]')]
+               .find(r => r.getAttribute('data-target').includes('ml'));
+             return r ? r.querySelector('[data-test=audit-actor]').textContent + ' | ' + r.textContent : null;",
+            vec![],
+        )
+        .await;
+    assert!(entry.as_str().unwrap().starts_with("admin"), "{entry}");
+    assert!(entry.as_str().unwrap().contains("amount_usd"), "{entry}");
+    b.screenshot("audit", 1280, 900).await;
+
+    // A job whose estimate ($2: one H100 for an hour at $2/GPU-hour) is beyond the budget.
+    let id = broker
+        .submit(
+            json!({"name": "over-budget", "team": "ml", "command": ["sleep", "2"],
+                       "resources": {"gpus": 1}, "estimated_runtime_s": 3600}),
+        )
+        .await;
+    b.open("#/jobs?team=ml", "jobs").await;
+    let (_, reason) = job_row_state(&b, &id, &["held"], Duration::from_secs(30)).await;
+    assert!(reason.contains("budget_exhausted"), "{reason}");
+    b.screenshot("jobs-held", 1280, 900).await;
+
+    // Its detail page explains the hold.
+    b.open(&format!("#/jobs/{id}"), "jobs").await;
+    let detail = b.el("[data-test=job-detail]").await.text().await.unwrap();
+    assert!(detail.contains("budget_exhausted"), "{detail}");
+    b.screenshot("job-detail-held", 1280, 900).await;
+
+    // Raise the budget in the console: the job runs.
+    b.open("#/policies/ml", "policies").await;
+    save_budget(&b, "100").await;
+    b.until(
+        "the raised budget to be saved",
+        WAIT,
+        "const s = document.querySelector('[data-test=policy-status]');
+         return s && s.getAttribute('data-version') === '2';",
+        vec![],
+    )
+    .await;
+    // What-if on the draft: the simulator's current-vs-draft table, before saving anything.
+    b.el("[data-test=whatif-run]").await.click().await.unwrap();
+    let rows = b
+        .until(
+            "the what-if result",
+            Duration::from_secs(60),
+            "return document.querySelectorAll('[data-test=whatif-table] [data-test=whatif-row]').length;",
+            vec![],
+        )
+        .await;
+    assert_eq!(rows, json!(5));
+    b.screenshot("policies-whatif", 1280, 900).await;
+    b.open("#/jobs?team=ml", "jobs").await;
+    let (state, _) = job_row_state(
+        &b,
+        &id,
+        &["placed", "running", "succeeded"],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_ne!(state, "held");
+    broker
+        .wait_state(&id, &["succeeded"], Duration::from_secs(30))
+        .await;
+    job_row_state(&b, &id, &["succeeded"], Duration::from_secs(15)).await;
+    b.screenshot("jobs-released", 1280, 900).await;
+
+    // Two versions in the audit log now.
+    b.open("#/audit", "audit").await;
+    b.until(
+        "both policy versions in the audit log",
+        WAIT,
+        "return document.querySelectorAll('[data-test=audit-row][data-action=\"policy.put\"]').length >= 2;",
+        vec![],
+    )
+    .await;
+    b.assert_no_errors("during the budget flow").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
+    // What a new user sees after `switchyard up`: two local agents, the bundled catalogue.
+    let up = Up::start(&[], 8).await;
+    let Some(b) = Browser::start(&up.url).await else {
+        return;
+    };
+    put_policy(
+        &up.url,
+        &up.token,
+        "ml",
+        json!({"budget": {"amount_usd": 500, "period": "month", "enforcement": "hard", "alert_at": [0.5, 0.9]},
+               "spot": "allowed", "burst": true,
+               "windows": [{"priority": "low", "from": "20:00", "to": "08:00", "tz": "Asia/Shanghai"}]}),
+    )
+    .await;
+    put_policy(
+        &up.url,
+        &up.token,
+        "vision",
+        json!({"budget": {"amount_usd": 50, "period": "week", "enforcement": "soft", "alert_at": [0.8]}}),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for (name, team, gpus, prio) in [
+        ("train-resnet", "ml", 2, "normal"),
+        ("eval", "ml", 1, "high"),
+        ("sweep", "vision", 1, "low"),
+    ] {
+        ids.push(
+            up.submit(
+                json!({"name": name, "team": team, "command": ["sleep", "3"],
+                             "resources": {"gpus": gpus}, "priority": prio,
+                             "estimated_runtime_s": 600}),
+            )
+            .await,
+        );
+    }
+    up.job_where(&ids[0], 30, |j| j["state"] == "succeeded")
+        .await;
+
+    b.sign_in(&up.token).await;
+    let pages = [
+        ("overview", "#/overview"),
+        ("catalogue", "#/catalogue"),
+        ("jobs", "#/jobs"),
+        ("job-detail", &*format!("#/jobs/{}", ids[0])),
+        ("policies", "#/policies/ml"),
+        ("spend", "#/spend"),
+        ("instances", "#/instances"),
+        ("audit", "#/audit"),
+    ];
+    for (width, height, label) in [(1280, 900, "desktop"), (390, 844, "phone")] {
+        b.set_width(width, height).await;
+        for (name, route) in pages {
+            let page = if name == "job-detail" { "jobs" } else { name };
+            let root = b.open(route, page).await;
+            let text = root.text().await.unwrap();
+            assert!(!text.trim().is_empty(), "{name} at {label} is empty");
+            b.assert_fits(&format!("{name} at {label}")).await;
+            b.screenshot(&format!("{name}-{label}"), width, height)
+                .await;
+            b.assert_no_errors(&format!("on {name} at {label}")).await;
+        }
+    }
+
+    // Data shows where it should.
+    b.set_width(1280, 900).await;
+    b.open("#/catalogue", "catalogue").await;
+    let pools = b
+        .js(
+            "return document.querySelectorAll('[data-test=pool-row]').length;",
+            vec![],
+        )
+        .await;
+    assert!(
+        pools.as_u64() > Some(3),
+        "pools on the catalogue page: {pools}"
+    );
+    b.open("#/overview", "overview").await;
+    let budgets = b
+        .js("return [...document.querySelectorAll('[data-test=budget-row]')].map(r => r.getAttribute('data-team'));", vec![])
+        .await;
+    assert!(
+        budgets.as_array().unwrap().contains(&json!("ml")),
+        "{budgets}"
+    );
+    let util = b
+        .js(
+            "return document.querySelectorAll('[data-test=util-row]').length;",
+            vec![],
+        )
+        .await;
+    assert!(util.as_u64() >= Some(1), "{util}");
+    b.open("#/spend", "spend").await;
+    b.el("[data-test=chart-team]").await;
+    b.el("[data-test=chart-cumulative]").await;
+
+    // Infra's (and admin's) pool editor: the on-prem internal rate, saved and audited.
+    b.open("#/catalogue", "catalogue").await;
+    let pool = "onprem:local-dc1/sim-h100x4";
+    let row = b
+        .el(&format!("[data-test=pool-row][data-pool=\"{pool}\"]"))
+        .await;
+    row.find(Locator::Css("[data-test=pool-edit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let price = b
+        .el("[data-test=pool-editor] [data-test=pool-price-input]")
+        .await;
+    price.clear().await.unwrap();
+    price.send_keys("1.75").await.unwrap();
+    b.el("[data-test=pool-save]").await.click().await.unwrap();
+    b.until(
+        "the new rate on the catalogue page",
+        WAIT,
+        "const r = document.querySelector('[data-test=pool-row][data-pool=\"' + arguments[0] + '\"] [data-test=pool-price]');
+         return r && r.textContent === '$1.75';",
+        vec![json!(pool)],
+    )
+    .await;
+    let (_, audit) = rest(
+        &up.url,
+        &up.token,
+        reqwest::Method::GET,
+        "/api/v1/audit",
+        None,
+    )
+    .await;
+    assert!(
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["action"] == "pool.patch"),
+        "{audit}"
+    );
+    b.assert_no_errors("after editing a pool").await;
+
+    // A developer sees only their team and no editing controls.
+    let (status, created) = rest(
+        &up.url,
+        &up.token,
+        reqwest::Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"role": "developer", "team": "ml", "name": "dev"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let dev = created["token"].as_str().unwrap().to_string();
+    b.open("#/overview", "overview").await;
+    b.el("[data-test=logout]").await.click().await.unwrap();
+    b.el("[data-test=login-token]").await;
+    b.sign_in(&dev).await;
+    let nav = b.el("[data-test=nav]").await.text().await.unwrap();
+    assert!(
+        !nav.contains("Audit") && !nav.contains("Instances"),
+        "{nav}"
+    );
+    b.open("#/jobs", "jobs").await;
+    let teams = b
+        .js("return [...document.querySelectorAll('[data-test=job-row]')].map(r => r.children[1].textContent);", vec![])
+        .await;
+    assert!(
+        teams.as_array().unwrap().iter().all(|t| t == "ml"),
+        "{teams}"
+    );
+    b.open("#/policies/ml", "policies").await;
+    let controls = b
+        .js("return document.querySelectorAll('[data-test=policy-save], [data-test=whatif-run]').length;", vec![])
+        .await;
+    assert_eq!(
+        controls,
+        json!(0),
+        "a developer gets no policy editing controls"
+    );
+    b.screenshot("policies-developer", 1280, 900).await;
+    b.assert_no_errors("as a developer").await;
+}
