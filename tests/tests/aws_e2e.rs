@@ -236,23 +236,29 @@ agent = {{ install_command = "true" }}
     })
     .await;
 
-    // Invariant: every running tagged instance in EC2 is one the broker counts as live.
-    let (_, list) = broker
-        .call(reqwest::Method::GET, "/api/v1/instances", None)
-        .await;
-    let live: Vec<String> = list["instances"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|i| i["state"] != "terminated")
-        .filter_map(|i| i["provider_id"].as_str().map(str::to_string))
-        .collect();
-    for (instance, state) in moto.cluster_instances("e2e").await {
-        if state == "running" || state == "pending" {
-            assert!(
-                live.contains(&instance),
-                "EC2 runs {instance} that the broker does not count as live"
-            );
-        }
-    }
+    // Invariant: every running tagged instance in EC2 is one the broker counts as live. The
+    // broker records the provider's id once RunInstances has answered, so a launch in flight
+    // is given a moment to be recorded.
+    eventually(
+        "every running EC2 instance to be live in the broker",
+        Duration::from_secs(10),
+        || async {
+            let (_, list) = broker
+                .call(reqwest::Method::GET, "/api/v1/instances", None)
+                .await;
+            let live: Vec<String> = list["instances"]
+                .as_array()?
+                .iter()
+                .filter(|i| i["state"] != "terminated")
+                .filter_map(|i| i["provider_id"].as_str().map(str::to_string))
+                .collect();
+            moto.cluster_instances("e2e")
+                .await
+                .iter()
+                .filter(|(_, s)| s == "running" || s == "pending")
+                .all(|(i, _)| live.contains(i))
+                .then_some(())
+        },
+    )
+    .await;
 }
