@@ -48,37 +48,6 @@ async fn heartbeat(
     r.body
 }
 
-async fn work(app: &TestApp, agent: &TestAgent, wait_s: u64) -> Value {
-    let r = app
-        .call(
-            Method::GET,
-            &format!("/agent/v1/work?wait_s={wait_s}"),
-            Some(&agent.token),
-            None,
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    r.body
-}
-
-async fn events(app: &TestApp, agent: &TestAgent, events: Value) -> Vec<String> {
-    let r = app
-        .call(
-            Method::POST,
-            "/agent/v1/events",
-            Some(&agent.token),
-            Some(json!({ "events": events })),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    r.body["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["status"].as_str().unwrap().to_string())
-        .collect()
-}
-
 /// Polls `agent`'s work until a lease comes; returns its attempt.
 async fn lease(app: &TestApp, agent: &TestAgent) -> Value {
     let w = work(app, agent, 5).await;

@@ -9,42 +9,11 @@
 mod common;
 
 use common::*;
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(10);
-
-async fn work(app: &TestApp, agent: &TestAgent, wait_s: u64) -> Value {
-    let r = app
-        .call(
-            Method::GET,
-            &format!("/agent/v1/work?wait_s={wait_s}"),
-            Some(&agent.token),
-            None,
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    r.body
-}
-
-async fn events(app: &TestApp, agent: &TestAgent, events: Value) -> Vec<String> {
-    let r = app
-        .call(
-            Method::POST,
-            "/agent/v1/events",
-            Some(&agent.token),
-            Some(json!({ "events": events })),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    r.body["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["status"].as_str().unwrap().to_string())
-        .collect()
-}
 
 fn spec(name: &str, priority: &str, runtime_s: u64, deadline_in_s: Option<i64>) -> Value {
     let mut s = json!({

@@ -484,3 +484,36 @@ pub async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Op
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// One long-poll for `agent`'s work (leases and stops), waiting at most `wait_s`.
+pub async fn work(app: &TestApp, agent: &TestAgent, wait_s: u64) -> Value {
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/agent/v1/work?wait_s={wait_s}"),
+            Some(&agent.token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    r.body
+}
+
+/// Posts `events` as `agent`; returns each event's result (`accepted`, `duplicate`, …).
+pub async fn events(app: &TestApp, agent: &TestAgent, events: Value) -> Vec<String> {
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/events",
+            Some(&agent.token),
+            Some(json!({ "events": events })),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    r.body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap().to_string())
+        .collect()
+}
