@@ -11,6 +11,7 @@
 mod postgres;
 mod records;
 mod sqlite;
+mod stretches;
 
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStore, WRITE_LOCK_KEY};

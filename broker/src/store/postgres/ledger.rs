@@ -3,6 +3,7 @@
 //! that writes runs inside the caller's transaction, which holds the write lock.
 
 use super::*;
+use crate::store::stretches::{Occupant, stretches};
 
 /// The attempts accrued by the ledger themselves: started, on a node no instance is bound to.
 const ATTEMPT_SELECT: &str = "SELECT a.id, a.job_id, a.pool_id, a.market, a.gpus_json, \
@@ -151,12 +152,6 @@ struct Owner {
     project: Option<String>,
 }
 
-struct Occupant {
-    owner: Owner,
-    start: Timestamp,
-    end: Option<Timestamp>,
-}
-
 /// Accrues instance `id` up to `until`; with `min_billed_s`, settles it (its total is at least
 /// that long). Each stretch is charged to the job that ran on the instance's node then, else to
 /// the job the instance was launched for.
@@ -226,35 +221,7 @@ async fn accrue_instance(
             });
         }
     }
-    let mut points = vec![from, until];
-    for o in &occupants {
-        points.push(o.start.max(from).min(until));
-        if let Some(end) = o.end {
-            points.push(end.max(from).min(until));
-        }
-    }
-    points.sort();
-    points.dedup();
-    let owner_at = |t: Timestamp| {
-        occupants
-            .iter()
-            .find(|o| o.start <= t && o.end.is_none_or(|e| e > t))
-            .map_or(&launched_for, |o| &o.owner)
-    };
-    // Stretches with one owner each, merged where the owner does not change.
-    let mut stretches: Vec<(Timestamp, Timestamp, &Owner)> = Vec::new();
-    for w in points.windows(2) {
-        let (start, end) = (w[0], w[1]);
-        let owner = owner_at(start);
-        match stretches.last_mut() {
-            Some(last) if last.2 == owner && last.1 == start => last.1 = end,
-            _ => stretches.push((start, end, owner)),
-        }
-    }
-    if stretches.is_empty() {
-        // Settling at the very time of the last pass: only the minimum billed time is left.
-        stretches.push((until, until, owner_at(until)));
-    }
+    let stretches = stretches(&occupants, &launched_for, from, until);
     let (provider, pool, region): (String, String, String) = (
         r.try_get("provider")?,
         r.try_get("pool_id")?,

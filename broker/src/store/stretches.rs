@@ -1,0 +1,95 @@
+//! Who a cloud instance's time is charged to, stretch by stretch: pure, shared by both stores.
+
+use switchyard_core::Timestamp;
+
+/// An attempt that ran on the instance's node from `start` to `end` (still running: `None`).
+pub(crate) struct Occupant<O> {
+    pub owner: O,
+    pub start: Timestamp,
+    pub end: Option<Timestamp>,
+}
+
+/// Splits `[from, until]` into stretches with one owner each — the occupant running at the
+/// stretch's start, else `launched_for` — merged where the owner does not change. When
+/// `from == until` (settling at the very time of the last pass) there is one empty stretch,
+/// which carries only the minimum billed time.
+pub(crate) fn stretches<'a, O: PartialEq>(
+    occupants: &'a [Occupant<O>],
+    launched_for: &'a O,
+    from: Timestamp,
+    until: Timestamp,
+) -> Vec<(Timestamp, Timestamp, &'a O)> {
+    let mut points = vec![from, until];
+    for o in occupants {
+        points.push(o.start.max(from).min(until));
+        if let Some(end) = o.end {
+            points.push(end.max(from).min(until));
+        }
+    }
+    points.sort();
+    points.dedup();
+    let owner_at = |t: Timestamp| {
+        occupants
+            .iter()
+            .find(|o| o.start <= t && o.end.is_none_or(|e| e > t))
+            .map_or(launched_for, |o| &o.owner)
+    };
+    let mut out: Vec<(Timestamp, Timestamp, &O)> = Vec::new();
+    for w in points.windows(2) {
+        let (start, end) = (w[0], w[1]);
+        let owner = owner_at(start);
+        match out.last_mut() {
+            Some(last) if last.2 == owner && last.1 == start => last.1 = end,
+            _ => out.push((start, end, owner)),
+        }
+    }
+    if out.is_empty() {
+        out.push((until, until, owner_at(until)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp(s * 1000)
+    }
+
+    #[test]
+    fn idle_time_goes_to_the_launching_job_and_runs_to_their_jobs() {
+        let occ = vec![
+            Occupant {
+                owner: "a",
+                start: t(10),
+                end: Some(t(20)),
+            },
+            Occupant {
+                owner: "b",
+                start: t(20),
+                end: None,
+            },
+        ];
+        let s = stretches(&occ, &"launch", t(0), t(30));
+        let got: Vec<(i64, i64, &str)> = s
+            .iter()
+            .map(|(a, b, o)| (a.0 / 1000, b.0 / 1000, **o))
+            .collect();
+        assert_eq!(got, vec![(0, 10, "launch"), (10, 20, "a"), (20, 30, "b")]);
+    }
+
+    #[test]
+    fn one_owner_throughout_is_one_stretch_and_an_empty_window_one_empty_stretch() {
+        let occ = vec![Occupant {
+            owner: "a",
+            start: t(0),
+            end: None,
+        }];
+        let s = stretches(&occ, &"launch", t(5), t(50));
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].0, s[0].1, *s[0].2), (t(5), t(50), "a"));
+        let s = stretches(&occ, &"launch", t(50), t(50));
+        assert_eq!((s[0].0, s[0].1, *s[0].2), (t(50), t(50), "a"));
+    }
+}
