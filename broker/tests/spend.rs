@@ -19,38 +19,10 @@ use switchyard_core::{Money, Timestamp};
 
 const CLOUD: &str = "aws:test-east/gpu8";
 
-async fn work(app: &TestApp, agent: &TestAgent) -> Value {
-    let r = app
-        .call(
-            Method::GET,
-            "/agent/v1/work?wait_s=5",
-            Some(&agent.token),
-            None,
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    r.body
-}
-
-async fn events(app: &TestApp, agent: &TestAgent, events: Value) {
-    let r = app
-        .call(
-            Method::POST,
-            "/agent/v1/events",
-            Some(&agent.token),
-            Some(json!({ "events": events })),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    for result in r.body["results"].as_array().unwrap() {
-        assert_eq!(result["status"], "accepted", "{}", r.body);
-    }
-}
-
 /// Waits for the lease of `job` on `agent` and reports it started; returns its attempt.
 async fn start(app: &TestApp, agent: &TestAgent, job: &str) -> Value {
     let attempt = eventually("the job's lease", 20, async || {
-        let w = work(app, agent).await;
+        let w = work(app, agent, 5).await;
         w["leases"]
             .as_array()
             .unwrap()
@@ -59,23 +31,25 @@ async fn start(app: &TestApp, agent: &TestAgent, job: &str) -> Value {
             .map(|l| l["attempt"].clone())
     })
     .await;
-    events(
+    let r = events(
         app,
         agent,
         json!([{"type": "started", "attempt": attempt, "pid": 1}]),
     )
     .await;
+    assert_eq!(r, ["accepted"]);
     attempt
 }
 
 async fn finish(app: &TestApp, agent: &TestAgent, attempt: &Value) {
-    events(
+    let r = events(
         app,
         agent,
         json!([{"type": "finished", "attempt": attempt, "exit_code": 0,
         "signal": null, "error": null, "stopped": false}]),
     )
     .await;
+    assert_eq!(r, ["accepted"]);
 }
 
 fn id_of(r: &Response) -> String {
