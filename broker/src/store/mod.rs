@@ -39,6 +39,33 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// What an attempt's `finished` report makes of its job, and the reason shown to users: the
+/// one rule both stores apply.
+pub(crate) fn finished_outcome(
+    cancel_requested: bool,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    error: Option<&str>,
+    stopped: bool,
+) -> (JobState, Option<String>) {
+    let state = if cancel_requested {
+        JobState::Cancelled
+    } else if exit_code == Some(0) && error.is_none() {
+        JobState::Succeeded
+    } else {
+        JobState::Failed
+    };
+    let reason = match (state, exit_code, signal, error) {
+        (JobState::Cancelled, ..) => Some("cancelled by user".to_string()),
+        (_, _, _, Some(e)) => Some(e.to_string()),
+        (JobState::Failed, Some(c), _, _) => Some(format!("exited with code {c}")),
+        (JobState::Failed, None, Some(s), _) => Some(format!("killed by signal {s}")),
+        (JobState::Failed, None, None, None) if stopped => Some("stopped by the agent".into()),
+        _ => None,
+    };
+    (state, reason)
+}
+
 /// What [`Store::interrupt_node`] did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeInterruption {

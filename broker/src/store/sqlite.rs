@@ -1265,27 +1265,13 @@ impl Store for SqliteStore {
                     ..
                 } => match state.as_str() {
                     "assigned" | "running" => {
-                        let final_state = if cancel_requested {
-                            JobState::Cancelled
-                        } else if *exit_code == Some(0) && error.is_none() {
-                            JobState::Succeeded
-                        } else {
-                            JobState::Failed
-                        };
-                        let reason = match (final_state, exit_code, signal, error) {
-                            (JobState::Cancelled, ..) => Some("cancelled by user".to_string()),
-                            (_, _, _, Some(e)) => Some(e.clone()),
-                            (JobState::Failed, Some(c), _, _) => {
-                                Some(format!("exited with code {c}"))
-                            }
-                            (JobState::Failed, None, Some(s), _) => {
-                                Some(format!("killed by signal {s}"))
-                            }
-                            (JobState::Failed, None, None, None) if *stopped => {
-                                Some("stopped by the agent".to_string())
-                            }
-                            _ => None,
-                        };
+                        let (final_state, reason) = super::finished_outcome(
+                            cancel_requested,
+                            *exit_code,
+                            *signal,
+                            error.as_deref(),
+                            *stopped,
+                        );
                         sqlx::query(
                             "UPDATE attempts SET state = 'finished', finished_at = $1, \
                              exit_code = $2, signal = $3, error = $4 WHERE id = $5",
