@@ -10,6 +10,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 const POLL: Duration = Duration::from_millis(50);
+/// How long to wait for SIGKILLed members to disappear before reporting anyway.
+const KILL_SETTLE: Duration = Duration::from_secs(2);
 
 /// How a group ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +41,12 @@ pub async fn terminate(pgid: u32, grace: Duration) -> Termination {
         }
     }
     let _ = killpg(group, Signal::SIGKILL);
+    // SIGKILL is delivered asynchronously: a member asleep in the kernel dies when it is next
+    // scheduled. Wait (bounded) until none is left, so "stopped" means the processes are gone.
+    let settle = Instant::now() + KILL_SETTLE;
+    while is_alive(pgid) && Instant::now() < settle {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     Termination::Killed
 }
 
