@@ -2,6 +2,7 @@
 //! environment variable. `AgentArgs` is a clap `Args` so the broker can embed it as its
 //! `switchyard agent ...` subcommand. This module parses and validates; it does no I/O.
 
+use crate::brokers::parse_broker_url;
 use clap::Args;
 use reqwest::Url;
 use std::fmt;
@@ -15,9 +16,17 @@ pub const ENROL_TOKEN_ENV: &str = "SWITCHYARD_ENROL_TOKEN";
 /// Enrol with a Switchyard broker, heartbeat, and run the jobs it leases to this machine.
 #[derive(Args, Debug, Clone)]
 pub struct AgentArgs {
-    /// Base URL of the broker, e.g. http://10.0.0.5:8080.
-    #[arg(long = "broker", env = "SWITCHYARD_BROKER", value_name = "URL")]
-    pub broker: Url,
+    /// Base URL of the broker, e.g. http://10.0.0.5:8080. Replicas of one broker: repeat the
+    /// flag or separate URLs with commas; the agent sticks to one and fails over to the next.
+    #[arg(
+        long = "broker",
+        env = "SWITCHYARD_BROKER",
+        value_name = "URL",
+        value_delimiter = ',',
+        required = true,
+        value_parser = parse_broker_url
+    )]
+    pub brokers: Vec<Url>,
 
     /// One-time enrolment token (from `switchyard token create`). Not needed when --state-dir
     /// holds an earlier enrolment.
@@ -87,8 +96,13 @@ pub struct AgentArgs {
 impl AgentArgs {
     /// Arguments with defaults for everything but the broker (for embedding and tests).
     pub fn new(broker: Url) -> Self {
+        Self::with_brokers(vec![broker])
+    }
+
+    /// Arguments with defaults for everything but the broker replicas, tried in this order.
+    pub fn with_brokers(brokers: Vec<Url>) -> Self {
         AgentArgs {
-            broker,
+            brokers,
             enrol_token: None,
             fake_gpus: Vec::new(),
             name: None,
@@ -234,6 +248,87 @@ mod tests {
         assert!(parse(&["--fake-gpus", "1xL4"]).is_err());
         assert!(parse(&["--broker", "not a url"]).is_err());
         assert!(parse(&["--broker", "http://b", "--heartbeat-s", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_flags_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    /// As the broker embeds it: `switchyard agent --broker URL ...`.
+    #[derive(Parser, Debug)]
+    struct Embedding {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(clap::Subcommand, Debug)]
+    enum Command {
+        Agent(AgentArgs),
+    }
+
+    #[test]
+    fn embeds_as_a_subcommand_with_one_or_several_brokers() {
+        for (given, want) in [
+            (
+                vec!["http://127.0.0.1:8080"],
+                vec!["http://127.0.0.1:8080/"],
+            ),
+            (
+                vec!["http://a:1,http://b:2", "--broker", "http://c:3"],
+                vec!["http://a:1/", "http://b:2/", "http://c:3/"],
+            ),
+        ] {
+            let argv = ["switchyard", "agent", "--broker"]
+                .into_iter()
+                .chain(given)
+                .chain(["--enrol-token", "t", "--fake-gpus", "1xL4"]);
+            let Command::Agent(a) = Embedding::try_parse_from(argv).unwrap().command;
+            assert_eq!(brokers(&a), want);
+        }
+    }
+
+    fn brokers(a: &AgentArgs) -> Vec<&str> {
+        a.brokers.iter().map(Url::as_str).collect()
+    }
+
+    #[test]
+    fn one_broker_url_parses_as_before() {
+        let a = parse(&["--broker", "http://10.0.0.5:8080"]).unwrap();
+        assert_eq!(brokers(&a), ["http://10.0.0.5:8080/"]);
+        let a = parse(&["--broker=https://b.example.com/sy"]).unwrap();
+        assert_eq!(brokers(&a), ["https://b.example.com/sy"]);
+        assert_eq!(
+            brokers(&AgentArgs::new("http://b:1".parse().unwrap())),
+            ["http://b:1/"]
+        );
+    }
+
+    #[test]
+    fn broker_urls_are_comma_separated_and_repeatable() {
+        let a = parse(&[
+            "--broker",
+            "http://a:8080,http://b:8080/, http://c:8080",
+            "--broker",
+            "https://d",
+        ])
+        .unwrap();
+        assert_eq!(
+            brokers(&a),
+            [
+                "http://a:8080/",
+                "http://b:8080/",
+                "http://c:8080/",
+                "https://d/"
+            ]
+        );
+        let err = parse(&["--broker", "http://a,,http://b"]).unwrap_err();
+        assert!(err.to_string().contains("empty broker URL"), "{err}");
+        let err = parse(&["--broker", "http://a,"]).unwrap_err();
+        assert!(err.to_string().contains("empty broker URL"), "{err}");
+        let err = parse(&["--broker", "http://a,b:8080"]).unwrap_err();
+        assert!(err.to_string().contains("http or https"), "{err}");
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! The broker's agent API over HTTP (`/agent/v1`): one method per endpoint, typed with the
-//! protocol crate, and an error that says whether a retry can help. Retrying, pacing and what a
-//! failure means for the agent are the callers' business.
+//! protocol crate, and an error that says whether a retry can help. Each call fails over
+//! between the broker replicas of `--broker` ([`crate::brokers`]); retrying after a full round,
+//! pacing and what a failure means for the agent are the callers' business.
 
 use crate::args::Secret;
+use crate::brokers::{Brokers, fails_over};
+use crate::error::AgentError;
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
+use std::sync::Arc;
 use std::time::Duration;
 use switchyard_protocol::ErrorBody;
 use switchyard_protocol::agent::{
@@ -49,30 +53,30 @@ impl CallError {
     }
 }
 
-/// A client of one broker; cheap to clone (the connection pool is shared).
+/// A client of the broker replicas of `--broker`; cheap to clone. Clones share the connection
+/// pool and the current replica (see [`crate::brokers`] for the failover policy).
 #[derive(Clone, Debug)]
 pub struct BrokerClient {
     http: reqwest::Client,
-    base: Url,
+    brokers: Arc<Brokers>,
     token: Option<Secret>,
+    heartbeat_timeout: Duration,
 }
 
 impl BrokerClient {
-    pub fn new(broker: &Url) -> Result<Self, reqwest::Error> {
+    /// A client of `brokers` (repeats dropped), starting with the first.
+    pub fn new(brokers: &[Url]) -> Result<Self, AgentError> {
+        let brokers = Brokers::new(brokers).ok_or(AgentError::NoBroker)?;
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!("switchyard-agent/", env!("CARGO_PKG_VERSION")))
-            .build()?;
-        // `join` replaces the last path segment unless the base ends with '/'.
-        let mut base = broker.clone();
-        if !base.path().ends_with('/') {
-            let path = format!("{}/", base.path());
-            base.set_path(&path);
-        }
+            .build()
+            .map_err(|e| AgentError::HttpClient(e.to_string()))?;
         Ok(BrokerClient {
             http,
-            base,
+            brokers: Arc::new(brokers),
             token: None,
+            heartbeat_timeout: CALL_TIMEOUT,
         })
     }
 
@@ -82,45 +86,56 @@ impl BrokerClient {
         self
     }
 
+    /// The same client, giving up on a heartbeat (and trying the next replica) after `timeout`:
+    /// a heartbeat stuck on a silent replica must not outlast the lease it renews.
+    pub fn with_heartbeat_timeout(mut self, timeout: Duration) -> Self {
+        self.heartbeat_timeout = timeout.min(CALL_TIMEOUT);
+        self
+    }
+
+    /// The replica calls go to now (base form: the path ends with '/').
+    pub fn current_broker(&self) -> Url {
+        self.brokers.current()
+    }
+
+    /// Every replica, in the order tried (base form, repeats dropped).
+    pub fn brokers(&self) -> &[Url] {
+        self.brokers.urls()
+    }
+
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, CallError> {
-        self.call(
-            self.http.post(self.url("agent/v1/register")?).json(req),
-            CALL_TIMEOUT,
-        )
+        self.call("register", CALL_TIMEOUT, |base| {
+            Ok(self.http.post(url(base, "agent/v1/register")?).json(req))
+        })
         .await
     }
 
     pub async fn heartbeat(&self, req: &Heartbeat) -> Result<HeartbeatResponse, CallError> {
-        self.call(
-            self.authed(self.http.post(self.url("agent/v1/heartbeat")?))
-                .json(req),
-            CALL_TIMEOUT,
-        )
+        self.call("heartbeat", self.heartbeat_timeout, |base| {
+            Ok(self
+                .authed(self.http.post(url(base, "agent/v1/heartbeat")?))
+                .json(req))
+        })
         .await
     }
 
     /// Long-polls for work: the broker answers when there is some, or after `wait_s`.
     pub async fn work(&self, wait_s: u64) -> Result<WorkResponse, CallError> {
-        let req = self
-            .authed(self.http.get(self.url("agent/v1/work")?))
-            .query(&[("wait_s", wait_s)]);
-        self.call(req, Duration::from_secs(wait_s) + POLL_MARGIN)
-            .await
-    }
-
-    pub async fn events(&self, batch: &EventBatch) -> Result<EventBatchResponse, CallError> {
-        self.call(
-            self.authed(self.http.post(self.url("agent/v1/events")?))
-                .json(batch),
-            CALL_TIMEOUT,
-        )
+        self.call("work", Duration::from_secs(wait_s) + POLL_MARGIN, |base| {
+            Ok(self
+                .authed(self.http.get(url(base, "agent/v1/work")?))
+                .query(&[("wait_s", wait_s)]))
+        })
         .await
     }
 
-    fn url(&self, path: &str) -> Result<Url, CallError> {
-        self.base
-            .join(path)
-            .map_err(|e| CallError::Decode(format!("bad URL {path}: {e}")))
+    pub async fn events(&self, batch: &EventBatch) -> Result<EventBatchResponse, CallError> {
+        self.call("events", CALL_TIMEOUT, |base| {
+            Ok(self
+                .authed(self.http.post(url(base, "agent/v1/events")?))
+                .json(batch))
+        })
+        .await
     }
 
     fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -130,7 +145,45 @@ impl BrokerClient {
         }
     }
 
+    /// One call, with failover: on the current replica; after a failure that [`fails_over`],
+    /// at once on the next one, until every replica was tried once; then the last error. A
+    /// call in flight on a replica that another call has just left is re-sent to the new one.
     async fn call<T: DeserializeOwned>(
+        &self,
+        name: &'static str,
+        timeout: Duration,
+        request: impl Fn(&Url) -> Result<reqwest::RequestBuilder, CallError>,
+    ) -> Result<T, CallError> {
+        let mut tries = 0;
+        loop {
+            let mut target = self.brokers.target();
+            let req = request(&target.base)?;
+            let result = tokio::select! {
+                result = self.send(req, timeout) => result,
+                () = target.moved_away() => {
+                    tracing::debug!(call = name, from = %target.base, to = %self.brokers.current(),
+                        "the agent left this broker during the call; sending it again");
+                    continue;
+                }
+            };
+            tries += 1;
+            match result {
+                Ok(answer) => {
+                    self.brokers.succeeded();
+                    return Ok(answer);
+                }
+                Err(e) if fails_over(&e) => {
+                    self.brokers.fail_over(target.index, name, &e);
+                    if tries >= self.brokers.len() {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn send<T: DeserializeOwned>(
         &self,
         req: reqwest::RequestBuilder,
         timeout: Duration,
@@ -150,6 +203,12 @@ impl BrokerClient {
         }
         serde_json::from_slice(&body).map_err(|e| CallError::Decode(e.to_string()))
     }
+}
+
+/// `path` under a broker's base URL (one that ends with '/', see [`crate::brokers::base_of`]).
+fn url(base: &Url, path: &str) -> Result<Url, CallError> {
+    base.join(path)
+        .map_err(|e| CallError::Decode(format!("bad URL {path}: {e}")))
 }
 
 /// An error with its causes: reqwest's own message leaves out why ("connection refused").
@@ -197,28 +256,38 @@ mod tests {
         assert!(error_message("x".repeat(500).as_bytes()).ends_with('…'));
     }
 
+    fn list(urls: &[&str]) -> Vec<Url> {
+        urls.iter().map(|u| u.parse().unwrap()).collect()
+    }
+
     #[test]
     fn joins_paths_under_a_base_path() {
-        let c = BrokerClient::new(&"http://b:8080/sy".parse().unwrap()).unwrap();
+        let c = BrokerClient::new(&list(&["http://b:8080/sy"])).unwrap();
         assert_eq!(
-            c.url("agent/v1/work").unwrap().as_str(),
+            url(&c.current_broker(), "agent/v1/work").unwrap().as_str(),
             "http://b:8080/sy/agent/v1/work"
         );
-        let c = BrokerClient::new(&"http://b:8080".parse().unwrap()).unwrap();
+        let c = BrokerClient::new(&list(&["http://b:8080", "http://c:8080/"])).unwrap();
         assert_eq!(
-            c.url("agent/v1/work").unwrap().as_str(),
+            url(&c.current_broker(), "agent/v1/work").unwrap().as_str(),
             "http://b:8080/agent/v1/work"
         );
+        assert_eq!(c.brokers().len(), 2);
+        assert!(matches!(BrokerClient::new(&[]), Err(AgentError::NoBroker)));
+    }
+
+    fn closed_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
     }
 
     #[tokio::test]
     async fn a_network_error_says_why() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let c = BrokerClient::new(&format!("http://127.0.0.1:{port}").parse().unwrap()).unwrap();
+        let port = closed_port();
+        let c = BrokerClient::new(&list(&[&format!("http://127.0.0.1:{port}")])).unwrap();
         let err = c.work(1).await.unwrap_err();
         assert!(err.is_retryable());
         assert!(
@@ -227,6 +296,88 @@ mod tests {
                 .contains("connection refused"),
             "{err}"
         );
+    }
+
+    /// A broker whose `work` answers `status` (an empty answer on 200); counts the calls.
+    async fn replica(status: u16) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use axum::response::IntoResponse;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counted = hits.clone();
+        let app = axum::Router::new().route(
+            "/agent/v1/work",
+            axum::routing::get(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let status = axum::http::StatusCode::from_u16(status).unwrap();
+                    if status.is_success() {
+                        axum::Json(WorkResponse {
+                            leases: vec![],
+                            stop: vec![],
+                        })
+                        .into_response()
+                    } else {
+                        (status, "no").into_response()
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, hits)
+    }
+
+    fn hits(counter: &std::sync::atomic::AtomicUsize) -> usize {
+        counter.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn fails_over_at_once_and_sticks_to_the_broker_that_works() {
+        let dead = format!("http://127.0.0.1:{}", closed_port());
+        let (down, down_hits) = replica(503).await;
+        let (up, up_hits) = replica(200).await;
+        let c = BrokerClient::new(&list(&[&dead, &down, &up])).unwrap();
+        c.work(1).await.unwrap();
+        assert_eq!((hits(&down_hits), hits(&up_hits)), (1, 1));
+        assert_eq!(c.current_broker().as_str(), format!("{up}/"));
+        // Clones share the current broker; later calls go straight to it.
+        let clone = c.clone();
+        clone.work(1).await.unwrap();
+        c.work(1).await.unwrap();
+        assert_eq!((hits(&down_hits), hits(&up_hits)), (1, 3));
+    }
+
+    #[tokio::test]
+    async fn a_full_round_of_failures_returns_the_last_error_and_rotates_on() {
+        let (a, a_hits) = replica(502).await;
+        let (b, b_hits) = replica(504).await;
+        let c = BrokerClient::new(&list(&[&a, &b])).unwrap();
+        let err = c.work(1).await.unwrap_err();
+        assert!(err.to_string().contains("504"), "{err}");
+        assert_eq!(
+            (hits(&a_hits), hits(&b_hits)),
+            (1, 1),
+            "each once per round"
+        );
+        // The next round (after the caller's backoff) starts where the rotation is: `a` again.
+        assert_eq!(c.current_broker().as_str(), format!("{a}/"));
+        let err = c.work(1).await.unwrap_err();
+        assert!(err.to_string().contains("504"), "{err}");
+        assert_eq!((hits(&a_hits), hits(&b_hits)), (2, 2));
+    }
+
+    #[tokio::test]
+    async fn answers_from_a_live_broker_do_not_fail_over() {
+        for status in [500, 401, 429, 400] {
+            let (a, a_hits) = replica(status).await;
+            let (b, b_hits) = replica(200).await;
+            let c = BrokerClient::new(&list(&[&a, &b])).unwrap();
+            let err = c.work(1).await.unwrap_err();
+            assert!(err.to_string().contains(&status.to_string()), "{err}");
+            assert_eq!((hits(&a_hits), hits(&b_hits)), (1, 0), "{status}");
+            assert_eq!(c.current_broker().as_str(), format!("{a}/"));
+        }
     }
 
     #[test]

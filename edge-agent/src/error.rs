@@ -40,6 +40,9 @@ pub enum AgentError {
     #[error("agent state file {path}: {message}")]
     State { path: PathBuf, message: String },
 
+    #[error("no broker URL: pass --broker URL[,URL...] or set SWITCHYARD_BROKER")]
+    NoBroker,
+
     #[error("cannot build the HTTP client: {0}")]
     HttpClient(String),
 }

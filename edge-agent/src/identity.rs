@@ -1,13 +1,18 @@
 //! Who this agent is to the broker: enrolment (register with a one-time token, retried until the
 //! broker answers) and, with `--state-dir`, the saved result so that a restarted agent keeps its
-//! id and token instead of needing a new enrolment token. The state file holds a secret: it is
+//! id and token instead of needing a new enrolment token — with the same broker replicas, in
+//! any order, or a list that shares one of them. The state file holds a secret: it is
 //! written owner-only, atomically.
 
 use crate::args::Secret;
 use crate::backoff::{Backoff, Streak};
+use crate::brokers::base_of;
 use crate::client::{BrokerClient, CallError};
 use crate::error::AgentError;
+use reqwest::Url;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::fmt;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -16,11 +21,38 @@ use switchyard_protocol::agent::{RegisterRequest, RegisterResponse};
 
 const STATE_FILE: &str = "agent.json";
 
-/// What the state file holds: the enrolment, and the broker it was made with.
+/// What the state file holds: the enrolment, the broker it was made with and the replicas the
+/// agent was given. `broker` was the only broker field before lists: it stays, so that an
+/// older agent still reads the file.
 #[derive(Serialize, Deserialize)]
 struct Saved {
     broker: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    brokers: Vec<String>,
     registration: RegisterResponse,
+}
+
+/// A saved enrolment that the current broker list re-uses.
+#[derive(Clone, PartialEq)]
+pub struct SavedEnrolment {
+    pub registration: RegisterResponse,
+    /// The broker it was made with, as given then.
+    pub enrolled_with: String,
+    /// Whether it was saved with the same replicas, in any order; if not, save it again
+    /// with the current ones.
+    pub same_brokers: bool,
+}
+
+/// Without the agent token.
+impl fmt::Debug for SavedEnrolment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SavedEnrolment")
+            .field("agent_id", &self.registration.agent_id)
+            .field("node_id", &self.registration.node_id)
+            .field("enrolled_with", &self.enrolled_with)
+            .field("same_brokers", &self.same_brokers)
+            .finish_non_exhaustive()
+    }
 }
 
 fn state_path(dir: &Path) -> PathBuf {
@@ -34,8 +66,21 @@ fn state_error(path: &Path, message: impl ToString) -> AgentError {
     }
 }
 
-/// The saved enrolment with `broker`, if any. One made with another broker is ignored.
-pub fn load(dir: &Path, broker: &str) -> Result<Option<RegisterResponse>, AgentError> {
+/// URLs in the form they are compared in ([`base_of`]); one that does not parse stays as is.
+fn bases<'a>(urls: impl IntoIterator<Item = &'a str>) -> BTreeSet<String> {
+    urls.into_iter()
+        .map(|u| match Url::parse(u) {
+            Ok(url) => base_of(&url).to_string(),
+            Err(_) => u.to_string(),
+        })
+        .collect()
+}
+
+/// The saved enrolment, if it was made with the replicas of `brokers`. Replicas share one
+/// database, so an enrolment is good on every replica of the federation: it is re-used when
+/// the saved list and `brokers` have a URL in common (the same list, reordered, grown or
+/// shrunk). One saved with other brokers only is ignored.
+pub fn load(dir: &Path, brokers: &[Url]) -> Result<Option<SavedEnrolment>, AgentError> {
     let path = state_path(dir);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
@@ -44,19 +89,38 @@ pub fn load(dir: &Path, broker: &str) -> Result<Option<RegisterResponse>, AgentE
     };
     let saved: Saved = serde_json::from_str(&text)
         .map_err(|e| state_error(&path, format!("{e}; remove the file to enrol again")))?;
-    if saved.broker != broker {
-        tracing::warn!(path = %path.display(), saved.broker = %saved.broker, "saved enrolment is for another broker; enrolling again");
+    let saved_list = if saved.brokers.is_empty() {
+        vec![saved.broker.clone()]
+    } else {
+        saved.brokers.clone()
+    };
+    let then = bases(saved_list.iter().map(String::as_str));
+    let now = bases(brokers.iter().map(Url::as_str));
+    if then.is_disjoint(&now) {
+        tracing::warn!(path = %path.display(), saved.brokers = %saved_list.join(","),
+            "saved enrolment is for another broker; enrolling again");
         return Ok(None);
     }
-    Ok(Some(saved.registration))
+    Ok(Some(SavedEnrolment {
+        registration: saved.registration,
+        enrolled_with: saved.broker,
+        same_brokers: then == now,
+    }))
 }
 
-/// Saves an enrolment: written to a temporary file with mode 0600, then renamed over the old one.
-pub fn save(dir: &Path, broker: &str, registration: &RegisterResponse) -> Result<(), AgentError> {
+/// Saves an enrolment made with `enrolled_with`, for the replicas `brokers`: written to a
+/// temporary file with mode 0600, then renamed over the old one.
+pub fn save(
+    dir: &Path,
+    enrolled_with: &str,
+    brokers: &[Url],
+    registration: &RegisterResponse,
+) -> Result<(), AgentError> {
     let path = state_path(dir);
     std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
     let saved = Saved {
-        broker: broker.to_string(),
+        broker: enrolled_with.to_string(),
+        brokers: brokers.iter().map(|u| u.as_str().to_string()).collect(),
         registration: registration.clone(),
     };
     let text = serde_json::to_vec_pretty(&saved).map_err(|e| state_error(&path, e))?;
@@ -145,27 +209,100 @@ mod tests {
         }
     }
 
+    fn list(urls: &[&str]) -> Vec<Url> {
+        urls.iter().map(|u| u.parse().unwrap()).collect()
+    }
+
     #[test]
     fn saves_and_loads_per_broker_owner_only() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(load(dir.path(), "http://b/").unwrap().is_none());
-        save(dir.path(), "http://b/", &registration()).unwrap();
-        assert_eq!(load(dir.path(), "http://b/").unwrap(), Some(registration()));
-        assert!(load(dir.path(), "http://other/").unwrap().is_none());
+        let b = list(&["http://b/"]);
+        assert!(load(dir.path(), &b).unwrap().is_none());
+        save(dir.path(), "http://b/", &b, &registration()).unwrap();
+        let saved = load(dir.path(), &b).unwrap().unwrap();
+        assert_eq!(saved.registration, registration());
+        assert!(saved.same_brokers);
+        assert_eq!(saved.enrolled_with, "http://b/");
+        assert!(!format!("{saved:?}").contains("tok"), "{saved:?}");
+        assert!(
+            load(dir.path(), &list(&["http://other/"]))
+                .unwrap()
+                .is_none()
+        );
         let mode = std::fs::metadata(dir.path().join(STATE_FILE))
             .unwrap()
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         forget(dir.path());
-        assert!(load(dir.path(), "http://b/").unwrap().is_none());
+        assert!(load(dir.path(), &b).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_list_reordered_grown_or_shrunk_keeps_the_enrolment() {
+        let dir = tempfile::tempdir().unwrap();
+        let ab = list(&["http://a:8080", "http://b:8080/sy"]);
+        save(dir.path(), "http://b:8080/sy", &ab, &registration()).unwrap();
+        let same = |urls: &[&str]| {
+            load(dir.path(), &list(urls))
+                .unwrap()
+                .map(|s| (s.enrolled_with, s.same_brokers))
+        };
+        let enrolled = "http://b:8080/sy".to_string();
+        assert_eq!(
+            same(&["http://a:8080", "http://b:8080/sy"]),
+            Some((enrolled.clone(), true))
+        );
+        assert_eq!(
+            same(&["http://b:8080/sy/", "http://a:8080/"]),
+            Some((enrolled.clone(), true))
+        );
+        assert_eq!(
+            same(&["http://b:8080/sy", "http://c:8080"]),
+            Some((enrolled.clone(), false))
+        );
+        assert_eq!(same(&["http://a:8080"]), Some((enrolled, false)));
+        assert_eq!(same(&["http://c:8080", "http://d:8080"]), None);
+    }
+
+    #[test]
+    fn reads_the_single_broker_file_of_older_agents_and_stays_readable_by_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = serde_json::json!({"broker": "http://b:8080/", "registration": registration()});
+        std::fs::write(dir.path().join(STATE_FILE), old.to_string()).unwrap();
+        let saved = load(dir.path(), &list(&["http://b:8080"]))
+            .unwrap()
+            .unwrap();
+        assert!(saved.same_brokers);
+        let saved = load(dir.path(), &list(&["http://c:8080", "http://b:8080"]))
+            .unwrap()
+            .unwrap();
+        assert!(!saved.same_brokers);
+        // What an older agent reads: `broker` (the one enrolled with) and the registration.
+        save(
+            dir.path(),
+            "http://b:8080/",
+            &list(&["http://c:8080", "http://b:8080"]),
+            &registration(),
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(dir.path().join(STATE_FILE)).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["broker"], "http://b:8080/");
+        assert_eq!(
+            json["brokers"],
+            serde_json::json!(["http://c:8080/", "http://b:8080/"])
+        );
+        assert_eq!(json["registration"]["agent_token"], "tok");
     }
 
     #[test]
     fn a_corrupt_state_file_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(STATE_FILE), "{").unwrap();
-        let err = load(dir.path(), "http://b/").unwrap_err().to_string();
+        let err = load(dir.path(), &list(&["http://b/"]))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("agent.json") && err.contains("remove the file"),
             "{err}"

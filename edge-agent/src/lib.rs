@@ -7,15 +7,17 @@
 //! it works alone and alongside a `main` that installs one.
 //!
 //! Code map: `args` (flags), `inventory` (GPU probes), `identity` (enrolment, saved state),
-//! `client` (HTTP), `agent` (heartbeat, work, shutdown), `attempts` (what runs), `runner` and
-//! `group` (processes), `logs` (output → chunks), `outbox` (ordered delivery), `backoff`,
-//! `interruption` (the cloud's spot interruption notice).
+//! `client` (HTTP), `brokers` (the broker replicas, failover between them), `agent`
+//! (heartbeat, work, shutdown), `attempts` (what runs), `runner` and `group` (processes),
+//! `logs` (output → chunks), `outbox` (ordered delivery), `backoff`, `interruption` (the
+//! cloud's spot interruption notice).
 //! The agent never touches the database and depends only on `protocol` and `core`.
 
 pub mod agent;
 pub mod args;
 pub mod attempts;
 pub mod backoff;
+pub mod brokers;
 pub mod client;
 pub mod error;
 pub mod group;
@@ -52,21 +54,36 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         let probe = probe.clone();
         tokio::task::spawn_blocking(move || inventory::inventory(probe.as_ref())).await??
     };
+    let brokers = brokers::dedup(&args.brokers);
+    let broker_list = brokers
+        .iter()
+        .map(|u| u.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
     tracing::info!(agent.name = %name, gpus = inventory.gpus.len(), simulated = inventory.simulated,
-        cpus = inventory.cpus, memory_mb = inventory.memory_mb, broker = %args.broker, "agent starting");
-    let client =
-        BrokerClient::new(&args.broker).map_err(|e| AgentError::HttpClient(e.to_string()))?;
-    let broker = args.broker.as_str();
+        cpus = inventory.cpus, memory_mb = inventory.memory_mb, brokers = %broker_list, "agent starting");
+    let client = BrokerClient::new(&brokers)?;
 
     tokio::pin!(shutdown);
     let saved = match &args.state_dir {
-        Some(dir) => identity::load(dir, broker)?,
+        Some(dir) => identity::load(dir, &brokers)?,
         None => None,
     };
     let registration = match saved {
         Some(saved) => {
-            tracing::info!(agent.id = %saved.agent_id, node.id = %saved.node_id, "re-using the saved enrolment");
-            saved
+            tracing::info!(agent.id = %saved.registration.agent_id, node.id = %saved.registration.node_id,
+                enrolled_with = %saved.enrolled_with, "re-using the saved enrolment");
+            if let (false, Some(dir)) = (saved.same_brokers, &args.state_dir) {
+                // Keep the saved list in step with the replicas, so that it keeps matching as
+                // they are replaced one by one. The enrolment is good either way.
+                match identity::save(dir, &saved.enrolled_with, &brokers, &saved.registration) {
+                    Ok(()) => {
+                        tracing::info!(brokers = %broker_list, "saved the new broker list with the enrolment")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "could not save the new broker list"),
+                }
+            }
+            saved.registration
         }
         None => {
             let token = args
@@ -83,11 +100,18 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
                 () = &mut shutdown => return Ok(()),
                 r = identity::register(&client, &request) => r?,
             };
+            // The replica that answered, as it was given.
+            let current = client.current_broker();
+            let enrolled_with = brokers
+                .iter()
+                .find(|u| brokers::base_of(u) == current)
+                .unwrap_or(&current)
+                .to_string();
             if let Some(dir) = &args.state_dir {
-                identity::save(dir, broker, &registration)?;
+                identity::save(dir, &enrolled_with, &brokers, &registration)?;
             }
             tracing::info!(agent.id = %registration.agent_id, node.id = %registration.node_id,
-                pool = %registration.pool, "enrolled");
+                pool = %registration.pool, broker = %enrolled_with, "enrolled");
             registration
         }
     };
@@ -106,8 +130,14 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         ),
         None => None,
     };
+    let mut client = client.with_token(identity::token(&registration));
+    if client.brokers().len() > 1 {
+        // With another replica to go to, a heartbeat stuck on a silent one must give up in
+        // time to renew the lease elsewhere. Alone, the broker gets the usual time to answer.
+        client = client.with_heartbeat_timeout(heartbeat_timeout(registration.lease_ttl_s));
+    }
     let enrolled = Enrolled {
-        client: client.with_token(identity::token(&registration)),
+        client,
         probe,
         inventory,
         heartbeat: Duration::from_secs(heartbeat_s),
@@ -123,6 +153,13 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         identity::forget(dir);
     }
     Ok(result?)
+}
+
+/// How long one heartbeat may take before the agent tries the next broker replica: a third of
+/// the lease TTL (between 5 and 30 seconds), so that a replica gone silent delays the lease's
+/// renewal well within the TTL rather than past it.
+fn heartbeat_timeout(lease_ttl_s: u64) -> Duration {
+    Duration::from_secs(lease_ttl_s / 3).clamp(Duration::from_secs(5), Duration::from_secs(30))
 }
 
 /// The machine's hostname, or a fixed name when it cannot be read.
@@ -153,5 +190,17 @@ pub async fn shutdown_signal() {
             Ok(()) => tracing::info!("SIGINT received"),
             Err(e) => tracing::warn!(error = %e, "cannot listen for SIGINT"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_gives_up_well_within_the_lease() {
+        assert_eq!(heartbeat_timeout(30), Duration::from_secs(10));
+        assert_eq!(heartbeat_timeout(10), Duration::from_secs(5));
+        assert_eq!(heartbeat_timeout(600), Duration::from_secs(30));
     }
 }
