@@ -83,4 +83,9 @@ runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
 SWITCHYARD_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT" \
   cargo test -p switchyard-broker --locked --features postgres
 
+# Two `switchyard serve` replicas on that cluster: kill -9 the leader under load.
+step "cargo test (replica failover on PostgreSQL)"
+SWITCHYARD_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT" \
+  cargo test -p switchyard-tests --locked --test failover -- --nocapture
+
 step "all tests passed"

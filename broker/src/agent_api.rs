@@ -132,25 +132,20 @@ async fn heartbeat(
     AgentCaller(node): AgentCaller,
     ApiJson(hb): ApiJson<Heartbeat>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
-    let came_back = app
+    let beat = app
         .store
-        .heartbeat(&node.id, &hb.inventory, clock::now())
+        .heartbeat(&node.id, &hb.inventory, &hb.running, clock::now())
         .await?;
-    if came_back {
+    if beat.came_back {
         tracing::info!(node.id = %node.id, "node is back");
         app.scheduler.send(SchedulerEvent::NodesChanged);
     }
-    let mut stop = app.store.stops_for_node(&node.id).await?;
+    let mut stop = beat.stop;
     if let Some(notice) = &hb.interruption {
         for s in interrupted(&app, &node, notice).await? {
             if !stop.contains(&s) {
                 stop.push(s);
             }
-        }
-    }
-    for s in app.store.stale_attempts(&node.id, &hb.running).await? {
-        if !stop.contains(&s) {
-            stop.push(s);
         }
     }
     Ok(Json(HeartbeatResponse {

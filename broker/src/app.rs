@@ -13,8 +13,10 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::auth::{API_TOKEN_PREFIX, hash_token, new_token};
+use crate::bus::{Bus, Note};
 use crate::clock;
 use crate::config::Config;
+use crate::leader::Leadership;
 use crate::scheduler::{self, SchedulerHandle};
 use crate::store::{ApiTokenRecord, SqliteStore, Store};
 
@@ -31,6 +33,8 @@ pub struct AppInner {
     pub burst: Arc<Notify>,
     /// Counters and histograms for `/metrics`.
     pub metrics: crate::metrics::Metrics,
+    /// Whether this replica leads (runs the scheduler, burst controller and ledger).
+    pub leadership: Arc<Leadership>,
 }
 
 /// Which provider launches which pool. Pools without one are never launched.
@@ -76,18 +80,47 @@ impl Deref for App {
     }
 }
 
-/// Wakes an agent's pending long-poll when there is work or a stop for it.
+/// Wakes an agent's pending long-poll when there is work or a stop for it, on this replica
+/// and (through the bus) on whichever other replica the agent waits.
 #[derive(Default)]
-pub struct AgentWakers(Mutex<HashMap<NodeId, Arc<Notify>>>);
+pub struct AgentWakers {
+    waiters: Mutex<HashMap<NodeId, Arc<Notify>>>,
+    bus: Bus,
+}
 
 impl AgentWakers {
+    pub fn new(bus: Bus) -> AgentWakers {
+        AgentWakers {
+            waiters: Mutex::default(),
+            bus,
+        }
+    }
+
     pub fn get(&self, node: &NodeId) -> Arc<Notify> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(node.clone()).or_default().clone()
     }
 
     pub fn wake(&self, node: &NodeId) {
+        self.bus.publish(Note::Wake(node.clone()));
+        self.wake_local(node);
+    }
+
+    /// Wakes a long-poll waiting on this replica only.
+    pub fn wake_local(&self, node: &NodeId) {
         self.get(node).notify_one();
+    }
+
+    /// Every long-poll waiting here looks again (after notes may have been missed).
+    pub fn wake_all_local(&self) {
+        let map = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        for waiter in map.values() {
+            waiter.notify_one();
+        }
+    }
+
+    pub fn bus(&self) -> &Bus {
+        &self.bus
     }
 }
 
@@ -98,8 +131,22 @@ pub struct Running {
     pub burst: JoinHandle<()>,
     /// The ledger's accrual loop.
     pub ledger: JoinHandle<()>,
+    /// The leader election.
+    pub election: JoinHandle<()>,
     /// The admin token, when this start created it (first start).
     pub created_admin_token: Option<String>,
+}
+
+impl Running {
+    /// Stops the background loops and gives the leader lease up, so that another replica
+    /// (or this one's next start) leads at once.
+    pub async fn stop(&self) {
+        self.election.abort();
+        self.scheduler.abort();
+        self.burst.abort();
+        self.ledger.abort();
+        self.app.leadership.resign(self.app.store.as_ref()).await;
+    }
 }
 
 impl App {
@@ -107,14 +154,15 @@ impl App {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
         let url = config.database_url();
-        let store: Arc<dyn Store> = if url.starts_with("sqlite:") {
-            Arc::new(
-                SqliteStore::open_url(&url)
-                    .await
-                    .with_context(|| format!("opening {url}"))?,
-            )
+        let leadership = Leadership::new(config.replica_name());
+        let origin = uuid::Uuid::now_v7().simple().to_string();
+        let (store, bus, notify_pool): (Arc<dyn Store>, Bus, _) = if url.starts_with("sqlite:") {
+            let store = SqliteStore::open_url(&url)
+                .await
+                .with_context(|| format!("opening {url}"))?;
+            (Arc::new(store), Bus::default(), None)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            open_postgres(&url).await?
+            open_postgres(&url, origin).await?
         } else {
             anyhow::bail!(
                 "unsupported database URL {:?} (sqlite://… or postgres://…)",
@@ -131,8 +179,8 @@ impl App {
             }
         }
         let created_admin_token = ensure_admin_token(store.as_ref(), &config).await?;
-        let agents = AgentWakers::default();
-        let (handle, worker) = scheduler::channel();
+        let agents = AgentWakers::new(bus.clone());
+        let (handle, worker) = scheduler::channel(bus);
         let app = App(Arc::new(AppInner {
             config,
             store,
@@ -141,7 +189,10 @@ impl App {
             providers,
             burst: Arc::new(Notify::new()),
             metrics: crate::metrics::Metrics::default(),
+            leadership,
         }));
+        let election = tokio::spawn(crate::leader::run(app.clone()));
+        spawn_listener(&app, notify_pool);
         let scheduler = tokio::spawn(worker.run(app.clone()));
         let burst = tokio::spawn(crate::burst::run(app.clone()));
         let ledger = tokio::spawn(crate::ledger::run(app.clone()));
@@ -150,21 +201,46 @@ impl App {
             scheduler,
             burst,
             ledger,
+            election,
             created_admin_token,
         })
     }
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+type NotifyPool = Option<sqlx::PgPool>;
+#[cfg(not(feature = "postgres"))]
+type NotifyPool = Option<()>;
+
+/// The PostgreSQL store, and the bus to the other replicas over the same database.
+#[cfg(feature = "postgres")]
+async fn open_postgres(
+    url: &str,
+    origin: String,
+) -> anyhow::Result<(Arc<dyn Store>, Bus, NotifyPool)> {
     let store = crate::store::PgStore::open_url(url)
         .await
         .with_context(|| format!("opening {}", redact_url(url)))?;
-    Ok(Arc::new(store))
+    let pool = store.notify_pool();
+    let bus = crate::bus::start(pool.clone(), origin);
+    Ok((Arc::new(store), bus, Some(pool)))
+}
+
+#[cfg(feature = "postgres")]
+fn spawn_listener(app: &App, pool: NotifyPool) {
+    if let Some(pool) = pool {
+        tokio::spawn(crate::bus::listen(app.clone(), pool));
+    }
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+fn spawn_listener(_app: &App, _pool: NotifyPool) {}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(
+    url: &str,
+    _origin: String,
+) -> anyhow::Result<(Arc<dyn Store>, Bus, NotifyPool)> {
     anyhow::bail!(
         "{} is a PostgreSQL URL, but this build has no PostgreSQL support: rebuild with \
          `--features postgres` (cargo build -p switchyard-broker --features postgres)",

@@ -31,9 +31,15 @@ const REAP_EVERY: Duration = Duration::from_secs(5);
 /// How long one provider call may take before it counts as a transient failure.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The controller loop, for the life of the process; it acts only while this replica leads.
 pub async fn run(app: App) {
     let mut last_reap: Option<Instant> = None;
     loop {
+        if !app.leadership.is_leader() {
+            app.leadership.until_leader().await;
+            // A new leader looks at everything at once, orphans included.
+            last_reap = None;
+        }
         let reap = last_reap.is_none_or(|t| t.elapsed() >= REAP_EVERY);
         if reap {
             last_reap = Some(Instant::now());
@@ -41,6 +47,9 @@ pub async fn run(app: App) {
         match reconcile(&app, reap).await {
             Ok(true) => app.scheduler.send(SchedulerEvent::InstancesChanged),
             Ok(false) => {}
+            Err(e @ StoreError::Fenced { .. }) => {
+                app.leadership.step_down(app.store.as_ref(), &e.to_string());
+            }
             Err(e) => tracing::error!(error = %e, "burst reconcile failed"),
         }
         tokio::select! {

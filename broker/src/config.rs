@@ -44,6 +44,13 @@ pub struct Config {
     pub launch_attempts: u32,
     /// How often the ledger accrues running attempts and live instances (spend to date).
     pub ledger_accrual_interval_ms: u64,
+    /// This replica's name in the leader election; defaults to `{hostname}:{port}`. A replica
+    /// restarting under the same name takes the leadership back at once (with a new fencing
+    /// epoch) instead of waiting for its old lease to expire, so give every replica its own.
+    pub replica_name: Option<String>,
+    /// The leader's lease: a replica that has not renewed it for this long is deposed, and a
+    /// follower takes over (with a new fencing epoch). Renewed every quarter of it.
+    pub leader_ttl_ms: u64,
     /// Regions with capacity the broker does not launch (on-prem) or configures by hand.
     pub regions: Vec<RegionConfig>,
     pub pools: Vec<PoolConfig>,
@@ -51,6 +58,20 @@ pub struct Config {
     pub catalogue_regions: Vec<CatalogueRegion>,
     /// Burst to AWS EC2 (see `providers/src/aws/config.rs` for every field).
     pub aws: Option<switchyard_providers::aws::AwsConfig>,
+    // ---- Hostile input (`limits.rs`): body size and time, per-token request rate. ----
+    /// Largest body of an agent-protocol request (`/agent/v1`): event batches carry up to
+    /// 1 MiB of job output, more once JSON-escaped. Larger bodies are answered 413;
+    /// `max_body_bytes` bounds every other request.
+    pub agent_max_body_bytes: usize,
+    /// A request body that has not fully arrived this long after the request's headers is
+    /// answered 408 and its connection closed (slow or stalled clients). Requests without a
+    /// body, such as the agents' work long-poll, are not affected.
+    pub body_timeout_ms: u64,
+    /// Requests per second one credential (bearer token or console session) may make,
+    /// sustained; beyond it the broker answers 429 with `Retry-After`. 0 turns the limit off.
+    pub rate_limit_per_s: u32,
+    /// Requests one credential may make at once (the bucket's size); 0: `rate_limit_per_s`.
+    pub rate_limit_burst: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -148,10 +169,16 @@ impl Default for Config {
             pool_backoff_s: 300,
             launch_attempts: 5,
             ledger_accrual_interval_ms: 60_000,
+            replica_name: None,
+            leader_ttl_ms: 5_000,
             regions: Vec::new(),
             pools: Vec::new(),
             catalogue_regions: Vec::new(),
             aws: None,
+            agent_max_body_bytes: 16 * 1024 * 1024,
+            body_timeout_ms: 30_000,
+            rate_limit_per_s: 1_000,
+            rate_limit_burst: 2_000,
         }
     }
 }
@@ -187,6 +214,8 @@ impl Config {
                 "LEDGER_ACCRUAL_INTERVAL_MS" => {
                     self.ledger_accrual_interval_ms = value.parse().map_err(|e| bad(&e))?
                 }
+                "REPLICA_NAME" => self.replica_name = Some(value),
+                "LEADER_TTL_MS" => self.leader_ttl_ms = value.parse().map_err(|e| bad(&e))?,
                 _ => {}
             }
         }
@@ -200,6 +229,9 @@ impl Config {
                 self.lease_ttl_s,
                 self.heartbeat_interval_s
             );
+        }
+        if self.leader_ttl_ms < 200 {
+            bail!("leader_ttl_ms must be at least 200");
         }
         if self.max_body_bytes < 1024 {
             bail!("max_body_bytes must be at least 1024");
@@ -228,6 +260,21 @@ impl Config {
         self.public_url
             .clone()
             .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
+    /// This replica's name in the leader election (see [`Config::replica_name`]).
+    pub fn replica_name(&self) -> String {
+        self.replica_name.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default();
+            let host = if host.is_empty() {
+                "localhost".to_string()
+            } else {
+                host
+            };
+            format!("{host}:{}", self.listen.port())
+        })
     }
 
     pub fn database_url(&self) -> String {

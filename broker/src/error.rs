@@ -45,6 +45,15 @@ pub enum ApiError {
     PolicyViolation { field: String, message: String },
     #[error("service unavailable: {0}")]
     Unavailable(String),
+    /// 408 `request_timeout`: the request's body did not arrive in time.
+    #[error("{0}")]
+    RequestTimeout(String),
+    /// 413 `body_too_large`.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// 429 `rate_limited`, with `Retry-After` (whole seconds).
+    #[error("too many requests with this credential; retry in {retry_after_s} s")]
+    TooManyRequests { retry_after_s: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -85,6 +94,9 @@ impl ApiError {
                 (StatusCode::UNPROCESSABLE_ENTITY, "policy_violation")
             }
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+            ApiError::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             ApiError::Store(_) | ApiError::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal")
             }
@@ -102,6 +114,10 @@ impl IntoResponse for ApiError {
             "internal error".to_string()
         } else {
             self.to_string()
+        };
+        let retry_after = match &self {
+            ApiError::TooManyRequests { retry_after_s } => Some(*retry_after_s),
+            _ => None,
         };
         let (field, details) = match self {
             ApiError::BadRequest { field, .. } => (field, None),
@@ -122,6 +138,12 @@ impl IntoResponse for ApiError {
             res.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        if let Some(secs) = retry_after {
+            res.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs.max(1)),
             );
         }
         res

@@ -73,8 +73,17 @@ pub async fn run(app: App) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        if let Err(e) = accrue_once(&app).await {
-            tracing::error!(error = %e, "ledger accrual failed; retrying next interval");
+        // Only the leader accrues (the entries' keys would make a second writer harmless,
+        // but it would be wasted work).
+        if !app.leadership.is_leader() {
+            continue;
+        }
+        match accrue_once(&app).await {
+            Ok(_) => {}
+            Err(e @ StoreError::Fenced { .. }) => {
+                app.leadership.step_down(app.store.as_ref(), &e.to_string());
+            }
+            Err(e) => tracing::error!(error = %e, "ledger accrual failed; retrying next interval"),
         }
     }
 }

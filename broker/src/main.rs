@@ -283,7 +283,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
             eprintln!("switchyard listening on {}", cfg.public_url());
-            server::serve(running.app, listener, server::shutdown_signal()).await
+            let served =
+                server::serve(running.app.clone(), listener, server::shutdown_signal()).await;
+            running.stop().await;
+            served
         }
         Command::Agent(agent_args) => switchyard_agent::run(agent_args).await,
         Command::Submit { file } => cli::submit(&client(default_dir())?, &file).await,

@@ -34,6 +34,10 @@ pub struct Metrics {
     plan_jobs: Histogram,
     lease_expiries: Counter,
     jobs_submitted: Counter,
+    /// 1 while this replica leads, else 0.
+    leader: Gauge,
+    /// The fencing epoch it leads (or last led) under.
+    leader_epoch: Gauge,
 }
 
 impl Default for Metrics {
@@ -45,6 +49,8 @@ impl Default for Metrics {
             plan_jobs: Histogram::new(exponential_buckets(1.0, 3.0, 11)),
             lease_expiries: Counter::default(),
             jobs_submitted: Counter::default(),
+            leader: Gauge::default(),
+            leader_epoch: Gauge::default(),
         }
     }
 }
@@ -63,6 +69,14 @@ impl Metrics {
 
     pub fn job_submitted(&self) {
         self.jobs_submitted.inc();
+    }
+
+    /// Whether this replica leads, and under which epoch.
+    pub fn set_leader(&self, epoch: Option<i64>) {
+        self.leader.set(i64::from(epoch.is_some()));
+        if let Some(e) = epoch {
+            self.leader_epoch.set(e);
+        }
     }
 
     /// The whole exposition: this process's counters and the database's levels now.
@@ -87,6 +101,16 @@ impl Metrics {
             "switchyard_jobs_submitted",
             "Jobs accepted by this broker process",
             self.jobs_submitted.clone(),
+        );
+        registry.register(
+            "switchyard_leader",
+            "1 while this replica leads (runs the scheduler, burst controller and ledger)",
+            self.leader.clone(),
+        );
+        registry.register(
+            "switchyard_leader_epoch",
+            "The fencing epoch this replica leads or last led under",
+            self.leader_epoch.clone(),
         );
 
         let queue = Family::<Labels, Gauge>::default();

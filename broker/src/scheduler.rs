@@ -19,6 +19,7 @@ use uuid::Uuid;
 
 use crate::app::App;
 use crate::app::ProviderSet;
+use crate::bus::{Bus, Note};
 use crate::clock;
 use crate::store::{
     AttemptRecord, EndedAttempt, InstanceState, JobRecord, NewAttempt, NewInstance, Store,
@@ -44,10 +45,26 @@ pub enum SchedulerEvent {
 pub struct SchedulerHandle {
     tx: mpsc::UnboundedSender<SchedulerEvent>,
     explanations: Arc<RwLock<HashMap<JobId, Explanation>>>,
+    /// The other replicas: the leader may be one of them.
+    bus: Bus,
 }
 
 impl SchedulerHandle {
+    /// Tells this replica's scheduler and, through the bus, the other replicas' (only the
+    /// leader's acts on it).
     pub fn send(&self, event: SchedulerEvent) {
+        if self.bus.is_on() {
+            self.bus.publish(match &event {
+                SchedulerEvent::JobSubmitted(job) => Note::JobSubmitted(job.id),
+                SchedulerEvent::JobRemoved(id) => Note::JobRemoved(*id),
+                _ => Note::Resync,
+            });
+        }
+        self.send_local(event);
+    }
+
+    /// Tells this replica's scheduler only (what another replica published).
+    pub fn send_local(&self, event: SchedulerEvent) {
         // The loop lives as long as the process; a send after shutdown has nobody to tell.
         let _ = self.tx.send(event);
     }
@@ -67,13 +84,14 @@ pub struct Worker {
     explanations: Arc<RwLock<HashMap<JobId, Explanation>>>,
 }
 
-pub fn channel() -> (SchedulerHandle, Worker) {
+pub fn channel(bus: Bus) -> (SchedulerHandle, Worker) {
     let (tx, rx) = mpsc::unbounded_channel();
     let explanations = Arc::new(RwLock::new(HashMap::new()));
     (
         SchedulerHandle {
             tx,
             explanations: explanations.clone(),
+            bus,
         },
         Worker { rx, explanations },
     )
@@ -267,9 +285,45 @@ impl State {
 }
 
 impl Worker {
+    /// The loop, for the life of the process: it plans only while this replica leads, and
+    /// rebuilds its mirror from the database each time it starts leading.
     pub async fn run(mut self, app: App) {
+        loop {
+            let epoch = self.until_leader(&app).await;
+            self.lead(&app, epoch).await;
+        }
+    }
+
+    /// Waits for the leadership, dropping events meanwhile (leading starts from the database).
+    async fn until_leader(&mut self, app: &App) -> i64 {
+        let leadership = app.leadership.clone();
+        let became = leadership.until_leader();
+        tokio::pin!(became);
+        loop {
+            tokio::select! {
+                epoch = &mut became => return epoch,
+                event = self.rx.recv() => {
+                    if event.is_none() {
+                        // Every handle is gone: nothing will ever be asked of this loop.
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Plans while this replica leads under `epoch`.
+    async fn lead(&mut self, app: &App, epoch: i64) {
         let store = app.store.clone();
+        let mut leadership = app.leadership.watch();
+        let still_leading =
+            |l: &tokio::sync::watch::Receiver<Option<i64>>| *l.borrow() == Some(epoch);
+        // What was queued before this replica led is in the database already.
+        while self.rx.try_recv().is_ok() {}
         let mut state = loop {
+            if !still_leading(&leadership) {
+                return;
+            }
             match State::load(store.as_ref()).await {
                 Ok(s) => break s,
                 Err(e) => {
@@ -279,6 +333,7 @@ impl Worker {
             }
         };
         tracing::info!(
+            epoch,
             jobs.pending = state.pending.len(),
             attempts.live = state.live.len(),
             nodes = state.nodes.len(),
@@ -287,6 +342,8 @@ impl Worker {
         let tick = Duration::from_millis(app.config.scheduler_tick_ms.max(10));
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Other replicas' changes arrive as hints; with the bus on, reload regularly too.
+        let mut last_load = tokio::time::Instant::now();
         loop {
             let mut resync = false;
             tokio::select! {
@@ -299,25 +356,39 @@ impl Worker {
                     }
                 }
                 _ = interval.tick() => {
-                    resync |= self.expire_leases(&app).await;
+                    resync |= self.expire_leases(app).await;
+                    resync |= app.agents.bus().is_on() && last_load.elapsed() >= crate::bus::RESYNC_EVERY;
                 }
+                _ = leadership.changed() => {}
+            }
+            if !still_leading(&leadership) {
+                tracing::info!(epoch, "scheduler stopped: this replica no longer leads");
+                return;
             }
             if resync {
                 match State::load(store.as_ref()).await {
-                    Ok(s) => state = s,
+                    Ok(s) => {
+                        state = s;
+                        last_load = tokio::time::Instant::now();
+                    }
                     Err(e) => {
                         tracing::error!(error = %e, "scheduler resync failed");
                         continue;
                     }
                 }
             }
-            if let Err(e) = self.plan_and_commit(&app, &mut state).await {
+            if let Err(e) = self.plan_and_commit(app, &mut state).await {
                 match e {
                     StoreError::Stale(why) => {
                         tracing::info!(reason = %why, "plan was stale; re-planning from the database");
                         if let Ok(s) = State::load(store.as_ref()).await {
                             state = s;
+                            last_load = tokio::time::Instant::now();
                         }
+                    }
+                    StoreError::Fenced { .. } => {
+                        app.leadership.step_down(store.as_ref(), &e.to_string());
+                        return;
                     }
                     other => tracing::error!(error = %other, "committing a plan failed"),
                 }
@@ -373,6 +444,10 @@ impl Worker {
                 true
             }
             Ok(_) => false,
+            Err(e @ StoreError::Fenced { .. }) => {
+                app.leadership.step_down(app.store.as_ref(), &e.to_string());
+                false
+            }
             Err(e) => {
                 tracing::error!(error = %e, "lease expiry failed");
                 false

@@ -162,8 +162,7 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     println!("Stopping agents and the broker…");
     provider.shutdown().await;
     if let Some(res) = stopped_by_itself {
-        running.scheduler.abort();
-        running.burst.abort();
+        running.stop().await;
         res.context("server task")??;
         anyhow::bail!("the server stopped unexpectedly");
     }
@@ -172,7 +171,6 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         Ok(res) => res.context("server task")??,
         Err(_) => tracing::warn!("server did not stop within 10 s"),
     }
-    running.scheduler.abort();
-    running.burst.abort();
+    running.stop().await;
     Ok(())
 }

@@ -229,7 +229,12 @@ async fn bad_submissions_get_a_clear_error_and_store_nothing() {
             serde_json::to_vec(&big).unwrap(),
         )
         .await;
-    assert_eq!(too_big.status, StatusCode::BAD_REQUEST, "{}", too_big.body);
+    assert_eq!(
+        too_big.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        too_big.body
+    );
     assert_eq!(too_big.error_code(), "body_too_large");
 
     assert_eq!(app.job_count().await, 0, "a refused submission left a row");

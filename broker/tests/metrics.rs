@@ -145,4 +145,7 @@ async fn metrics_show_the_queue_the_gpus_and_the_scheduler() {
         Some(1.0)
     );
     assert_eq!(find(&m, "DCGM_FI_DEV_GPU_UTIL", &[]), None);
+    // The only replica leads, under the first epoch.
+    assert_eq!(find(&m, "switchyard_leader", &[]), Some(1.0));
+    assert_eq!(find(&m, "switchyard_leader_epoch", &[]), Some(1.0));
 }

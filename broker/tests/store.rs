@@ -364,7 +364,13 @@ async fn heartbeats_and_lease_expiry_are_ordered() {
         let now = T0.plus_secs(100 * i);
         let hb = {
             let (store, node, inventory) = (store.clone(), node.clone(), inventory.clone());
-            tokio::spawn(async move { store.heartbeat(&node, &inventory, now).await.unwrap() })
+            tokio::spawn(async move {
+                store
+                    .heartbeat(&node, &inventory, &[], now)
+                    .await
+                    .unwrap()
+                    .came_back
+            })
         };
         let expiry = {
             let store = store.clone();
@@ -444,4 +450,101 @@ fn both_backends_have_the_same_migrations() {
         names
     };
     assert_eq!(names("sqlite"), names("postgres"));
+}
+
+/// The leader lease on its own: one holder at a time, renewals keep the epoch, an expired or
+/// restarted holder's lease is taken under the next epoch, and a deposed leader's writes are
+/// rejected in their own transaction and change nothing (the fencing epoch).
+#[tokio::test]
+async fn the_leader_lease_is_exclusive_and_its_epoch_fences_a_deposed_leader() {
+    use switchyard_broker::clock::now;
+    let dir = tempfile::tempdir().unwrap();
+    let a = seeded(dir.path()).await;
+    let b = test_store(dir.path()).await;
+    let (run_a, run_b) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    let ttl = 400;
+    assert_eq!(a.leader().await.unwrap(), None);
+    assert_eq!(
+        a.acquire_leadership("a", run_a, ttl, now()).await.unwrap(),
+        Some(1)
+    );
+    assert_eq!(
+        b.acquire_leadership("b", run_b, ttl, now()).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        a.acquire_leadership("a", run_a, ttl, now()).await.unwrap(),
+        Some(1)
+    );
+
+    // Leading under epoch 1, `a` makes the leader's writes.
+    a.fence().hold(1);
+    let job = new_job("batch");
+    a.insert_job(&job).await.unwrap();
+    a.set_holds(&[(job.id, Some("budget_exhausted".into()))])
+        .await
+        .unwrap();
+
+    // `a` stalls past its TTL; `b` takes over under epoch 2.
+    tokio::time::sleep(std::time::Duration::from_millis(ttl as u64 + 300)).await;
+    assert_eq!(
+        b.acquire_leadership("b", run_b, ttl, now()).await.unwrap(),
+        Some(2)
+    );
+    let lease = b.leader().await.unwrap().unwrap();
+    assert_eq!((lease.holder.as_str(), lease.epoch), ("b", 2));
+
+    // `a` has not noticed: its writes are fenced off and change nothing.
+    let before = a.job(job.id).await.unwrap().unwrap();
+    let fenced = |r: StoreResult<()>| match r {
+        Err(StoreError::Fenced {
+            held: 1,
+            current: 2,
+        }) => {}
+        other => panic!("expected a fenced write, got {other:?}"),
+    };
+    fenced(a.set_holds(&[(job.id, None)]).await);
+    fenced(
+        a.commit_plan(&[attempt_for(&job, T0.plus_secs(600))], &[], T0)
+            .await,
+    );
+    fenced(a.accrue_ledger(T0, 60).await.map(|_| ()));
+    fenced(a.expire_leases(T0, T0).await.map(|_| ()));
+    let after = a.job(job.id).await.unwrap().unwrap();
+    assert_eq!(
+        (after.state, after.reason.as_deref(), after.version),
+        (before.state, before.reason.as_deref(), before.version)
+    );
+    assert_eq!(after.state, JobState::Held);
+    assert!(a.live_attempts().await.unwrap().is_empty());
+    // And it cannot take the lease back while `b` renews it.
+    assert_eq!(
+        a.acquire_leadership("a", run_a, ttl, now()).await.unwrap(),
+        None
+    );
+
+    // `b` restarts (same replica, new run): it takes over at once, under a new epoch, so its
+    // previous run is fenced off too.
+    let run_b2 = uuid::Uuid::now_v7();
+    assert_eq!(
+        b.acquire_leadership("b", run_b2, ttl, now()).await.unwrap(),
+        Some(3)
+    );
+    // A clean shutdown resigns: `a` leads next without waiting for the TTL.
+    b.resign_leadership(run_b).await.unwrap(); // an old run's resignation is a no-op
+    assert_eq!(
+        a.acquire_leadership("a", run_a, ttl, now()).await.unwrap(),
+        None
+    );
+    b.resign_leadership(run_b2).await.unwrap();
+    assert_eq!(
+        a.acquire_leadership("a", run_a, ttl, now()).await.unwrap(),
+        Some(4)
+    );
+    a.fence().hold(4);
+    a.set_holds(&[(job.id, None)]).await.unwrap();
+    assert_eq!(
+        a.job(job.id).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
 }

@@ -316,6 +316,15 @@ pub struct EnrolmentTokenCreated {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Health {
     pub status: String,
+    /// This replica's name in the leader election (readiness only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    /// Whether this replica leads: runs the scheduler, the burst controller and the ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<bool>,
+    /// The fencing epoch it leads under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
 }
 
 /// A cloud instance the broker launched (burst), with its cost.

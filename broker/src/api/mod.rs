@@ -81,7 +81,8 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
 pub fn router(app: App) -> Router {
     let (api, doc) = api();
     let doc_json = serde_json::to_value(&doc).unwrap_or_default();
-    let body_limit = app.config.max_body_bytes;
+    let limits = std::sync::Arc::new(crate::limits::Limits::from_config(&app.config));
+    let hsts = app.config.public_url().starts_with("https://");
     Router::new()
         .nest("/api/v1", api)
         .nest("/agent/v1", agent_api::router())
@@ -97,7 +98,17 @@ pub fn router(app: App) -> Router {
         )
         .merge(crate::console::router())
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(body_limit))
+        // Innermost first: axum's own extractor limit, then the hostile-input guard (rate,
+        // body size and time), then the security headers on everything, then the trace.
+        .layer(DefaultBodyLimit::max(limits.largest_body()))
+        .layer(axum::middleware::from_fn_with_state(
+            limits,
+            crate::limits::guard,
+        ))
+        .layer(axum::middleware::map_response_with_state(
+            hsts,
+            crate::limits::security_headers,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(app)
 }
@@ -105,16 +116,22 @@ pub fn router(app: App) -> Router {
 async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
+        replica: None,
+        leader: None,
+        epoch: None,
     })
 }
 
-/// Ready when the database answers.
+/// Ready when the database answers; says whether this replica leads.
 async fn readyz(State(app): State<App>) -> impl IntoResponse {
     match app.store.regions().await {
         Ok(_) => (
             StatusCode::OK,
             Json(Health {
                 status: "ready".into(),
+                replica: Some(app.leadership.replica().to_string()),
+                leader: Some(app.leadership.is_leader()),
+                epoch: app.leadership.epoch(),
             }),
         )
             .into_response(),

@@ -19,10 +19,13 @@ pub use records::*;
 pub use sqlite::{SqliteStore, policy_target, role_name};
 
 use async_trait::async_trait;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use switchyard_core::{
     AttemptId, JobId, JobState, NodeId, Pool, PoolId, Priority, Region, Timestamp,
 };
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventResult, Inventory};
+use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -35,9 +38,104 @@ pub enum StoreError {
     /// A compare-and-swap lost: the caller must re-read and retry.
     #[error("stale write: {0}")]
     Stale(String),
+    /// A leader's write made under an epoch that is no longer the lease's: this replica was
+    /// deposed. Nothing was written; the caller stops acting as the leader.
+    #[error("fenced: written under leader epoch {held}, the lease is at epoch {current}")]
+    Fenced { held: i64, current: i64 },
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The epoch the leader's writes (scheduler, burst controller, ledger) are made under; each of
+/// those writes checks it against `leader_lease.epoch` inside its own transaction, after the
+/// global write lock, so a deposed leader's write is rejected ([`StoreError::Fenced`]) even when
+/// it has not yet noticed that it lost the lease. Starts off (nothing checked: tools and tests
+/// that write without an election); the leader election turns it on.
+#[derive(Clone, Debug)]
+pub struct Fence(Arc<AtomicI64>);
+
+impl Fence {
+    const OFF: i64 = -1;
+    /// Epochs start at 1: this one matches none.
+    const NONE: i64 = 0;
+
+    pub fn off() -> Fence {
+        Fence(Arc::new(AtomicI64::new(Fence::OFF)))
+    }
+
+    /// Writes are made under `epoch` from now on.
+    pub fn hold(&self, epoch: i64) {
+        self.0.store(epoch.max(1), Ordering::SeqCst);
+    }
+
+    /// This replica is not the leader: every fenced write is rejected.
+    pub fn lose(&self) {
+        self.0.store(Fence::NONE, Ordering::SeqCst);
+    }
+
+    /// The epoch to check, or `None` when fencing is off.
+    pub fn get(&self) -> Option<i64> {
+        match self.0.load(Ordering::SeqCst) {
+            Fence::OFF => None,
+            e => Some(e),
+        }
+    }
+
+    /// Ok when fencing is off or `current` (the lease's epoch, read in the writing
+    /// transaction) is the one held.
+    pub(crate) fn check(&self, current: Option<i64>) -> StoreResult<()> {
+        match self.get() {
+            None => Ok(()),
+            Some(held) if current == Some(held) => Ok(()),
+            Some(held) => Err(StoreError::Fenced {
+                held,
+                current: current.unwrap_or(0),
+            }),
+        }
+    }
+}
+
+impl Default for Fence {
+    fn default() -> Fence {
+        Fence::off()
+    }
+}
+
+/// The leader lease as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaderRecord {
+    pub holder: String,
+    pub holder_instance: Uuid,
+    pub epoch: i64,
+    pub acquired_at: Timestamp,
+    pub expires_at: Timestamp,
+}
+
+/// What the lease row says about a replica asking for it (the rule both stores apply).
+pub(crate) enum LeaseClaim {
+    /// No lease yet: take epoch 1.
+    First,
+    /// This process holds it: renew, same epoch.
+    Renew(i64),
+    /// Expired, or the same replica restarted: take it under the next epoch.
+    TakeOver(i64),
+    /// Another live replica holds it.
+    Busy,
+}
+
+pub(crate) fn lease_claim(
+    row: Option<&LeaderRecord>,
+    replica: &str,
+    instance: Uuid,
+    now: Timestamp,
+) -> LeaseClaim {
+    match row {
+        None => LeaseClaim::First,
+        Some(r) if r.holder_instance == instance => LeaseClaim::Renew(r.epoch),
+        Some(r) if r.expires_at <= now || r.holder == replica => LeaseClaim::TakeOver(r.epoch + 1),
+        Some(_) => LeaseClaim::Busy,
+    }
+}
 
 /// What an attempt's `finished` report makes of its job, and the reason shown to users: the
 /// one rule both stores apply.
@@ -66,6 +164,40 @@ pub(crate) fn finished_outcome(
     (state, reason)
 }
 
+/// The answer to a heartbeat.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HeartbeatOutcome {
+    /// The node was lost (unhealthy) before this heartbeat.
+    pub came_back: bool,
+    /// Attempts the agent must stop.
+    pub stop: Vec<AttemptRef>,
+}
+
+/// Which attempts a heartbeat tells the agent to stop: its live attempts whose job was
+/// cancelled while running or that are being preempted, and whatever it says it runs that is
+/// not its live lease (same attempt, job and epoch, `assigned` or `running`). `live` is the
+/// node's attempts in `assigned`, `running` or `preempting`, with their state and whether
+/// their job's cancel was requested. The one rule both stores apply.
+pub(crate) fn heartbeat_stops(
+    live: &[(AttemptRef, String, bool)],
+    running: &[AttemptRef],
+) -> Vec<AttemptRef> {
+    let mut stop: Vec<AttemptRef> = live
+        .iter()
+        .filter(|(_, state, cancel)| state == "preempting" || (state == "running" && *cancel))
+        .map(|(r, _, _)| r.clone())
+        .collect();
+    for r in running {
+        let leased = live
+            .iter()
+            .any(|(l, state, _)| l == r && (state == "assigned" || state == "running"));
+        if !leased && !stop.contains(r) {
+            stop.push(r.clone());
+        }
+    }
+    stop
+}
+
 /// What [`Store::interrupt_node`] did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeInterruption {
@@ -81,6 +213,23 @@ pub struct NodeInterruption {
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    // Leader election (several replicas on one database).
+    /// The epoch this store's leader writes are checked against.
+    fn fence(&self) -> &Fence;
+    /// Takes or renews the leader lease for `ttl_ms` (see [`lease_claim`]); the epoch held, or
+    /// `None` when another replica holds a live lease. PostgreSQL uses the database's clock,
+    /// SQLite `now`.
+    async fn acquire_leadership(
+        &self,
+        replica: &str,
+        instance: Uuid,
+        ttl_ms: i64,
+        now: Timestamp,
+    ) -> StoreResult<Option<i64>>;
+    /// Ends this process's lease at once (a clean shutdown), so a follower need not wait.
+    async fn resign_leadership(&self, instance: Uuid) -> StoreResult<()>;
+    async fn leader(&self) -> StoreResult<Option<LeaderRecord>>;
+
     // Catalogue.
     async fn upsert_region(&self, region: &Region) -> StoreResult<()>;
     async fn upsert_pool(&self, pool: &Pool) -> StoreResult<()>;
@@ -113,13 +262,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Result<NodeRecord, RegisterRefusal>>;
     async fn node_by_token_hash(&self, hash: &str) -> StoreResult<Option<NodeRecord>>;
     async fn nodes(&self) -> StoreResult<Vec<NodeRecord>>;
-    /// Records a heartbeat; returns whether the node was unhealthy before (it came back).
+    /// Records a heartbeat and answers it: whether the node was unhealthy before (it came
+    /// back), and which attempts its agent must stop ([`heartbeat_stops`]). `running` is what
+    /// the agent says it runs.
     async fn heartbeat(
         &self,
         node: &NodeId,
         inventory: &Inventory,
+        running: &[AttemptRef],
         now: Timestamp,
-    ) -> StoreResult<bool>;
+    ) -> StoreResult<HeartbeatOutcome>;
     /// Marks nodes whose last heartbeat is older than `before` as lost and requeues their live
     /// attempts. Returns the lost nodes and the requeued jobs.
     async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases>;
@@ -268,12 +420,6 @@ pub trait Store: Send + Sync + 'static {
         why: &str,
         now: Timestamp,
     ) -> StoreResult<NodeInterruption>;
-    /// Of the attempts an agent says it runs, those that are not its live lease.
-    async fn stale_attempts(
-        &self,
-        node: &NodeId,
-        running: &[AttemptRef],
-    ) -> StoreResult<Vec<AttemptRef>>;
     /// Applies agent events in order, in one transaction. Returns one result per event and the
     /// attempts that ended.
     async fn apply_events(
@@ -283,4 +429,34 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> StoreResult<(Vec<EventResult>, Vec<EndedAttempt>)>;
     async fn logs(&self, job: JobId, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(n: u128, epoch: u64) -> AttemptRef {
+        AttemptRef {
+            job_id: Uuid::from_u128(n),
+            attempt_id: Uuid::from_u128(1000 + n),
+            epoch,
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_stops_cancelled_preempted_and_unleased_attempts() {
+        let live = vec![
+            (r(1, 1), "running".to_string(), false),
+            (r(2, 1), "running".to_string(), true),
+            (r(3, 1), "preempting".to_string(), false),
+            (r(4, 1), "assigned".to_string(), false),
+        ];
+        // The agent runs 1, 2, 3, an old epoch of 4, and 5 which is not its lease at all.
+        let running = [r(1, 1), r(2, 1), r(3, 1), r(4, 0), r(5, 1)];
+        assert_eq!(
+            heartbeat_stops(&live, &running),
+            vec![r(2, 1), r(3, 1), r(4, 0), r(5, 1)]
+        );
+        assert_eq!(heartbeat_stops(&live[..1], &[r(1, 1)]), vec![]);
+    }
 }

@@ -50,6 +50,7 @@ type Tz = chrono::DateTime<chrono::Utc>;
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: PgPool,
+    fence: Fence,
 }
 
 impl PgStore {
@@ -62,7 +63,10 @@ impl PgStore {
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(PgStore { pool })
+        Ok(PgStore {
+            pool,
+            fence: Fence::off(),
+        })
     }
 
     /// The connection pool (for tests and tools that inspect the database).
@@ -79,6 +83,36 @@ impl PgStore {
             .await?;
         Ok(tx)
     }
+
+    /// A write transaction for the leader's writes: fails with [`StoreError::Fenced`] unless
+    /// the lease is still at the epoch this replica leads under (see [`Fence`]). The lease is
+    /// only changed under the same write lock, so it cannot move before this commits.
+    async fn leader_tx(&self) -> StoreResult<Tx> {
+        let mut tx = self.write_tx().await?;
+        if self.fence.get().is_some() {
+            let current: Option<i64> =
+                sqlx::query_scalar("SELECT epoch FROM leader_lease WHERE id = 1")
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            self.fence.check(current)?;
+        }
+        Ok(tx)
+    }
+
+    /// The pool, for the replicas' notification bus (LISTEN/NOTIFY).
+    pub fn notify_pool(&self) -> PgPool {
+        self.pool.clone()
+    }
+}
+
+fn leader_of_row(r: &PgRow) -> StoreResult<LeaderRecord> {
+    Ok(LeaderRecord {
+        holder: r.try_get("holder")?,
+        holder_instance: r.try_get("holder_instance")?,
+        epoch: r.try_get("epoch")?,
+        acquired_at: ts_of(r.try_get("acquired_at")?),
+        expires_at: ts_of(r.try_get("expires_at")?),
+    })
 }
 
 /// The latest instant chrono holds (PostgreSQL goes further), in whole milliseconds: the end
@@ -261,10 +295,6 @@ fn epoch_of(r: &PgRow) -> StoreResult<u64> {
     u64::try_from(epoch).map_err(|_| corrupt(format!("epoch out of range: {epoch}")))
 }
 
-fn epoch_i64(epoch: u64) -> StoreResult<i64> {
-    i64::try_from(epoch).map_err(|_| corrupt(format!("epoch out of range: {epoch}")))
-}
-
 fn attempt_ref_from_row(r: &PgRow) -> StoreResult<AttemptRef> {
     Ok(AttemptRef {
         job_id: r.try_get("job_id")?,
@@ -317,6 +347,87 @@ const SQL_PENDING_JOBS: &str =
 
 #[async_trait]
 impl Store for PgStore {
+    fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    async fn acquire_leadership(
+        &self,
+        replica: &str,
+        instance: Uuid,
+        ttl_ms: i64,
+        _now: Timestamp,
+    ) -> StoreResult<Option<i64>> {
+        let mut tx = self.write_tx().await?;
+        // The database's clock, read after the write lock: replicas' clocks need not agree.
+        let now: Tz = sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&mut *tx)
+            .await?;
+        let row = sqlx::query(
+            "SELECT holder, holder_instance, epoch, acquired_at, expires_at \
+             FROM leader_lease WHERE id = 1",
+        )
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| leader_of_row(&r))
+        .transpose()?;
+        let expires = now + chrono::Duration::milliseconds(ttl_ms);
+        let (epoch, renew) = match lease_claim(row.as_ref(), replica, instance, ts_of(now)) {
+            LeaseClaim::Busy => return Ok(None),
+            LeaseClaim::Renew(epoch) => (epoch, true),
+            LeaseClaim::First => (1, false),
+            LeaseClaim::TakeOver(epoch) => (epoch, false),
+        };
+        if renew {
+            sqlx::query("UPDATE leader_lease SET expires_at = $1 WHERE id = 1")
+                .bind(expires)
+                .execute(&mut *tx)
+                .await?;
+        } else {
+            sqlx::query(
+                "INSERT INTO leader_lease \
+                 (id, holder, holder_instance, epoch, acquired_at, expires_at) \
+                 VALUES (1, $1, $2, $3, $4, $5) \
+                 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, \
+                 holder_instance = excluded.holder_instance, epoch = excluded.epoch, \
+                 acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
+            )
+            .bind(replica)
+            .bind(instance)
+            .bind(epoch)
+            .bind(now)
+            .bind(expires)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Some(epoch))
+    }
+
+    async fn resign_leadership(&self, instance: Uuid) -> StoreResult<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(
+            "UPDATE leader_lease SET expires_at = 'epoch' \
+             WHERE id = 1 AND holder_instance = $1",
+        )
+        .bind(instance)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn leader(&self) -> StoreResult<Option<LeaderRecord>> {
+        sqlx::query(
+            "SELECT holder, holder_instance, epoch, acquired_at, expires_at \
+             FROM leader_lease WHERE id = 1",
+        )
+        .fetch_optional(&self.pool)
+        .await?
+        .map(|r| leader_of_row(&r))
+        .transpose()
+    }
+
     async fn upsert_region(&self, region: &Region) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO regions (id, provider, code, latitude, longitude, egress_per_gb_micros, \
@@ -576,32 +687,49 @@ impl Store for PgStore {
         &self,
         node: &NodeId,
         inventory: &Inventory,
+        running: &[AttemptRef],
         now: Timestamp,
-    ) -> StoreResult<bool> {
+    ) -> StoreResult<HeartbeatOutcome> {
         let inventory_json =
             serde_json::to_string(inventory).map_err(|e| corrupt(format!("inventory: {e}")))?;
-        // The node's row lock only (see the module docs): lease expiry locks it too.
-        let mut tx = self.pool.begin().await?;
-        let was_healthy: Option<bool> =
-            sqlx::query_scalar("SELECT healthy FROM nodes WHERE id = $1 FOR UPDATE")
-                .bind(node.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-        sqlx::query(
+        // One statement, the node's row lock only (see the module docs: lease expiry locks it
+        // too); the subquery reads the row as it was before this update.
+        let was_healthy: Option<bool> = sqlx::query_scalar(
             "UPDATE nodes SET last_heartbeat = $1, inventory_json = $2, healthy = TRUE \
-             WHERE id = $3",
+             FROM (SELECT healthy AS was FROM nodes WHERE id = $3 FOR UPDATE) AS old \
+             WHERE nodes.id = $3 RETURNING old.was",
         )
         .bind(tz(now))
         .bind(&inventory_json)
         .bind(node.as_str())
-        .execute(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
-        tx.commit().await?;
-        Ok(was_healthy == Some(false))
+        let rows = sqlx::query(
+            "SELECT a.id, a.job_id, a.epoch, a.state, j.cancel_requested \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.node_id = $1 AND a.state IN ('assigned', 'running', 'preempting')",
+        )
+        .bind(node.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        let live = rows
+            .iter()
+            .map(|r| {
+                Ok((
+                    attempt_ref_from_row(r)?,
+                    r.try_get::<String, _>("state")?,
+                    r.try_get::<bool, _>("cancel_requested")?,
+                ))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(HeartbeatOutcome {
+            came_back: was_healthy == Some(false),
+            stop: heartbeat_stops(&live, running),
+        })
     }
 
     async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         // FOR UPDATE: a heartbeat committing meanwhile is re-checked against the condition.
         let lost: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM nodes WHERE healthy AND NOT revoked AND last_heartbeat < $1 \
@@ -832,7 +960,7 @@ impl Store for PgStore {
         launches: &[NewInstance],
         now: Timestamp,
     ) -> StoreResult<()> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         for l in launches {
             let updated = sqlx::query(
                 "UPDATE jobs SET state = 'provisioning', version = version + 1, \
@@ -937,7 +1065,7 @@ impl Store for PgStore {
         provider_id: &str,
         now: Timestamp,
     ) -> StoreResult<()> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         sqlx::query(
             "UPDATE instances SET state = 'booting', provider_id = $1, launched_at = $2, \
              launch_attempts = launch_attempts + 1, last_error = NULL \
@@ -959,7 +1087,7 @@ impl Store for PgStore {
         next: LaunchFailure,
         now: Timestamp,
     ) -> StoreResult<()> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         match next {
             LaunchFailure::RetryAt(at) => {
                 sqlx::query(
@@ -1015,7 +1143,7 @@ impl Store for PgStore {
     }
 
     async fn set_instance_idle(&self, id: &str, idle_since: Option<Timestamp>) -> StoreResult<()> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         sqlx::query("UPDATE instances SET idle_since = $1 WHERE id = $2")
             .bind(tz_opt(idle_since))
             .bind(id)
@@ -1032,7 +1160,7 @@ impl Store for PgStore {
         min_billed_s: i64,
         now: Timestamp,
     ) -> StoreResult<bool> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         let Some(row) = sqlx::query("SELECT * FROM instances WHERE id = $1")
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -1081,7 +1209,7 @@ impl Store for PgStore {
     }
 
     async fn accrue_ledger(&self, now: Timestamp, min_billed_s: i64) -> StoreResult<usize> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         let written = ledger::accrue_all(&mut tx, now, min_billed_s).await?;
         tx.commit().await?;
         Ok(written)
@@ -1128,7 +1256,7 @@ impl Store for PgStore {
     }
 
     async fn set_holds(&self, changes: &[(JobId, Option<String>)]) -> StoreResult<()> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         for (job, reason) in changes {
             match reason {
                 Some(reason) => sqlx::query(
@@ -1154,7 +1282,7 @@ impl Store for PgStore {
         &self,
         victims: &[(AttemptId, String)],
     ) -> StoreResult<Vec<(NodeId, AttemptRef)>> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         let mut stopping = Vec::with_capacity(victims.len());
         for (attempt, why) in victims {
             let row = sqlx::query(
@@ -1449,30 +1577,6 @@ impl Store for PgStore {
             requeued,
             instances,
         })
-    }
-
-    async fn stale_attempts(
-        &self,
-        node: &NodeId,
-        running: &[AttemptRef],
-    ) -> StoreResult<Vec<AttemptRef>> {
-        let mut stale = Vec::new();
-        for r in running {
-            let live: Option<bool> = sqlx::query_scalar(
-                "SELECT TRUE FROM attempts WHERE id = $1 AND job_id = $2 AND node_id = $3 \
-                 AND epoch = $4 AND state IN ('assigned', 'running')",
-            )
-            .bind(r.attempt_id)
-            .bind(r.job_id)
-            .bind(node.as_str())
-            .bind(epoch_i64(r.epoch)?)
-            .fetch_optional(&self.pool)
-            .await?;
-            if live.is_none() {
-                stale.push(r.clone());
-            }
-        }
-        Ok(stale)
     }
 
     async fn apply_events(

@@ -26,6 +26,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite"
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    fence: Fence,
 }
 
 impl SqliteStore {
@@ -59,14 +60,41 @@ impl SqliteStore {
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
     }
 
+    /// A write transaction for the leader's writes: fails with [`StoreError::Fenced`] unless
+    /// the lease is still at the epoch this replica leads under (see [`Fence`]).
+    async fn leader_tx(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        let mut tx = self.write_tx().await?;
+        if self.fence.get().is_some() {
+            let current: Option<i64> =
+                sqlx::query_scalar("SELECT epoch FROM leader_lease WHERE id = 1")
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            self.fence.check(current)?;
+        }
+        Ok(tx)
+    }
+
     async fn connect(options: SqliteConnectOptions) -> StoreResult<SqliteStore> {
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore {
+            pool,
+            fence: Fence::off(),
+        })
     }
+}
+
+fn leader_of_row(r: &sqlx::sqlite::SqliteRow) -> StoreResult<LeaderRecord> {
+    Ok(LeaderRecord {
+        holder: r.try_get("holder")?,
+        holder_instance: parse_uuid(&r.try_get::<String, _>("holder_instance")?)?,
+        epoch: r.try_get("epoch")?,
+        acquired_at: Timestamp(r.try_get("acquired_at")?),
+        expires_at: Timestamp(r.try_get("expires_at")?),
+    })
 }
 
 pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
@@ -228,6 +256,80 @@ pub(crate) fn parse_priority(s: &str) -> StoreResult<Priority> {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    async fn acquire_leadership(
+        &self,
+        replica: &str,
+        instance: Uuid,
+        ttl_ms: i64,
+        now: Timestamp,
+    ) -> StoreResult<Option<i64>> {
+        let mut tx = self.write_tx().await?;
+        let row = sqlx::query(
+            "SELECT holder, holder_instance, epoch, acquired_at, expires_at \
+             FROM leader_lease WHERE id = 1",
+        )
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| leader_of_row(&r))
+        .transpose()?;
+        let expires = now.millis().saturating_add(ttl_ms);
+        let (epoch, renew) = match lease_claim(row.as_ref(), replica, instance, now) {
+            LeaseClaim::Busy => return Ok(None),
+            LeaseClaim::Renew(epoch) => (epoch, true),
+            LeaseClaim::First => (1, false),
+            LeaseClaim::TakeOver(epoch) => (epoch, false),
+        };
+        if renew {
+            sqlx::query("UPDATE leader_lease SET expires_at = $1 WHERE id = 1")
+                .bind(expires)
+                .execute(&mut *tx)
+                .await?;
+        } else {
+            sqlx::query(
+                "INSERT INTO leader_lease \
+                 (id, holder, holder_instance, epoch, acquired_at, expires_at) \
+                 VALUES (1, $1, $2, $3, $4, $5) \
+                 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, \
+                 holder_instance = excluded.holder_instance, epoch = excluded.epoch, \
+                 acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
+            )
+            .bind(replica)
+            .bind(instance.to_string())
+            .bind(epoch)
+            .bind(now.millis())
+            .bind(expires)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Some(epoch))
+    }
+
+    async fn resign_leadership(&self, instance: Uuid) -> StoreResult<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("UPDATE leader_lease SET expires_at = 0 WHERE id = 1 AND holder_instance = $1")
+            .bind(instance.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn leader(&self) -> StoreResult<Option<LeaderRecord>> {
+        sqlx::query(
+            "SELECT holder, holder_instance, epoch, acquired_at, expires_at \
+             FROM leader_lease WHERE id = 1",
+        )
+        .fetch_optional(&self.pool)
+        .await?
+        .map(|r| leader_of_row(&r))
+        .transpose()
+    }
+
     async fn upsert_region(&self, region: &Region) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO regions (id, provider, code, latitude, longitude, egress_per_gb_micros, \
@@ -505,8 +607,9 @@ impl Store for SqliteStore {
         &self,
         node: &NodeId,
         inventory: &Inventory,
+        running: &[AttemptRef],
         now: Timestamp,
-    ) -> StoreResult<bool> {
+    ) -> StoreResult<HeartbeatOutcome> {
         let inventory_json =
             serde_json::to_string(inventory).map_err(|e| corrupt(format!("inventory: {e}")))?;
         let mut tx = self.write_tx().await?;
@@ -524,11 +627,32 @@ impl Store for SqliteStore {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(was_healthy == Some(false))
+        let rows = sqlx::query(
+            "SELECT a.id, a.job_id, a.epoch, a.state, j.cancel_requested \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.node_id = $1 AND a.state IN ('assigned', 'running', 'preempting')",
+        )
+        .bind(node.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        let live = rows
+            .iter()
+            .map(|r| {
+                Ok((
+                    attempt_ref_from_row(r)?,
+                    r.try_get::<String, _>("state")?,
+                    r.try_get::<bool, _>("cancel_requested")?,
+                ))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(HeartbeatOutcome {
+            came_back: was_healthy == Some(false),
+            stop: heartbeat_stops(&live, running),
+        })
     }
 
     async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         let lost: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM nodes WHERE healthy = 1 AND revoked = 0 AND last_heartbeat < $1",
         )
@@ -764,7 +888,7 @@ impl Store for SqliteStore {
         launches: &[NewInstance],
         now: Timestamp,
     ) -> StoreResult<()> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         for l in launches {
             let updated = sqlx::query(
                 "UPDATE jobs SET state = 'provisioning', version = version + 1, \
@@ -849,7 +973,7 @@ impl Store for SqliteStore {
         &self,
         victims: &[(AttemptId, String)],
     ) -> StoreResult<Vec<(NodeId, AttemptRef)>> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         let mut stopping = Vec::with_capacity(victims.len());
         for (attempt, why) in victims {
             let row = sqlx::query(
@@ -1146,30 +1270,6 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn stale_attempts(
-        &self,
-        node: &NodeId,
-        running: &[AttemptRef],
-    ) -> StoreResult<Vec<AttemptRef>> {
-        let mut stale = Vec::new();
-        for r in running {
-            let live: Option<i64> = sqlx::query_scalar(
-                "SELECT 1 FROM attempts WHERE id = $1 AND job_id = $2 AND node_id = $3 \
-                 AND epoch = $4 AND state IN ('assigned', 'running')",
-            )
-            .bind(r.attempt_id.to_string())
-            .bind(r.job_id.to_string())
-            .bind(node.as_str())
-            .bind(r.epoch as i64)
-            .fetch_optional(&self.pool)
-            .await?;
-            if live.is_none() {
-                stale.push(r.clone());
-            }
-        }
-        Ok(stale)
-    }
-
     async fn apply_events(
         &self,
         node: &NodeId,
@@ -1358,6 +1458,7 @@ impl Store for SqliteStore {
         provider_id: &str,
         now: Timestamp,
     ) -> StoreResult<()> {
+        let mut tx = self.leader_tx().await?;
         sqlx::query(
             "UPDATE instances SET state = 'booting', provider_id = $1, launched_at = $2, \
              launch_attempts = launch_attempts + 1, last_error = NULL \
@@ -1366,8 +1467,9 @@ impl Store for SqliteStore {
         .bind(provider_id)
         .bind(now.millis())
         .bind(id)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -1378,7 +1480,7 @@ impl Store for SqliteStore {
         next: LaunchFailure,
         now: Timestamp,
     ) -> StoreResult<()> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         match next {
             LaunchFailure::RetryAt(at) => {
                 sqlx::query(
@@ -1433,11 +1535,13 @@ impl Store for SqliteStore {
     }
 
     async fn set_instance_idle(&self, id: &str, idle_since: Option<Timestamp>) -> StoreResult<()> {
+        let mut tx = self.leader_tx().await?;
         sqlx::query("UPDATE instances SET idle_since = $1 WHERE id = $2")
             .bind(idle_since.map(Timestamp::millis))
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -1448,7 +1552,7 @@ impl Store for SqliteStore {
         min_billed_s: i64,
         now: Timestamp,
     ) -> StoreResult<bool> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         let Some(row) = sqlx::query("SELECT * FROM instances WHERE id = $1")
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -1496,7 +1600,7 @@ impl Store for SqliteStore {
     }
 
     async fn accrue_ledger(&self, now: Timestamp, min_billed_s: i64) -> StoreResult<usize> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         let written = ledger::accrue_all(&mut tx, now, min_billed_s).await?;
         tx.commit().await?;
         Ok(written)
@@ -1543,7 +1647,7 @@ impl Store for SqliteStore {
     }
 
     async fn set_holds(&self, changes: &[(JobId, Option<String>)]) -> StoreResult<()> {
-        let mut tx = self.write_tx().await?;
+        let mut tx = self.leader_tx().await?;
         for (job, reason) in changes {
             match reason {
                 Some(reason) => sqlx::query(

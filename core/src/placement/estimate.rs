@@ -231,10 +231,7 @@ impl<'a> JobCtx<'a> {
                 .per_hour_for_secs(run_s),
         };
         let compute = per_node.saturating_mul(i64::from(self.nodes));
-        let misses_deadline = self
-            .spec
-            .deadline
-            .is_some_and(|d| finish.plus_millis(self.margin_ms) > d);
+        let misses_deadline = self.misses(finish);
         Estimate {
             score: Score {
                 misses_deadline,
@@ -282,6 +279,13 @@ impl<'a> JobCtx<'a> {
         } else {
             od
         }
+    }
+
+    /// Whether a candidate finishing at `finish` misses the job's deadline (with the margin).
+    pub(crate) fn misses(&self, finish: Timestamp) -> bool {
+        self.spec
+            .deadline
+            .is_some_and(|d| finish.plus_millis(self.margin_ms) > d)
     }
 
     /// Whether any price ceiling applies (most jobs have none: the checks are skipped).
@@ -499,16 +503,20 @@ impl ScanBound {
         if self.best.len() < self.keep {
             return false;
         }
-        // A worst candidate that misses the deadline is beaten by any bound (which meets it).
-        let Some(&worst) = self.best.peek().filter(|w| !w.misses_deadline) else {
+        // No candidate finishes before `finish`; when even that misses the deadline, every
+        // candidate misses it (and ranks by how late it finishes, then cost).
+        let finish = now.plus_secs(job.runtime_s);
+        let hopeless = job.misses(finish);
+        // Otherwise a worst candidate that misses the deadline is beaten by any bound (which
+        // meets it).
+        let Some(&worst) = self.best.peek().filter(|w| hopeless || !w.misses_deadline) else {
             return false;
         };
-        let finish = now.plus_secs(job.runtime_s);
         let floor = |at: usize, pool: usize| -> Option<Score> {
             let cost = job.floor_cost(order.pools[at].0, order.min_boot_from[at])?;
             Some(Score {
-                misses_deadline: false,
-                late_finish: Timestamp(0),
+                misses_deadline: hopeless,
+                late_finish: if hopeless { finish } else { Timestamp(0) },
                 cost,
                 finish,
                 kind: CandidateKind::FreeNow,
