@@ -85,11 +85,11 @@ impl Bus {
             let _ = tx.send(note);
         }
     }
+}
 
-    /// `origin payload` on the wire.
-    fn encode(&self, note: &Note) -> String {
-        format!("{} {}", self.origin, note.body())
-    }
+/// `origin body` on the wire.
+fn encode(origin: &str, note: &Note) -> String {
+    format!("{origin} {}", note.body())
 }
 
 /// A received note from another replica (`None` for this process's own and for garbage).
@@ -120,19 +120,15 @@ mod pg {
     pub fn start(pool: PgPool, origin: String) -> Bus {
         let (tx, mut rx) = mpsc::unbounded_channel::<Note>();
         let bus = Bus {
-            origin,
+            origin: origin.clone(),
             tx: Some(tx),
-        };
-        let sender = Bus {
-            origin: bus.origin.clone(),
-            tx: None,
         };
         tokio::spawn(async move {
             let mut batch = Vec::with_capacity(BATCH);
             while rx.recv_many(&mut batch, BATCH).await > 0 {
                 batch.dedup();
                 let channels: Vec<&str> = batch.iter().map(Note::channel).collect();
-                let payloads: Vec<String> = batch.iter().map(|n| sender.encode(n)).collect();
+                let payloads: Vec<String> = batch.iter().map(|n| encode(&origin, n)).collect();
                 let sent = sqlx::query(
                     "SELECT pg_notify(c, p) FROM UNNEST($1::text[], $2::text[]) AS t(c, p)",
                 )
@@ -210,10 +206,6 @@ mod tests {
 
     #[test]
     fn notes_round_trip_and_own_notes_are_skipped() {
-        let bus = Bus {
-            origin: "a1".into(),
-            tx: None,
-        };
         let id = JobId(uuid::Uuid::now_v7());
         for note in [
             Note::JobSubmitted(id),
@@ -221,7 +213,7 @@ mod tests {
             Note::Resync,
             Note::Wake(NodeId::new("node-7")),
         ] {
-            let wire = bus.encode(&note);
+            let wire = encode("a1", &note);
             assert_eq!(decode("b2", &wire), Some(note.clone()), "{wire}");
             assert_eq!(decode("a1", &wire), None, "own note {wire}");
         }

@@ -137,35 +137,28 @@ pub struct Broker {
 
 pub const POOL: &str = "onprem:e2e-dc/h100x4";
 
-impl Broker {
-    pub async fn start() -> Broker {
-        Broker::start_with("").await
-    }
-
-    /// Starts a broker whose config has `extra` (TOML: top-level keys, then sections) after its
-    /// own top-level keys and before its region and pool tables. A top-level key in `extra`
-    /// replaces the harness's own setting of it.
-    pub async fn start_with(extra: &str) -> Broker {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let url = format!("http://127.0.0.1:{port}");
-        let overridden = |key: &str| {
-            extra
-                .lines()
-                .any(|l| l.split('=').next().map(str::trim) == Some(key))
-        };
-        let defaults: String = [
-            ("heartbeat_interval_s", "1"),
-            ("lease_ttl_s", "10"),
-            ("grace_s", "2"),
-            ("scheduler_tick_ms", "200"),
-        ]
-        .iter()
-        .filter(|(k, _)| !overridden(k))
-        .map(|(k, v)| format!("{k} = {v}\n"))
-        .collect();
-        let config = format!(
-            r#"
+/// The e2e brokers' config: `listen` on `port`, `data_dir`, the harness's timings (1 s
+/// heartbeats, 10 s lease TTL, 2 s grace, 200 ms ticks), then `extra` (TOML: top-level keys,
+/// then sections; a top-level key in it replaces the harness's own), then the on-prem region
+/// and [`POOL`].
+pub fn broker_config(port: u16, data_dir: &Path, extra: &str) -> String {
+    let overridden = |key: &str| {
+        extra
+            .lines()
+            .any(|l| l.split('=').next().map(str::trim) == Some(key))
+    };
+    let defaults: String = [
+        ("heartbeat_interval_s", "1"),
+        ("lease_ttl_s", "10"),
+        ("grace_s", "2"),
+        ("scheduler_tick_ms", "200"),
+    ]
+    .iter()
+    .filter(|(k, _)| !overridden(k))
+    .map(|(k, v)| format!("{k} = {v}\n"))
+    .collect();
+    format!(
+        r#"
 listen = "127.0.0.1:{port}"
 data_dir = "{data}"
 {defaults}{extra}
@@ -183,8 +176,23 @@ gpu_memory_gb = 80
 price_per_gpu_hour_usd = 2.0
 node_limit = 4
 "#,
-            data = dir.path().join("data").display()
-        );
+        data = data_dir.display()
+    )
+}
+
+impl Broker {
+    pub async fn start() -> Broker {
+        Broker::start_with("").await
+    }
+
+    /// Starts a broker whose config has `extra` (TOML: top-level keys, then sections) after its
+    /// own top-level keys and before its region and pool tables. A top-level key in `extra`
+    /// replaces the harness's own setting of it.
+    pub async fn start_with(extra: &str) -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let config = broker_config(port, &dir.path().join("data"), extra);
         let config_path = dir.path().join("switchyard.toml");
         std::fs::write(&config_path, config).unwrap();
         let http = reqwest::Client::new();

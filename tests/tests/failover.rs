@@ -54,32 +54,8 @@ fn fresh_database(server: &str) -> String {
 }
 
 fn write_config(dir: &Path, name: &str, port: u16, database_url: &str) -> std::path::PathBuf {
-    let config = format!(
-        r#"
-listen = "127.0.0.1:{port}"
-data_dir = "{data}"
-database_url = "{database_url}"
-replica_name = "{name}"
-heartbeat_interval_s = 1
-lease_ttl_s = 10
-grace_s = 2
-scheduler_tick_ms = 200
-
-[[regions]]
-id = "onprem:e2e-dc"
-latency_ms = 1
-
-[[pools]]
-id = "{POOL}"
-region = "onprem:e2e-dc"
-gpu_model = "H100"
-gpus_per_node = 4
-gpu_memory_gb = 80
-price_per_gpu_hour_usd = 2.0
-node_limit = 4
-"#,
-        data = dir.join(format!("data-{name}")).display()
-    );
+    let extra = format!("database_url = \"{database_url}\"\nreplica_name = \"{name}\"\n");
+    let config = broker_config(port, &dir.join(format!("data-{name}")), &extra);
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, config).unwrap();
     path

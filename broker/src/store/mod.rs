@@ -111,31 +111,39 @@ pub struct LeaderRecord {
     pub expires_at: Timestamp,
 }
 
-/// What the lease row says about a replica asking for it (the rule both stores apply).
-pub(crate) enum LeaseClaim {
-    /// No lease yet: take epoch 1.
-    First,
-    /// This process holds it: renew, same epoch.
-    Renew(i64),
-    /// Expired, or the same replica restarted: take it under the next epoch.
-    TakeOver(i64),
-    /// Another live replica holds it.
-    Busy,
-}
-
+/// What a replica asking for the lease does: `None` when another live replica holds it;
+/// else the epoch it holds next, and whether that is a renewal of its own lease (same run:
+/// same epoch, only the expiry moves) rather than taking it (first lease: epoch 1; expired,
+/// or the same replica restarted: the next epoch). The one rule both stores apply.
 pub(crate) fn lease_claim(
     row: Option<&LeaderRecord>,
     replica: &str,
     instance: Uuid,
     now: Timestamp,
-) -> LeaseClaim {
+) -> Option<(i64, bool)> {
     match row {
-        None => LeaseClaim::First,
-        Some(r) if r.holder_instance == instance => LeaseClaim::Renew(r.epoch),
-        Some(r) if r.expires_at <= now || r.holder == replica => LeaseClaim::TakeOver(r.epoch + 1),
-        Some(_) => LeaseClaim::Busy,
+        None => Some((1, false)),
+        Some(r) if r.holder_instance == instance => Some((r.epoch, true)),
+        Some(r) if r.expires_at <= now || r.holder == replica => Some((r.epoch + 1, false)),
+        Some(_) => None,
     }
 }
+
+/// The lease SQL both stores run (the same text; each binds its own column types).
+pub(crate) const LEASE_SELECT: &str = "SELECT holder, holder_instance, epoch, acquired_at, \
+     expires_at FROM leader_lease WHERE id = 1";
+pub(crate) const LEASE_RENEW: &str = "UPDATE leader_lease SET expires_at = $1 WHERE id = 1";
+/// Binds: holder, holder run, epoch, acquired at, expires at.
+pub(crate) const LEASE_TAKE: &str = "INSERT INTO leader_lease \
+     (id, holder, holder_instance, epoch, acquired_at, expires_at) VALUES (1, $1, $2, $3, $4, $5) \
+     ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, \
+     holder_instance = excluded.holder_instance, epoch = excluded.epoch, \
+     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at";
+pub(crate) const LEASE_EPOCH: &str = "SELECT epoch FROM leader_lease WHERE id = 1";
+/// A node's attempts a heartbeat answers about (see [`heartbeat_stops`]); binds the node id.
+pub(crate) const NODE_LIVE_ATTEMPTS: &str = "SELECT a.id, a.job_id, a.epoch, a.state, \
+     j.cancel_requested FROM attempts a JOIN jobs j ON j.id = a.job_id \
+     WHERE a.node_id = $1 AND a.state IN ('assigned', 'running', 'preempting')";
 
 /// What an attempt's `finished` report makes of its job, and the reason shown to users: the
 /// one rule both stores apply.

@@ -90,10 +90,9 @@ impl PgStore {
     async fn leader_tx(&self) -> StoreResult<Tx> {
         let mut tx = self.write_tx().await?;
         if self.fence.get().is_some() {
-            let current: Option<i64> =
-                sqlx::query_scalar("SELECT epoch FROM leader_lease WHERE id = 1")
-                    .fetch_optional(&mut *tx)
-                    .await?;
+            let current: Option<i64> = sqlx::query_scalar(LEASE_EPOCH)
+                .fetch_optional(&mut *tx)
+                .await?;
             self.fence.check(current)?;
         }
         Ok(tx)
@@ -363,42 +362,29 @@ impl Store for PgStore {
         let now: Tz = sqlx::query_scalar("SELECT clock_timestamp()")
             .fetch_one(&mut *tx)
             .await?;
-        let row = sqlx::query(
-            "SELECT holder, holder_instance, epoch, acquired_at, expires_at \
-             FROM leader_lease WHERE id = 1",
-        )
-        .fetch_optional(&mut *tx)
-        .await?
-        .map(|r| leader_of_row(&r))
-        .transpose()?;
+        let row = sqlx::query(LEASE_SELECT)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| leader_of_row(&r))
+            .transpose()?;
         let expires = now + chrono::Duration::milliseconds(ttl_ms);
-        let (epoch, renew) = match lease_claim(row.as_ref(), replica, instance, ts_of(now)) {
-            LeaseClaim::Busy => return Ok(None),
-            LeaseClaim::Renew(epoch) => (epoch, true),
-            LeaseClaim::First => (1, false),
-            LeaseClaim::TakeOver(epoch) => (epoch, false),
+        let Some((epoch, renew)) = lease_claim(row.as_ref(), replica, instance, ts_of(now)) else {
+            return Ok(None);
         };
         if renew {
-            sqlx::query("UPDATE leader_lease SET expires_at = $1 WHERE id = 1")
+            sqlx::query(LEASE_RENEW)
                 .bind(expires)
                 .execute(&mut *tx)
                 .await?;
         } else {
-            sqlx::query(
-                "INSERT INTO leader_lease \
-                 (id, holder, holder_instance, epoch, acquired_at, expires_at) \
-                 VALUES (1, $1, $2, $3, $4, $5) \
-                 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, \
-                 holder_instance = excluded.holder_instance, epoch = excluded.epoch, \
-                 acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
-            )
-            .bind(replica)
-            .bind(instance)
-            .bind(epoch)
-            .bind(now)
-            .bind(expires)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(LEASE_TAKE)
+                .bind(replica)
+                .bind(instance)
+                .bind(epoch)
+                .bind(now)
+                .bind(expires)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(Some(epoch))
@@ -418,14 +404,11 @@ impl Store for PgStore {
     }
 
     async fn leader(&self) -> StoreResult<Option<LeaderRecord>> {
-        sqlx::query(
-            "SELECT holder, holder_instance, epoch, acquired_at, expires_at \
-             FROM leader_lease WHERE id = 1",
-        )
-        .fetch_optional(&self.pool)
-        .await?
-        .map(|r| leader_of_row(&r))
-        .transpose()
+        sqlx::query(LEASE_SELECT)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| leader_of_row(&r))
+            .transpose()
     }
 
     async fn upsert_region(&self, region: &Region) -> StoreResult<()> {
@@ -704,14 +687,10 @@ impl Store for PgStore {
         .bind(node.as_str())
         .fetch_optional(&self.pool)
         .await?;
-        let rows = sqlx::query(
-            "SELECT a.id, a.job_id, a.epoch, a.state, j.cancel_requested \
-             FROM attempts a JOIN jobs j ON j.id = a.job_id \
-             WHERE a.node_id = $1 AND a.state IN ('assigned', 'running', 'preempting')",
-        )
-        .bind(node.as_str())
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(NODE_LIVE_ATTEMPTS)
+            .bind(node.as_str())
+            .fetch_all(&self.pool)
+            .await?;
         let live = rows
             .iter()
             .map(|r| {

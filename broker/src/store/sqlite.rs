@@ -65,10 +65,9 @@ impl SqliteStore {
     async fn leader_tx(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
         let mut tx = self.write_tx().await?;
         if self.fence.get().is_some() {
-            let current: Option<i64> =
-                sqlx::query_scalar("SELECT epoch FROM leader_lease WHERE id = 1")
-                    .fetch_optional(&mut *tx)
-                    .await?;
+            let current: Option<i64> = sqlx::query_scalar(LEASE_EPOCH)
+                .fetch_optional(&mut *tx)
+                .await?;
             self.fence.check(current)?;
         }
         Ok(tx)
@@ -268,42 +267,29 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> StoreResult<Option<i64>> {
         let mut tx = self.write_tx().await?;
-        let row = sqlx::query(
-            "SELECT holder, holder_instance, epoch, acquired_at, expires_at \
-             FROM leader_lease WHERE id = 1",
-        )
-        .fetch_optional(&mut *tx)
-        .await?
-        .map(|r| leader_of_row(&r))
-        .transpose()?;
+        let row = sqlx::query(LEASE_SELECT)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| leader_of_row(&r))
+            .transpose()?;
         let expires = now.millis().saturating_add(ttl_ms);
-        let (epoch, renew) = match lease_claim(row.as_ref(), replica, instance, now) {
-            LeaseClaim::Busy => return Ok(None),
-            LeaseClaim::Renew(epoch) => (epoch, true),
-            LeaseClaim::First => (1, false),
-            LeaseClaim::TakeOver(epoch) => (epoch, false),
+        let Some((epoch, renew)) = lease_claim(row.as_ref(), replica, instance, now) else {
+            return Ok(None);
         };
         if renew {
-            sqlx::query("UPDATE leader_lease SET expires_at = $1 WHERE id = 1")
+            sqlx::query(LEASE_RENEW)
                 .bind(expires)
                 .execute(&mut *tx)
                 .await?;
         } else {
-            sqlx::query(
-                "INSERT INTO leader_lease \
-                 (id, holder, holder_instance, epoch, acquired_at, expires_at) \
-                 VALUES (1, $1, $2, $3, $4, $5) \
-                 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, \
-                 holder_instance = excluded.holder_instance, epoch = excluded.epoch, \
-                 acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
-            )
-            .bind(replica)
-            .bind(instance.to_string())
-            .bind(epoch)
-            .bind(now.millis())
-            .bind(expires)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(LEASE_TAKE)
+                .bind(replica)
+                .bind(instance.to_string())
+                .bind(epoch)
+                .bind(now.millis())
+                .bind(expires)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(Some(epoch))
@@ -320,14 +306,11 @@ impl Store for SqliteStore {
     }
 
     async fn leader(&self) -> StoreResult<Option<LeaderRecord>> {
-        sqlx::query(
-            "SELECT holder, holder_instance, epoch, acquired_at, expires_at \
-             FROM leader_lease WHERE id = 1",
-        )
-        .fetch_optional(&self.pool)
-        .await?
-        .map(|r| leader_of_row(&r))
-        .transpose()
+        sqlx::query(LEASE_SELECT)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| leader_of_row(&r))
+            .transpose()
     }
 
     async fn upsert_region(&self, region: &Region) -> StoreResult<()> {
@@ -627,14 +610,10 @@ impl Store for SqliteStore {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        let rows = sqlx::query(
-            "SELECT a.id, a.job_id, a.epoch, a.state, j.cancel_requested \
-             FROM attempts a JOIN jobs j ON j.id = a.job_id \
-             WHERE a.node_id = $1 AND a.state IN ('assigned', 'running', 'preempting')",
-        )
-        .bind(node.as_str())
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(NODE_LIVE_ATTEMPTS)
+            .bind(node.as_str())
+            .fetch_all(&self.pool)
+            .await?;
         let live = rows
             .iter()
             .map(|r| {
