@@ -120,10 +120,9 @@ pub fn status(
 
 /// The planner's estimate for the job a launch is for: the launch candidate it chose.
 pub fn launch_estimate(plan: &Plan, launch: &Launch) -> Money {
-    plan.explanations
-        .get(&launch.for_job)
+    plan.explanation(&launch.for_job)
         .and_then(|e| {
-            e.candidates.iter().find(|c| {
+            e.candidates.into_iter().find(|c| {
                 c.rejected.is_none()
                     && c.kind == switchyard_core::CandidateKind::Launch
                     && c.pool == launch.pool

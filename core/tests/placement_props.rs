@@ -347,7 +347,7 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
         spent.insert(a.job, a.estimated_cost);
     }
     for l in &plan.launches {
-        let e = &plan.explanations[&l.for_job];
+        let e = plan.explanation(&l.for_job).expect("explained");
         spent.insert(l.for_job, e.candidates[0].cost);
     }
     for p in &snap.policies {
@@ -450,7 +450,10 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
     {
         *decided.entry(id).or_default() += 1;
     }
-    for (id, e) in &plan.explanations {
+    for (id, outcome_only) in &plan.explanations {
+        prop_assert!(outcome_only.candidates.is_empty());
+        let e = plan.explanation(id).expect("explained");
+        prop_assert_eq!(&e.outcome, &outcome_only.outcome);
         prop_assert_eq!(e.job, *id);
         prop_assert_eq!(e.at, NOW);
         prop_assert!(e.candidates.len() <= MAX_EXPLAINED_CANDIDATES);
@@ -523,7 +526,7 @@ proptest! {
         });
         prop_assume!(fits);
         let p = plan(&snap, NOW);
-        let e = &p.explanations[&snap.queued[0].id];
+        let e = p.explanation(&snap.queued[0].id).expect("explained");
         let winner = e.candidates.first().filter(|c| c.rejected.is_none());
         prop_assert!(winner.is_some(), "{:?}", e);
         let finish = winner.map_or(Timestamp::MAX, |c| c.finish);
@@ -555,11 +558,13 @@ proptest! {
     /// A plan without candidate lists decides exactly as a full one.
     #[test]
     fn outcome_only_plans_decide_as_full_ones(snap in arb_snapshot()) {
-        let mut full = plan(&snap, NOW);
-        for e in full.explanations.values_mut() {
-            e.candidates.clear();
+        let full = plan(&snap, NOW);
+        let lean = placement::plan_with(&snap, NOW, placement::Detail::Outcomes);
+        let public = |p: &Plan| (p.assignments.clone(), p.launches.clone(), p.holds.clone(), p.explanations.clone(), p.preemptions.clone());
+        prop_assert_eq!(public(&lean), public(&full));
+        for id in lean.explanations.keys() {
+            prop_assert!(lean.explanation(id).expect("explained").candidates.is_empty());
         }
-        prop_assert_eq!(placement::plan_with(&snap, NOW, placement::Detail::Outcomes), full);
     }
 
     /// Waiting jobs reserve what they wait for: on a lone node that nothing can be launched
@@ -671,7 +676,7 @@ proptest! {
         }
         for &(at, _, _) in &uses {
             let in_use: u32 = uses.iter().filter(|&&(s, e, _)| s <= at && at < e).map(|&(_, _, g)| g).sum();
-            prop_assert!(in_use <= total, "{in_use} GPUs in use at +{at} ms: {uses:?} {:?}", p.explanations.values().map(|e| (&e.outcome, e.candidates.first())).collect::<Vec<_>>());
+            prop_assert!(in_use <= total, "{in_use} GPUs in use at +{at} ms: {uses:?} {:?}", p.explanations.keys().map(|id| p.explanation(id).map(|e| (e.outcome, e.candidates.first().cloned()))).collect::<Vec<_>>());
         }
     }
 }

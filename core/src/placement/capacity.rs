@@ -9,7 +9,7 @@
 //! after it in the queue see the wait they will really have, not the same release. This module
 //! decides nothing: it answers "what fits where, and when", and records what the planner took.
 
-use super::index::Index;
+use super::index::{Index, PoolMask};
 use crate::time::Timestamp;
 use std::collections::BTreeSet;
 
@@ -92,6 +92,9 @@ pub(crate) struct Capacity {
     waits: Vec<Vec<((u32, u32), WaitEstimate)>>,
     /// Per running attempt (position in the index), whether this round preempts it.
     preempted: Vec<bool>,
+    /// Per price order of the index and GPU count `g` in `1..FIT_MEMO` (at `g - 1`): the
+    /// positions of the pools where a usable node has `g` GPUs free now.
+    free_now: [Vec<PoolMask>; 2],
 }
 
 impl Capacity {
@@ -137,7 +140,37 @@ impl Capacity {
             },
             waits: vec![Vec::new(); index.pools.len()],
             preempted: vec![false; index.running.len()],
+            free_now: [0, 1].map(|_| vec![PoolMask::empty(index.pools.len()); FIT_MEMO - 1]),
         }
+        .with_free_now(index)
+    }
+
+    fn with_free_now(mut self, index: &Index) -> Capacity {
+        for pool in 0..index.pools.len() {
+            self.refresh_free_now(index, pool);
+        }
+        self
+    }
+
+    /// Brings the pool's bits in `free_now` up to date.
+    fn refresh_free_now(&mut self, index: &Index, pool: usize) {
+        let most = self.most_free(pool);
+        for (o, order) in index.price_orders().iter().enumerate() {
+            let pos = order.position[pool];
+            for (g, mask) in self.free_now[o].iter_mut().enumerate() {
+                mask.set(pos, most > g as u32);
+            }
+        }
+    }
+
+    /// The pools (positions in price order `order`, 0 or 1 as [`Index::price_orders`]) with a
+    /// usable node that has `gpus` free now; `None` for GPU counts not tracked (0, or
+    /// [`FIT_MEMO`] and more).
+    pub(crate) fn free_now(&self, order: usize, gpus: u32) -> Option<&PoolMask> {
+        let g = usize::try_from(gpus)
+            .ok()
+            .filter(|&g| (1..FIT_MEMO).contains(&g))?;
+        Some(&self.free_now[order][g - 1])
     }
 
     /// The `n` usable nodes of `pool` with `gpus` free and the fewest left over, for a gang:
@@ -366,6 +399,7 @@ impl Capacity {
         if self.fit[pool].remove(&(before, node)) {
             self.fit[pool].insert((after, node));
             self.fit_memo[pool] = [FIT_UNKNOWN; FIT_MEMO];
+            self.refresh_free_now(index, pool);
         }
         self.free[node] = after;
         // Free-now GPUs go to the jobs that start now; a waiting job that counted on them will

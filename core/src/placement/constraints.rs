@@ -89,7 +89,8 @@ impl Reject {
         }
     }
 
-    pub(crate) fn to_rejection(self, pool: &Pool) -> Rejection {
+    /// The public rejection; `gpu_model` is the pool's.
+    pub(crate) fn to_rejection(self, gpu_model: &str) -> Rejection {
         match self {
             Reject::ContendedCapacity => Rejection::ContendedCapacity,
             Reject::BudgetExhausted { cost, remaining } => {
@@ -128,7 +129,7 @@ impl Reject {
             }
             Reject::TooFewGpusPerNode { have, need } => Rejection::TooFewGpusPerNode { have, need },
             Reject::GpuModelNotAllowed => Rejection::GpuModelNotAllowed {
-                model: pool.gpu_model.clone(),
+                model: gpu_model.to_string(),
             },
             Reject::RegionNotAllowed => Rejection::RegionNotAllowed,
         }
@@ -182,7 +183,7 @@ impl Reject {
 /// `None` when the pool could host the job. Region latency is checked by the planner, which has
 /// the regions.
 pub fn hard_constraint(pool: &Pool, spec: &JobSpec) -> Option<Rejection> {
-    static_violation(pool, spec).map(|r| r.to_rejection(pool))
+    static_violation(pool, spec).map(|r| r.to_rejection(&pool.gpu_model))
 }
 
 /// [`hard_constraint`] without allocating.

@@ -11,7 +11,7 @@
 use super::CandidateKind;
 use super::capacity::Capacity;
 use super::constraints::{Reject, latency_violation, shape_violation};
-use super::index::{Index, PoolInfo, PriceOrder};
+use super::index::{Index, PoolInfo, PoolMask, PriceOrder};
 use super::policy::JobPolicy;
 use crate::domain::{JobKind, JobSpec, Market, Priority, SpotRule};
 use crate::money::Money;
@@ -178,6 +178,67 @@ impl<'a> JobCtx<'a> {
         }
         shape_violation(info.pool, self.spec)
             .or_else(|| self.latency.as_ref().and_then(|l| l[info.region_key]))
+    }
+
+    /// Narrows the scan of `order` to a superset of the pools that pass the job's region,
+    /// latency, GPU model and GPUs-per-node constraints: sets `mask` to those positions and
+    /// returns true, or returns false (and leaves `mask` alone) when these constraints rule
+    /// out no pool. Every position left out fails [`JobCtx::static_violation`].
+    pub(crate) fn scan_mask(&self, order: &PriceOrder, mask: &mut PoolMask) -> bool {
+        let mut restricted = false;
+        let mut part = PoolMask::default();
+        let mut apply = |part: &PoolMask, mask: &mut PoolMask| {
+            if restricted {
+                mask.and(part);
+            } else {
+                mask.copy_from(part);
+                restricted = true;
+            }
+        };
+        if self.region_ok.is_some() || self.latency.is_some() {
+            part.0 = vec![0; order.pools.len().div_ceil(64)];
+            for (key, m) in order.in_region.iter().enumerate() {
+                let ok = self.region_ok.as_ref().is_none_or(|ok| ok[key])
+                    && self.latency.as_ref().is_none_or(|l| l[key].is_none());
+                if ok {
+                    part.or(m);
+                }
+            }
+            apply(&part, mask);
+        }
+        if let Some(ok) = &self.model_ok {
+            part.0.clear();
+            part.0.resize(order.pools.len().div_ceil(64), 0);
+            for (key, m) in order.of_model.iter().enumerate() {
+                if ok[key] {
+                    part.or(m);
+                }
+            }
+            apply(&part, mask);
+        }
+        let sizes = &order.gpus_at_least;
+        let fit = sizes.partition_point(|(g, _)| *g < self.gpus);
+        if fit > 0 || sizes.is_empty() {
+            match sizes.get(fit) {
+                Some((_, m)) => apply(m, mask),
+                None => {
+                    part.0.clear();
+                    part.0.resize(order.pools.len().div_ceil(64), 0);
+                    apply(&part, mask);
+                }
+            }
+        }
+        restricted
+    }
+
+    /// For a job with data to move: its data's region key (`None`: no pool there) and what
+    /// running in any pool elsewhere adds at least — the egress, and the transfer at the
+    /// fastest ingress of the index. `None` when the job has no data or moving it adds nothing.
+    pub(crate) fn away(&self, index: &Index) -> Option<(Option<usize>, Money, i64)> {
+        let d = self.data.as_ref()?;
+        let secs = (u64::from(d.size_gb) * 8).div_ceil(u64::from(index.max_ingress_gbps.max(1)));
+        let secs = i64::try_from(secs).unwrap_or(i64::MAX);
+        (d.egress > Money::ZERO || secs > 0).then_some((d.region_key, d.egress, secs))
     }
 
     /// Egress cost and transfer seconds of bringing the job's data to the pool.
@@ -467,6 +528,9 @@ pub(crate) struct ScanBound {
     best: BinaryHeap<Score>,
     /// The last next-tier bound worked out: (its position, the bound).
     next: Option<(usize, Option<Score>)>,
+    /// What every pool left to scan adds at least: cost, and seconds before the start.
+    extra_cost: Money,
+    delay_s: i64,
 }
 
 impl ScanBound {
@@ -475,7 +539,16 @@ impl ScanBound {
             keep,
             best: BinaryHeap::with_capacity(keep + 1),
             next: None,
+            extra_cost: Money::ZERO,
+            delay_s: 0,
         }
+    }
+
+    /// From now on, bounds pools that each add at least `cost` and `delay_s` (moving data).
+    pub(crate) fn away(&mut self, cost: Money, delay_s: i64) {
+        self.extra_cost = cost;
+        self.delay_s = delay_s;
+        self.next = None;
     }
 
     pub(crate) fn offer(&mut self, estimate: &Estimate) {
@@ -492,39 +565,48 @@ impl ScanBound {
     }
 
     /// True when no pool from position `pos` of `order` on can offer the job a candidate
-    /// among the best `keep`.
+    /// among the best `keep`. With `busy`, only the pools of `pos`'s price tier from `pos` on
+    /// that have no capacity free now for the job are bounded (their candidates wait or
+    /// launch: they cannot start before now and rank after a free-now candidate of the same
+    /// cost and finish), and the tiers after it.
     pub(crate) fn excludes(
         &mut self,
         pos: usize,
         order: &PriceOrder,
         job: &JobCtx,
         now: Timestamp,
+        busy: bool,
     ) -> bool {
         if self.best.len() < self.keep {
             return false;
         }
         // No candidate finishes before `finish`; when even that misses the deadline, every
         // candidate misses it (and ranks by how late it finishes, then cost).
-        let finish = now.plus_secs(job.runtime_s);
+        let finish = now.plus_secs(job.runtime_s.saturating_add(self.delay_s));
         let hopeless = job.misses(finish);
         // Otherwise a worst candidate that misses the deadline is beaten by any bound (which
         // meets it).
         let Some(&worst) = self.best.peek().filter(|w| hopeless || !w.misses_deadline) else {
             return false;
         };
-        let floor = |at: usize, pool: usize| -> Option<Score> {
+        let floor = |at: usize, pool: usize, kind: CandidateKind| -> Option<Score> {
             let cost = job.floor_cost(order.pools[at].0, order.min_boot_from[at])?;
+            let cost = cost.saturating_add(self.extra_cost);
             Some(Score {
                 misses_deadline: hopeless,
                 late_finish: if hopeless { finish } else { Timestamp(0) },
                 cost,
                 finish,
-                kind: CandidateKind::FreeNow,
+                kind,
                 pool,
                 node: None,
             })
         };
-        let Some(tier) = floor(pos, order.tier_min_pool[pos]) else {
+        let kind = match busy {
+            true => CandidateKind::Wait,
+            false => CandidateKind::FreeNow,
+        };
+        let Some(tier) = floor(pos, order.tier_min_pool[pos], kind) else {
             return false;
         };
         let end = order.tier_end[pos];
@@ -532,7 +614,7 @@ impl ScanBound {
             let next = match self.next {
                 Some((at, next)) if at == end => next,
                 _ => {
-                    let next = floor(end, 0);
+                    let next = floor(end, 0, CandidateKind::FreeNow);
                     self.next = Some((end, next));
                     next
                 }

@@ -1,15 +1,24 @@
-//! Explanations: the evaluated candidates of one job, made public — the winner first, then the
-//! other workable candidates by score, then the blocked ones closest-to-feasible first — and the
+//! Explanations: the evaluated candidates of one job — the winner first, then the other
+//! workable candidates by score, then the blocked ones closest-to-feasible first — and the
 //! human-readable reason a job is held.
 //!
 //! An explanation keeps at most [`MAX_EXPLAINED_CANDIDATES`](super::MAX_EXPLAINED_CANDIDATES)
 //! candidates: with a thousand pools, the rest would say nothing the first ones do not. Hold
 //! reasons are worked out from every blocked candidate, before that cut.
+//!
+//! A round records each job's candidates compactly ([`Details`]: index positions, no ids), and
+//! [`super::Plan::explanation`] makes one job's list public, ids cloned, when it is asked for:
+//! a 10,000-job round would otherwise clone some 600,000 id strings nobody reads.
 
 use super::constraints::Reject;
 use super::estimate::{Blocked, Estimate, JobCtx};
-use super::index::Index;
-use super::{Candidate, Rejection};
+use super::index::{IdMap, Index};
+use super::{Candidate, CandidateKind, Rejection};
+use crate::domain::{JobId, Market, NodeId, PoolId, RegionId};
+use crate::money::Money;
+use crate::time::Timestamp;
+use std::ops::Range;
+use std::sync::Arc;
 
 /// Keeps the `limit` smallest items by `key`, sorted. Keys must be distinct (they end in ids),
 /// so the unstable sort and selection give one answer whatever the input order.
@@ -25,50 +34,157 @@ pub(crate) fn keep_best<T, K: Ord>(items: &mut Vec<T>, limit: usize, key: impl F
     items.sort_unstable_by_key(key);
 }
 
-/// The public candidates: `viable` best first (the first is the winner), then `blocked`.
-/// Both must already be cut and sorted by [`keep_best`], except that the joint assignment may
-/// have moved the winner ahead of the `displaced` candidates after it, which scored better
-/// but whose capacity went to other jobs.
-pub(crate) fn candidates(
-    index: &Index,
-    job: &JobCtx,
-    viable: &[Estimate],
-    displaced: usize,
-    blocked: &[Blocked],
-) -> Vec<Candidate> {
-    let mut out = Vec::with_capacity(viable.len() + blocked.len());
-    for (i, e) in viable.iter().enumerate() {
-        let rejected = match (i, job.spec.deadline) {
-            (0, _) => None,
-            _ if i <= displaced => Some(Rejection::ContendedCapacity),
-            (_, Some(deadline)) if e.score.misses_deadline => Some(Rejection::MissesDeadline {
-                finish: e.score.finish,
-                deadline,
-            }),
-            _ => Some(Rejection::Outscored),
-        };
-        out.push(candidate(index, e, rejected));
-    }
-    for b in blocked {
-        let e = job.nominal(index, b);
-        let rejected = b.reject.to_rejection(index.pools[b.pool].pool);
-        out.push(candidate(index, &e, Some(rejected)));
-    }
-    out
+/// The candidate lists of a plan's explanations, kept compact: positions in the round's index
+/// instead of ids, so a round allocates nothing per candidate. [`Details::explanation`] turns
+/// one job's list into public [`Candidate`]s, with ids, when it is asked for.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Details {
+    /// The ids candidates name, by position in the index; `None` when the plan keeps no
+    /// candidate lists ([`super::Detail::Outcomes`]).
+    ids: Option<Arc<Ids>>,
+    /// Per job, its candidates in `list`.
+    jobs: IdMap<JobId, Range<u32>>,
+    list: Vec<Compact>,
 }
 
-fn candidate(index: &Index, e: &Estimate, rejected: Option<Rejection>) -> Candidate {
-    let pool = index.pools[e.score.pool].pool;
-    Candidate {
-        pool: pool.id.clone(),
-        region: pool.region.clone(),
-        node: e.score.node.map(|n| index.nodes[n].id.clone()),
+/// The ids of a round's pools and nodes, in index order.
+#[derive(Debug, PartialEq)]
+struct Ids {
+    /// Pool id, region id and GPU model.
+    pools: Vec<(PoolId, RegionId, String)>,
+    nodes: Vec<NodeId>,
+}
+
+/// One candidate of an explanation, as the round knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Compact {
+    pool: u32,
+    /// `u32::MAX`: none.
+    node: u32,
+    kind: CandidateKind,
+    market: Market,
+    start: Timestamp,
+    finish: Timestamp,
+    cost: Money,
+    why: Why,
+}
+
+/// Why a listed candidate did not win ([`Rejection`] without the allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Why {
+    Won,
+    Contended,
+    MissesDeadline { deadline: Timestamp },
+    Outscored,
+    Blocked(Reject),
+}
+
+impl Details {
+    /// Details that keep candidate lists for the round of `index`.
+    pub(crate) fn new(index: &Index) -> Details {
+        let ids = Ids {
+            pools: index
+                .pools
+                .iter()
+                .map(|p| {
+                    let p = p.pool;
+                    (p.id.clone(), p.region.clone(), p.gpu_model.clone())
+                })
+                .collect(),
+            nodes: index.nodes.iter().map(|n| n.id.clone()).collect(),
+        };
+        Details {
+            ids: Some(Arc::new(ids)),
+            ..Details::default()
+        }
+    }
+
+    /// The same details with no job's candidates yet.
+    pub(crate) fn emptied(&self) -> Details {
+        Details {
+            ids: self.ids.clone(),
+            ..Details::default()
+        }
+    }
+
+    /// Records a job's candidates: `viable` best first (the first is the winner), then
+    /// `blocked`. Both must already be cut and sorted by [`keep_best`], except that the joint
+    /// assignment may have moved the winner ahead of the `displaced` candidates after it, which
+    /// scored better but whose capacity went to other jobs.
+    pub(crate) fn record(
+        &mut self,
+        index: &Index,
+        job: &JobCtx,
+        id: JobId,
+        viable: &[Estimate],
+        displaced: usize,
+        blocked: &[Blocked],
+    ) {
+        let from = self.list.len();
+        for (i, e) in viable.iter().enumerate() {
+            let why = match (i, job.spec.deadline) {
+                (0, _) => Why::Won,
+                _ if i <= displaced => Why::Contended,
+                (_, Some(deadline)) if e.score.misses_deadline => Why::MissesDeadline { deadline },
+                _ => Why::Outscored,
+            };
+            self.list.push(compact(e, why));
+        }
+        for b in blocked {
+            let e = job.nominal(index, b);
+            self.list.push(compact(&e, Why::Blocked(b.reject)));
+        }
+        let span = u32::try_from(from).unwrap_or(u32::MAX)
+            ..u32::try_from(self.list.len()).unwrap_or(u32::MAX);
+        self.jobs.insert(id, span);
+    }
+
+    /// The public candidates of `job`; empty when none are kept.
+    pub(crate) fn candidates(&self, job: &JobId) -> Vec<Candidate> {
+        let (Some(ids), Some(span)) = (&self.ids, self.jobs.get(job)) else {
+            return Vec::new();
+        };
+        let list = &self.list[span.start as usize..span.end as usize];
+        list.iter()
+            .map(|c| {
+                let (pool, region, model) = &ids.pools[c.pool as usize];
+                let rejected = match c.why {
+                    Why::Won => None,
+                    Why::Contended => Some(Rejection::ContendedCapacity),
+                    Why::MissesDeadline { deadline } => Some(Rejection::MissesDeadline {
+                        finish: c.finish,
+                        deadline,
+                    }),
+                    Why::Outscored => Some(Rejection::Outscored),
+                    Why::Blocked(reject) => Some(reject.to_rejection(model)),
+                };
+                Candidate {
+                    pool: pool.clone(),
+                    region: region.clone(),
+                    node: (c.node != u32::MAX).then(|| ids.nodes[c.node as usize].clone()),
+                    kind: c.kind,
+                    market: c.market,
+                    start: c.start,
+                    finish: c.finish,
+                    cost: c.cost,
+                    rejected,
+                }
+            })
+            .collect()
+    }
+}
+
+fn compact(e: &Estimate, why: Why) -> Compact {
+    let pos = |i: usize| u32::try_from(i).unwrap_or(u32::MAX);
+    Compact {
+        pool: pos(e.score.pool),
+        node: e.score.node.map_or(u32::MAX, pos),
         kind: e.score.kind,
         market: e.market,
         start: e.start,
         finish: e.score.finish,
         cost: e.score.cost,
-        rejected,
+        why,
     }
 }
 

@@ -8,12 +8,12 @@ use super::batch::Pin;
 use super::capacity::Capacity;
 use super::constraints::Reject;
 use super::estimate::{Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, evaluate};
-use super::explain::{candidates, hold_reason, keep_best};
-use super::index::{IdMap, Index};
+use super::explain::{Details, hold_reason, keep_best};
+use super::index::{IdMap, Index, PoolMask, PriceOrder};
 use super::policy::{Budgets, JobPolicy};
 use super::preempt::best_preemption;
 use super::{
-    Assignment, Candidate, CandidateKind, Detail, Explanation, Hold, HoldCode, Launch,
+    Assignment, CandidateKind, Detail, Explanation, Hold, HoldCode, Launch,
     MAX_EXPLAINED_CANDIDATES, Outcome, Plan, Preemption,
 };
 use crate::domain::{QueuedJob, Snapshot};
@@ -184,21 +184,33 @@ pub(crate) struct Round<'a> {
     /// Scratch buffers for one job's candidates, reused across jobs.
     pub viable: Vec<Estimate>,
     pub blocked: Vec<Blocked>,
+    /// Scratch: the positions a job's scan looks at, and those of one phase of it.
+    mask: PoolMask,
+    phase: PoolMask,
     objective: Objective,
 }
 
 impl<'a> Round<'a> {
     pub(crate) fn new(index: Index<'a>, scan: Scan, detail: Detail) -> Round<'a> {
+        let plan = Plan {
+            details: match detail {
+                Detail::Full => Details::new(&index),
+                Detail::Outcomes => Details::default(),
+            },
+            ..Plan::default()
+        };
         Round {
             capacity: Capacity::new(&index),
             budgets: Budgets::new(&index.policies),
             index,
             scan,
             detail,
-            plan: Plan::default(),
+            plan,
             pins: IdMap::default(),
             viable: Vec::new(),
             blocked: Vec::new(),
+            mask: PoolMask::default(),
+            phase: PoolMask::default(),
             objective: Objective::default(),
         }
     }
@@ -209,7 +221,14 @@ impl<'a> Round<'a> {
         self.budgets = Budgets::new(&self.index.policies);
         self.pins.clear();
         self.objective = Objective::default();
-        std::mem::take(&mut self.plan)
+        let details = self.plan.details.emptied();
+        std::mem::replace(
+            &mut self.plan,
+            Plan {
+                details,
+                ..Plan::default()
+            },
+        )
     }
 
     /// Decides one job: records its assignment, launch or hold and its explanation, and
@@ -269,23 +288,25 @@ impl<'a> Round<'a> {
             self.objective.holds += 1;
             let code = hold_code(&ctx, &self.blocked);
             let reason = hold_reason(&self.blocked);
-            let shown = if full {
+            if full {
                 keep_best(&mut self.blocked, MAX_EXPLAINED_CANDIDATES, |b| {
                     b.order_key()
                 });
-                candidates(&self.index, &ctx, &self.viable, 0, &self.blocked)
-            } else {
-                Vec::new()
-            };
-            return self.hold(job, code, reason, shown);
+                let (index, viable, blocked) = (&self.index, &self.viable, &self.blocked);
+                self.plan
+                    .details
+                    .record(index, &ctx, job.id, viable, 0, blocked);
+            }
+            return self.hold(job, code, reason);
         };
-        let shown = if full {
+        if full {
             let room = MAX_EXPLAINED_CANDIDATES - self.viable.len();
             keep_best(&mut self.blocked, room, |b| b.order_key());
-            candidates(&self.index, &ctx, &self.viable, displaced, &self.blocked)
-        } else {
-            Vec::new()
-        };
+            let (index, viable, blocked) = (&self.index, &self.viable, &self.blocked);
+            self.plan
+                .details
+                .record(index, &ctx, job.id, viable, displaced, blocked);
+        }
         self.objective.misses += u32::from(winner.score.misses_deadline);
         self.objective.cost += winner.score.cost;
         let outcome = self.commit(job, &ctx, winner, &victims);
@@ -293,7 +314,7 @@ impl<'a> Round<'a> {
             job: job.id,
             at: self.index.now,
             outcome,
-            candidates: shown,
+            candidates: Vec::new(),
         }
     }
 
@@ -314,24 +335,75 @@ impl<'a> Round<'a> {
         };
         let mut bound = ScanBound::new(keep);
         let order = self.index.pools_by_price(ctx.spot);
-        for (pos, &(_, pool)) in order.pools.iter().enumerate() {
-            if self.scan == Scan::Pruned && bound.excludes(pos, order, ctx, self.index.now) {
-                break;
+        let pruned = self.scan == Scan::Pruned;
+        // Pruned, the scan skips the pools the job's own constraints rule out; it looks at them
+        // only if it ends up needing every blocked candidate.
+        let restricted = pruned && ctx.scan_mask(order, &mut self.mask);
+        if !restricted {
+            self.mask = PoolMask::full(order.pools.len());
+        }
+        // Pruned, a price tier of several pools is scanned in two passes: first its pools with
+        // capacity free now for the job, then the others, whose candidates (waits, launches)
+        // rank after a free-now one of the same cost; the bound often stops the second pass.
+        let order_id = Index::order_of(ctx.spot);
+        let split =
+            pruned && ctx.nodes == 1 && self.capacity.free_now(order_id, ctx.gpus).is_some();
+        // Pruned, a job with data elsewhere scans the pools in its data's region first, then
+        // the others, bounded with the egress and transfer time every one of them adds.
+        let away = ctx.away(&self.index).filter(|_| pruned);
+        let phases = match away {
+            Some(_) => 2,
+            None => 1,
+        };
+        let mut completed = true;
+        for phase in 0..phases {
+            self.phase.copy_from(&self.mask);
+            if let Some((home, extra, delay_s)) = away {
+                let empty = PoolMask::empty(order.pools.len());
+                let here = home.map_or(&empty, |h| &order.in_region[h]);
+                match phase {
+                    0 => self.phase.and(here),
+                    _ => {
+                        self.phase.and_not(here);
+                        bound.away(extra, delay_s);
+                    }
+                }
             }
-            let before = self.viable.len();
-            let (index, capacity) = (&self.index, &mut self.capacity);
-            evaluate(
-                index,
-                capacity,
+            let mut scan = Phase {
+                index: &self.index,
+                capacity: &mut self.capacity,
+                viable: &mut self.viable,
+                blocked: &mut self.blocked,
+                pruned,
+            };
+            if !scan.scan(
                 ctx,
-                pool,
-                &mut self.viable,
-                &mut self.blocked,
-            );
-            filter(&mut self.viable, before, &mut self.blocked, |e| {
-                candidate_rule(ctx, remaining, elsewhere, e)
-            });
-            self.viable[before..].iter().for_each(|e| bound.offer(e));
+                order,
+                &self.phase,
+                &mut bound,
+                split,
+                remaining,
+                elsewhere,
+            ) {
+                completed = false;
+            }
+        }
+        // Blocked candidates are shown only when fewer than `keep` are workable (the scan then
+        // went through every wanted pool), and their count only for a hold.
+        if restricted && completed && (self.detail == Detail::Full || self.viable.is_empty()) {
+            for (pos, &(_, pool)) in order.pools.iter().enumerate() {
+                if !self.mask.contains(pos) {
+                    let (index, capacity) = (&self.index, &mut self.capacity);
+                    evaluate(
+                        index,
+                        capacity,
+                        ctx,
+                        pool,
+                        &mut self.viable,
+                        &mut self.blocked,
+                    );
+                }
+            }
         }
     }
 
@@ -374,8 +446,12 @@ impl<'a> Round<'a> {
         self.viable.clear();
         let mut bound = ScanBound::new(1);
         let order = self.index.pools_by_price(ctx.spot);
+        let restricted = ctx.scan_mask(order, &mut self.mask);
         for (pos, &(_, pool)) in order.pools.iter().enumerate() {
-            if bound.excludes(pos, order, ctx, self.index.now) {
+            if restricted && !self.mask.contains(pos) {
+                continue;
+            }
+            if bound.excludes(pos, order, ctx, self.index.now, false) {
                 break;
             }
             let before = self.viable.len();
@@ -501,13 +577,7 @@ impl<'a> Round<'a> {
         }
     }
 
-    fn hold(
-        &mut self,
-        job: &QueuedJob,
-        code: HoldCode,
-        reason: String,
-        shown: Vec<Candidate>,
-    ) -> Explanation {
+    fn hold(&mut self, job: &QueuedJob, code: HoldCode, reason: String) -> Explanation {
         self.plan.holds.push(Hold {
             job: job.id,
             reason: reason.clone(),
@@ -517,8 +587,75 @@ impl<'a> Round<'a> {
             job: job.id,
             at: self.index.now,
             outcome: Outcome::Hold { reason },
-            candidates: shown,
+            candidates: Vec::new(),
         }
+    }
+}
+
+/// One phase of a job's pool scan (see `Round::evaluate_pools`): the positions of `order` in
+/// `phase`, tier by tier, with `split` the free-now pools of a tier first. False when the bound
+/// cut it short.
+struct Phase<'r, 'a> {
+    index: &'r Index<'a>,
+    capacity: &'r mut Capacity,
+    viable: &'r mut Vec<Estimate>,
+    blocked: &'r mut Vec<Blocked>,
+    pruned: bool,
+}
+
+impl Phase<'_, '_> {
+    #[allow(clippy::too_many_arguments)]
+    fn scan(
+        &mut self,
+        ctx: &JobCtx,
+        order: &PriceOrder,
+        phase: &PoolMask,
+        bound: &mut ScanBound,
+        split: bool,
+        remaining: Option<Money>,
+        elsewhere: &[usize],
+    ) -> bool {
+        let pruned = self.pruned;
+        let order_id = Index::order_of(ctx.spot);
+        let mut next = phase.ones_from(0).next();
+        while let Some(start) = next {
+            let end = order.tier_end[start];
+            let passes: &[Option<bool>] = match split && end - start > 1 {
+                true => &[Some(true), Some(false)],
+                false => &[None],
+            };
+            for &want_free in passes {
+                let busy = want_free == Some(false);
+                let positions = phase.ones_from(start).take_while(|&p| p < end);
+                for pos in positions {
+                    if let Some(want) = want_free {
+                        let free = self.capacity.free_now(order_id, ctx.gpus);
+                        if free.is_some_and(|m| m.contains(pos)) != want {
+                            continue;
+                        }
+                    }
+                    if pruned && bound.excludes(pos, order, ctx, self.index.now, busy) {
+                        return false;
+                    }
+                    let pool = order.pools[pos].1;
+                    let before = self.viable.len();
+                    evaluate(
+                        self.index,
+                        self.capacity,
+                        ctx,
+                        pool,
+                        self.viable,
+                        self.blocked,
+                    );
+                    filter(self.viable, before, self.blocked, |e| {
+                        candidate_rule(ctx, remaining, elsewhere, e)
+                    });
+                    self.viable[before..].iter().for_each(|e| bound.offer(e));
+                }
+            }
+            next = phase.ones_from(end).next();
+        }
+        true
     }
 }
 

@@ -7,6 +7,7 @@
 //!
 //! Ids are assumed unique within each vector of the snapshot (the broker's stores key them).
 
+use super::estimate::DEFAULT_INGRESS_GBPS;
 use crate::domain::{
     DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, Node, Pool, Priority, Region, RegionId,
     RunningAttempt, Snapshot, SpotRule, TeamPolicy,
@@ -89,6 +90,9 @@ pub(crate) struct Index<'a> {
     pub region_ids: Vec<&'a RegionId>,
     /// The GPU model (as some pool spells it) of each model key.
     pub model_names: Vec<&'a str>,
+    /// The fastest ingress of any pool's region, in Gb/s (a region that states none counts
+    /// as [`DEFAULT_INGRESS_GBPS`]).
+    pub max_ingress_gbps: u32,
 }
 
 impl<'a> Index<'a> {
@@ -100,7 +104,10 @@ impl<'a> Index<'a> {
             .collect();
 
         let mut pools: Vec<&Pool> = snapshot.pools.iter().collect();
-        pools.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        // Callers that keep their pools sorted (the simulator) skip the sort's id comparisons.
+        if !pools.is_sorted_by(|a, b| a.id <= b.id) {
+            pools.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        }
         let pool_pos: IdMap<&str, usize> = pools
             .iter()
             .enumerate()
@@ -109,8 +116,9 @@ impl<'a> Index<'a> {
 
         let mut region_keys: IdMap<&str, usize> = IdMap::default();
         let mut region_ids: Vec<&RegionId> = Vec::new();
-        let mut model_keys: IdMap<String, usize> = IdMap::default();
         let mut model_names: Vec<&str> = Vec::new();
+        // Interruption rates by pool id, walked alongside the pools (both sorted by id).
+        let mut rates = snapshot.spot_interruptions_per_hour_ppm.iter().peekable();
         let mut pools: Vec<PoolInfo> = pools
             .into_iter()
             .map(|pool| {
@@ -119,24 +127,29 @@ impl<'a> Index<'a> {
                     region_ids.push(&pool.region);
                     next
                 });
-                let next = model_keys.len();
-                let model_key = *model_keys
-                    .entry(pool.gpu_model.to_ascii_lowercase())
-                    .or_insert_with(|| {
+                // A handful of models: a scan beats hashing a lower-cased copy.
+                let model_key = match model_names
+                    .iter()
+                    .position(|m| m.eq_ignore_ascii_case(&pool.gpu_model))
+                {
+                    Some(key) => key,
+                    None => {
                         model_names.push(&pool.gpu_model);
-                        next
-                    });
+                        model_names.len() - 1
+                    }
+                };
+                while rates.next_if(|(id, _)| **id < pool.id).is_some() {}
+                let rate = rates
+                    .peek()
+                    .filter(|(id, _)| **id == pool.id)
+                    .map(|&(_, &r)| r);
                 PoolInfo {
                     pool,
                     region_key,
                     model_key,
                     region: regions.get(pool.region.as_str()).copied(),
                     nodes: Vec::new(),
-                    spot_interruptions_ppm: snapshot
-                        .spot_interruptions_per_hour_ppm
-                        .get(&pool.id)
-                        .copied()
-                        .unwrap_or(DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM),
+                    spot_interruptions_ppm: rate.unwrap_or(DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM),
                 }
             })
             .collect();
@@ -146,7 +159,9 @@ impl<'a> Index<'a> {
             .iter()
             .filter_map(|n| pool_pos.get(n.pool.as_str()).map(|&p| (n, p)))
             .collect();
-        nodes.sort_unstable_by(|a, b| a.0.id.cmp(&b.0.id));
+        if !nodes.is_sorted_by(|a, b| a.0.id <= b.0.id) {
+            nodes.sort_unstable_by(|a, b| a.0.id.cmp(&b.0.id));
+        }
         let (nodes, node_pool): (Vec<&Node>, Vec<usize>) = nodes.into_iter().unzip();
         for (i, &p) in node_pool.iter().enumerate() {
             pools[p].nodes.push(i);
@@ -185,6 +200,8 @@ impl<'a> Index<'a> {
         let mut policies: Vec<&TeamPolicy> = snapshot.policies.iter().collect();
         policies.sort();
 
+        let regions_n = region_ids.len();
+        let models_n = model_names.len();
         let by_price = [SpotRule::Never, SpotRule::Allowed].map(|rule| {
             let mut order: Vec<(Money, usize)> = pools
                 .iter()
@@ -198,10 +215,19 @@ impl<'a> Index<'a> {
                 })
                 .collect();
             order.sort_unstable();
-            PriceOrder::new(order, &pools)
+            PriceOrder::new(order, &pools, regions_n, models_n)
         });
 
+        let max_ingress_gbps = pools
+            .iter()
+            .map(|p| match p.region.map_or(0, |r| r.ingress_gbps) {
+                0 => DEFAULT_INGRESS_GBPS,
+                g => g,
+            })
+            .max()
+            .unwrap_or(DEFAULT_INGRESS_GBPS);
         Index {
+            max_ingress_gbps,
             now,
             burst_enabled: snapshot.burst_enabled,
             pools,
@@ -230,10 +256,20 @@ impl<'a> Index<'a> {
 
     /// Every pool with the GPU-hour price a job with this spot rule pays there, cheapest first.
     pub(crate) fn pools_by_price(&self, spot: SpotRule) -> &PriceOrder {
+        &self.by_price[Index::order_of(spot)]
+    }
+
+    /// Which of [`Index::price_orders`] a job with this spot rule scans.
+    pub(crate) fn order_of(spot: SpotRule) -> usize {
         match spot {
-            SpotRule::Never => &self.by_price[0],
-            SpotRule::Allowed | SpotRule::Preferred => &self.by_price[1],
+            SpotRule::Never => 0,
+            SpotRule::Allowed | SpotRule::Preferred => 1,
         }
+    }
+
+    /// Both price orders.
+    pub(crate) fn price_orders(&self) -> &[PriceOrder; 2] {
+        &self.by_price
     }
 
     /// Only healthy, non-draining nodes receive work or count for waiting.
@@ -254,11 +290,132 @@ pub(crate) struct PriceOrder {
     pub tier_min_pool: Vec<usize>,
     /// Per position, the shortest boot time of a launchable pool from it on (`None`: none).
     pub min_boot_from: Vec<Option<u32>>,
+    /// Per pool, its position.
+    pub position: Vec<usize>,
+    /// Bitsets over positions ([`PoolMask`]) of the pools in each region key, in each model
+    /// key, and with at least each GPU count per node (`gpus_at_least`).
+    pub in_region: Vec<PoolMask>,
+    pub of_model: Vec<PoolMask>,
+    pub gpus_at_least: Vec<(u32, PoolMask)>,
+}
+
+/// A set of positions in a [`PriceOrder`], one bit each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PoolMask(pub Vec<u64>);
+
+impl PoolMask {
+    pub(crate) fn empty(len: usize) -> PoolMask {
+        PoolMask(vec![0; len.div_ceil(64)])
+    }
+
+    /// Every position below `len`.
+    pub(crate) fn full(len: usize) -> PoolMask {
+        let mut mask = PoolMask(vec![u64::MAX; len.div_ceil(64)]);
+        if let Some(last) = mask.0.last_mut()
+            && !len.is_multiple_of(64)
+        {
+            *last = (1 << (len % 64)) - 1;
+        }
+        mask
+    }
+
+    pub(crate) fn insert(&mut self, pos: usize) {
+        self.0[pos / 64] |= 1 << (pos % 64);
+    }
+
+    pub(crate) fn set(&mut self, pos: usize, on: bool) {
+        let bit = 1 << (pos % 64);
+        if on {
+            self.0[pos / 64] |= bit;
+        } else {
+            self.0[pos / 64] &= !bit;
+        }
+    }
+
+    pub(crate) fn contains(&self, pos: usize) -> bool {
+        self.0[pos / 64] & (1 << (pos % 64)) != 0
+    }
+
+    /// `self = a`, word by word.
+    pub(crate) fn copy_from(&mut self, a: &PoolMask) {
+        self.0.clear();
+        self.0.extend_from_slice(&a.0);
+    }
+
+    /// `self &= a`.
+    pub(crate) fn and(&mut self, a: &PoolMask) {
+        self.0.iter_mut().zip(&a.0).for_each(|(x, y)| *x &= y);
+    }
+
+    /// `self &= !a`.
+    pub(crate) fn and_not(&mut self, a: &PoolMask) {
+        self.0.iter_mut().zip(&a.0).for_each(|(x, y)| *x &= !y);
+    }
+
+    /// `self |= a`.
+    pub(crate) fn or(&mut self, a: &PoolMask) {
+        self.0.iter_mut().zip(&a.0).for_each(|(x, y)| *x |= y);
+    }
+
+    /// The positions in the set, in order, from `from` on.
+    pub(crate) fn ones_from(&self, from: usize) -> impl Iterator<Item = usize> + '_ {
+        let first = from / 64;
+        self.0
+            .iter()
+            .enumerate()
+            .skip(first)
+            .flat_map(move |(w, &word)| {
+                let word = if w == first {
+                    word & (u64::MAX << (from % 64))
+                } else {
+                    word
+                };
+                Bits(word).map(move |b| w * 64 + b)
+            })
+    }
+}
+
+/// The set bits of one word, lowest first.
+struct Bits(u64);
+
+impl Iterator for Bits {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.0 == 0 {
+            return None;
+        }
+        let b = self.0.trailing_zeros() as usize;
+        self.0 &= self.0 - 1;
+        Some(b)
+    }
 }
 
 impl PriceOrder {
-    fn new(pools: Vec<(Money, usize)>, info: &[PoolInfo]) -> PriceOrder {
+    fn new(
+        pools: Vec<(Money, usize)>,
+        info: &[PoolInfo],
+        regions: usize,
+        models: usize,
+    ) -> PriceOrder {
         let n = pools.len();
+        let mut in_region = vec![PoolMask::empty(n); regions];
+        let mut of_model = vec![PoolMask::empty(n); models];
+        let mut sizes: Vec<u32> = info.iter().map(|i| i.pool.gpus_per_node).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let mut gpus_at_least: Vec<(u32, PoolMask)> =
+            sizes.into_iter().map(|g| (g, PoolMask::empty(n))).collect();
+        for (pos, &(_, pool)) in pools.iter().enumerate() {
+            let i = &info[pool];
+            in_region[i.region_key].insert(pos);
+            of_model[i.model_key].insert(pos);
+            for (g, mask) in &mut gpus_at_least {
+                if i.pool.gpus_per_node >= *g {
+                    mask.insert(pos);
+                }
+            }
+        }
         let mut tier_end = vec![n; n];
         let mut tier_min_pool = vec![usize::MAX; n];
         let mut min_boot_from = vec![None; n];
@@ -279,11 +436,19 @@ impl PriceOrder {
             }
             min_boot_from[i] = boot;
         }
+        let mut position = vec![0; n];
+        for (pos, &(_, pool)) in pools.iter().enumerate() {
+            position[pool] = pos;
+        }
         PriceOrder {
+            position,
             pools,
             tier_end,
             tier_min_pool,
             min_boot_from,
+            in_region,
+            of_model,
+            gpus_at_least,
         }
     }
 }

@@ -59,12 +59,35 @@ pub struct Plan {
     /// Jobs that cannot be placed at all as things stand (no candidate passes the hard
     /// constraints, or none has capacity now, later or by a launch), with why.
     pub holds: Vec<Hold>,
-    /// One explanation per queued job, keyed by job id.
+    /// One explanation per queued job, keyed by job id: its outcome, with an empty candidate
+    /// list. The candidates are kept compact and made public on demand: see
+    /// [`Plan::explanation`].
     pub explanations: BTreeMap<JobId, Explanation>,
     /// Running low-priority attempts to stop (checkpoint signal, grace period, requeue) so that
     /// an urgent job can have their GPUs. The job's assignment to the node is in `assignments`.
     #[serde(default)]
     pub preemptions: Vec<Preemption>,
+    /// The candidates of each explanation, by position in the round's index: turned into
+    /// public [`Candidate`]s (ids cloned) only for the jobs whose explanation is asked for.
+    /// Not serialised: a plan read back explains outcomes only.
+    #[serde(skip)]
+    pub(crate) details: explain::Details,
+}
+
+impl Plan {
+    /// The explanation of `job` with its candidates (at most [`MAX_EXPLAINED_CANDIDATES`]):
+    /// the winner first, then the other workable ones by score, then the blocked ones
+    /// closest-to-feasible first. A plan made with [`Detail::Outcomes`] (or deserialised)
+    /// has no candidates to give: the list is then empty. `None` for a job not in the plan.
+    pub fn explanation(&self, job: &JobId) -> Option<Explanation> {
+        let e = self.explanations.get(job)?;
+        Some(Explanation {
+            job: e.job,
+            at: e.at,
+            outcome: e.outcome.clone(),
+            candidates: self.details.candidates(job),
+        })
+    }
 }
 
 /// A running attempt the plan takes GPUs from.
@@ -265,6 +288,8 @@ pub struct Explanation {
     pub outcome: Outcome,
     /// The candidates considered, winner first, then the other workable ones by score, then
     /// the blocked ones closest-to-feasible first; at most [`MAX_EXPLAINED_CANDIDATES`].
+    /// Filled by [`Plan::explanation`] (and [`Planner::explanation`]); empty in
+    /// [`Plan::explanations`], which holds outcomes.
     pub candidates: Vec<Candidate>,
 }
 
@@ -278,10 +303,10 @@ pub fn plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
     greedy::plan(snapshot, now, greedy::Scan::Pruned, Detail::Full)
 }
 
-/// How much of each job's explanation a plan builds.
+/// How much of each job's explanation a plan keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Detail {
-    /// Every explanation with its candidates, as [`plan`] gives.
+    /// Every explanation with its candidates ([`Plan::explanation`]), as [`plan`] gives.
     #[default]
     Full,
     /// Explanations with their outcomes only (no candidates): for callers that act on the
@@ -290,8 +315,9 @@ pub enum Detail {
 }
 
 /// [`plan`] with a choice of how much to explain. The assignments, launches, preemptions,
-/// holds and outcomes are the same whatever the detail; `Outcomes` leaves the candidate lists
-/// empty, and since it needs only each job's winner it scans fewer pools.
+/// holds and outcomes are the same whatever the detail; `Outcomes` keeps no candidates
+/// ([`Plan::explanation`] gives outcomes only), and since it needs only each job's winner it
+/// scans fewer pools.
 pub fn plan_with(snapshot: &Snapshot, now: Timestamp, detail: Detail) -> Plan {
     greedy::plan(snapshot, now, greedy::Scan::Pruned, detail)
 }
@@ -314,9 +340,15 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// Decides `job` now, takes what it takes from the warm state, and explains it.
+    /// Decides `job` now, takes what it takes from the warm state, and returns its outcome
+    /// (an explanation without candidates: [`Planner::explanation`] has them).
     pub fn place(&mut self, job: &QueuedJob) -> &Explanation {
         self.round.place(job)
+    }
+
+    /// The explanation of a job placed so far, with its candidates.
+    pub fn explanation(&self, job: &JobId) -> Option<Explanation> {
+        self.round.plan.explanation(job)
     }
 
     /// The decisions so far.

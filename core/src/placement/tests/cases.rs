@@ -327,7 +327,10 @@ fn assignments_carry_their_estimates() {
         (l.pool.as_str(), l.market, l.for_job),
         (P5, Market::Spot, JobId(Uuid::from_u128(1)))
     );
-    assert_eq!(p.explanations[&l.for_job].candidates[0].cost, usd(39.42));
+    assert_eq!(
+        p.explanation(&l.for_job).expect("explained").candidates[0].cost,
+        usd(39.42)
+    );
 }
 
 #[rustfmt::skip]

@@ -280,10 +280,11 @@ fn render(world: &W) -> String {
         .map(|j| (j.id, j.spec.name.as_str()))
         .collect();
     plan.explanations
-        .values()
+        .keys()
+        .map(|id| plan.explanation(id).expect("explained"))
         .map(|e| match many {
-            true => format!("{}: {}", names[&e.job], outcome(e)),
-            false => outcome(e),
+            true => format!("{}: {}", names[&e.job], outcome(&e)),
+            false => outcome(&e),
         })
         .collect::<Vec<_>>()
         .join(" | ")
@@ -297,7 +298,8 @@ fn check(world: W, expect: &str) {
 /// The first job's candidates, one line each: pool, node, kind, market, cost, verdict.
 fn explain(world: W) -> Vec<String> {
     let plan = plan(&world.snap, NOW);
-    let e = plan.explanations.values().next().expect("add a job");
+    let first = plan.explanations.keys().next().expect("add a job");
+    let e = plan.explanation(first).expect("explained");
     e.candidates
         .iter()
         .map(|c| {

@@ -87,7 +87,9 @@ fn preemption_takes_the_fewest_latest_started_victims() {
     // explanation names the preemption.
     let j2 = &p.explanations[&JobId(Uuid::from_u128(2))];
     assert!(matches!(j2.outcome, Outcome::Wait { .. }), "{j2:?}");
-    let j1 = &p.explanations[&JobId(Uuid::from_u128(1))];
+    let j1 = p
+        .explanation(&JobId(Uuid::from_u128(1)))
+        .expect("explained");
     assert_eq!(j1.candidates[0].kind, CandidateKind::Preempt);
 }
 
@@ -195,7 +197,9 @@ fn budgets_are_hard_and_spent_across_the_round() {
         p.holds[0].reason,
         "no pool can take this job now: costs more than the team's remaining budget of $1.000000 (1 pool)"
     );
-    let e = &p.explanations[&JobId(Uuid::from_u128(2))];
+    let e = p
+        .explanation(&JobId(Uuid::from_u128(2)))
+        .expect("explained");
     assert_eq!(
         e.candidates[0].rejected,
         Some(Rejection::BudgetExhausted {
@@ -248,7 +252,9 @@ fn the_round_assigns_contended_capacity_jointly() {
     let p = plan_of(world);
     assert_eq!(total(&p), usd(16.0));
     // j1's explanation says why the cheaper GPU was not its own.
-    let j1 = &p.explanations[&JobId(Uuid::from_u128(1))];
+    let j1 = p
+        .explanation(&JobId(Uuid::from_u128(1)))
+        .expect("explained");
     let reasons: Vec<_> = j1
         .candidates
         .iter()
@@ -300,5 +306,10 @@ fn the_planner_places_one_job_at_a_time_into_warm_state() {
     let second = planner.place(&world.snap.queued[1]).outcome.clone();
     assert!(matches!(second, Outcome::Wait { .. }), "{second:?}");
     assert_eq!(planner.plan().assignments.len(), 1);
+    let explained = planner
+        .explanation(&world.snap.queued[1].id)
+        .expect("placed");
+    assert_eq!(explained.outcome, second);
+    assert!(explained.candidates[0].rejected.is_none(), "{explained:?}");
     assert_eq!(planner.into_plan().explanations.len(), 2);
 }
