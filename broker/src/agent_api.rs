@@ -88,6 +88,9 @@ async fn register(
                 RegisterRefusal::UnknownToken => "unknown enrolment token",
                 RegisterRefusal::AlreadyUsed => "enrolment token already used",
                 RegisterRefusal::Expired => "enrolment token expired",
+                RegisterRefusal::InstanceGone => {
+                    "the instance this enrolment token was issued for is no longer booting"
+                }
             };
             return Err(ApiError::Forbidden(why.into()));
         }
@@ -108,7 +111,8 @@ async fn register(
     ))
 }
 
-fn sanitize(s: &str) -> String {
+/// The hostname part of a node id: ASCII letters, digits and `-`, at most 40 characters.
+pub fn sanitize(s: &str) -> String {
     let cleaned: String = s
         .chars()
         .map(|c| {
@@ -132,15 +136,25 @@ async fn heartbeat(
     AgentCaller(node): AgentCaller,
     ApiJson(hb): ApiJson<Heartbeat>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
-    let beat = app
-        .store
-        .heartbeat(&node.id, &hb.inventory, &hb.running, clock::now())
-        .await?;
-    if beat.came_back {
-        tracing::info!(node.id = %node.id, "node is back");
-        app.scheduler.send(SchedulerEvent::NodesChanged);
-    }
-    let mut stop = beat.stop;
+    let now = clock::now();
+    let mut stop = if node.healthy {
+        // The common case: written with other heartbeats (heartbeats.rs), answered from one read.
+        let inventory = serde_json::to_string(&hb.inventory)
+            .map_err(|e| ApiError::Internal(format!("inventory: {e}")))?;
+        app.heartbeats.record(&node.id, inventory, now);
+        app.store.node_stops(&node.id, &hb.running).await?
+    } else {
+        // A lost node comes back: written now, and the scheduler told.
+        let beat = app
+            .store
+            .heartbeat(&node.id, &hb.inventory, &hb.running, now)
+            .await?;
+        if beat.came_back {
+            tracing::info!(node.id = %node.id, "node is back");
+            app.scheduler.send(SchedulerEvent::NodesChanged);
+        }
+        beat.stop
+    };
     if let Some(notice) = &hb.interruption {
         for s in interrupted(&app, &node, notice).await? {
             if !stop.contains(&s) {

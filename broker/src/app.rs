@@ -35,6 +35,8 @@ pub struct AppInner {
     pub metrics: crate::metrics::Metrics,
     /// Whether this replica leads (runs the scheduler, burst controller and ledger).
     pub leadership: Arc<Leadership>,
+    /// Heartbeats of healthy nodes, written in batches (`heartbeats.rs`).
+    pub heartbeats: crate::heartbeats::HeartbeatBuffer,
 }
 
 /// Which provider launches which pool. Pools without one are never launched.
@@ -133,6 +135,8 @@ pub struct Running {
     pub ledger: JoinHandle<()>,
     /// The leader election.
     pub election: JoinHandle<()>,
+    /// Writes buffered heartbeats.
+    pub heartbeat_writer: JoinHandle<()>,
     /// The admin token, when this start created it (first start).
     pub created_admin_token: Option<String>,
 }
@@ -145,6 +149,10 @@ impl Running {
         self.scheduler.abort();
         self.burst.abort();
         self.ledger.abort();
+        self.heartbeat_writer.abort();
+        if let Err(e) = self.app.heartbeats.flush(self.app.store.as_ref()).await {
+            tracing::warn!(error = %e, "writing the last heartbeats failed");
+        }
         self.app.leadership.resign(self.app.store.as_ref()).await;
     }
 }
@@ -190,18 +198,21 @@ impl App {
             burst: Arc::new(Notify::new()),
             metrics: crate::metrics::Metrics::default(),
             leadership,
+            heartbeats: Default::default(),
         }));
         let election = tokio::spawn(crate::leader::run(app.clone()));
         spawn_listener(&app, notify_pool);
         let scheduler = tokio::spawn(worker.run(app.clone()));
         let burst = tokio::spawn(crate::burst::run(app.clone()));
         let ledger = tokio::spawn(crate::ledger::run(app.clone()));
+        let heartbeat_writer = tokio::spawn(crate::heartbeats::run(app.clone()));
         Ok(Running {
             app,
             scheduler,
             burst,
             ledger,
             election,
+            heartbeat_writer,
             created_admin_token,
         })
     }

@@ -72,6 +72,25 @@ pub struct Config {
     pub rate_limit_per_s: u32,
     /// Requests one credential may make at once (the bucket's size); 0: `rate_limit_per_s`.
     pub rate_limit_burst: u32,
+    // ---- Connections and TLS (`server.rs`, `tls.rs`). ----
+    /// PEM certificate chain (the server's certificate first) to serve HTTPS with, together
+    /// with `tls_key`; plain HTTP when neither is set. `SWITCHYARD_TLS_CERT`, `--tls-cert`.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `tls_cert`. `SWITCHYARD_TLS_KEY`,
+    /// `--tls-key`.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) the agents of instances this broker launches must trust, for a
+    /// broker certificate signed by a private CA: the providers pass it to the instance (EC2:
+    /// in its cloud-init, as the agent's `--ca-cert`). Unset: the agents use the system roots.
+    pub agent_ca_cert: Option<PathBuf>,
+    /// A connection must finish its TLS handshake and the headers of its first request within
+    /// this time, and HTTP/1 every later request's headers too (the clock starts as soon as
+    /// the connection waits for a request, so an idle HTTP/1 keep-alive connection is also
+    /// closed after it). Else the connection is closed without an answer.
+    pub header_timeout_ms: u64,
+    /// A keep-alive connection with no request in flight for this long is closed gracefully
+    /// (HTTP/2: GOAWAY). Long-polls in flight keep their connection.
+    pub idle_timeout_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -179,6 +198,11 @@ impl Default for Config {
             body_timeout_ms: 30_000,
             rate_limit_per_s: 1_000,
             rate_limit_burst: 2_000,
+            tls_cert: None,
+            tls_key: None,
+            agent_ca_cert: None,
+            header_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
         }
     }
 }
@@ -216,6 +240,12 @@ impl Config {
                 }
                 "REPLICA_NAME" => self.replica_name = Some(value),
                 "LEADER_TTL_MS" => self.leader_ttl_ms = value.parse().map_err(|e| bad(&e))?,
+                "TLS_CERT" => self.tls_cert = Some(PathBuf::from(value)),
+                "TLS_KEY" => self.tls_key = Some(PathBuf::from(value)),
+                "AGENT_CA_CERT" => self.agent_ca_cert = Some(PathBuf::from(value)),
+                "HEADER_TIMEOUT_MS" => {
+                    self.header_timeout_ms = value.parse().map_err(|e| bad(&e))?
+                }
                 _ => {}
             }
         }
@@ -235,6 +265,12 @@ impl Config {
         }
         if self.max_body_bytes < 1024 {
             bail!("max_body_bytes must be at least 1024");
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            bail!("tls_cert and tls_key go together: set both (HTTPS) or neither (HTTP)");
+        }
+        if self.header_timeout_ms == 0 || self.idle_timeout_ms == 0 {
+            bail!("header_timeout_ms and idle_timeout_ms must be positive");
         }
         for p in &self.pools {
             if !self.regions.iter().any(|r| r.id == p.region) {
@@ -256,10 +292,17 @@ impl Config {
         Ok(())
     }
 
+    /// The configured public URL, else `https://{listen}` with TLS and `http://{listen}`
+    /// without.
     pub fn public_url(&self) -> String {
-        self.public_url
-            .clone()
-            .unwrap_or_else(|| format!("http://{}", self.listen))
+        self.public_url.clone().unwrap_or_else(|| {
+            let scheme = if self.tls_cert.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            format!("{scheme}://{}", self.listen)
+        })
     }
 
     /// This replica's name in the leader election (see [`Config::replica_name`]).

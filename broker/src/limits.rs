@@ -19,8 +19,8 @@
 //!   frame-ancestors 'none'` where the route set none (the console sets its own); HSTS when the
 //!   public URL is https.
 //!
-//! Not here: a bound on how long the request *headers* may take to arrive, which needs the
-//! server's HTTP/1 connection settings (`server.rs`).
+//! Not here: the bounds on how long the TLS handshake and the request *headers* may take,
+//! and on idle connections, which are the connection loop's (`server.rs`).
 
 use axum::body::{Body, HttpBody};
 use axum::extract::{Request, State};

@@ -74,6 +74,13 @@ enum Command {
         /// the `postgres` feature); also `SWITCHYARD_DATABASE_URL`.
         #[arg(long)]
         database_url: Option<String>,
+        /// PEM certificate chain to serve HTTPS with (with --tls-key); also `tls_cert` in the
+        /// config and `SWITCHYARD_TLS_CERT`. Plain HTTP without.
+        #[arg(long, value_name = "FILE", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// PEM private key of --tls-cert; also `tls_key`, `SWITCHYARD_TLS_KEY`.
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
     },
     /// Run an edge agent (the same as the `switchyard-agent` binary).
     Agent(switchyard_agent::AgentArgs),
@@ -239,6 +246,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             listen,
             data_dir,
             database_url,
+            tls_cert,
+            tls_key,
         } => {
             let mut cfg = match config {
                 Some(path) => Config::from_file(&path)?,
@@ -254,13 +263,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if let Some(u) = database_url {
                 cfg.database_url = Some(u);
             }
+            if let (Some(cert), Some(key)) = (tls_cert, tls_key) {
+                cfg.tls_cert = Some(cert);
+                cfg.tls_key = Some(key);
+            }
             cfg.validate()?;
+            server::check_tls(&cfg)?;
             let listener = tokio::net::TcpListener::bind(cfg.listen)
                 .await
                 .with_context(|| format!("binding {}", cfg.listen))?;
             let mut providers = switchyard_broker::app::ProviderSet::default();
-            if let Some(aws) = cfg.aws.clone() {
+            if let Some(mut aws) = cfg.aws.clone() {
                 use switchyard_providers::Provider;
+                if let Some(ca) = &cfg.agent_ca_cert {
+                    // The instances' agents trust the broker's private CA (cloud-init).
+                    let pem = std::fs::read_to_string(ca)
+                        .with_context(|| format!("reading agent_ca_cert {}", ca.display()))?;
+                    aws.agent.ca_cert_pem = Some(pem);
+                }
                 let provider = switchyard_providers::aws::AwsProvider::new(aws)
                     .await
                     .context("setting up the AWS provider")?;

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use switchyard_core::{
-    AttemptId, Explanation, JobId, Node, NodeId, Pool, Priority, QueuedJob, Region, RunningAttempt,
-    Snapshot, Timestamp, plan,
+    AttemptId, Explanation, JobId, Node, NodeId, Plan, Pool, Priority, QueuedJob, Region,
+    RunningAttempt, Snapshot, Timestamp, plan,
 };
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -40,11 +40,15 @@ pub enum SchedulerEvent {
     CatalogueChanged,
 }
 
+/// Per waiting job, the latest plan that explains it. A plan keeps its candidate lists compact;
+/// a job's explanation is made public only when asked for ([`Plan::explanation`]).
+type Explained = Arc<RwLock<HashMap<JobId, Arc<Plan>>>>;
+
 /// Handlers' side of the scheduler: send events, read the latest explanations.
 #[derive(Clone)]
 pub struct SchedulerHandle {
     tx: mpsc::UnboundedSender<SchedulerEvent>,
-    explanations: Arc<RwLock<HashMap<JobId, Explanation>>>,
+    explanations: Explained,
     /// The other replicas: the leader may be one of them.
     bus: Bus,
 }
@@ -75,13 +79,13 @@ impl SchedulerHandle {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(&job)
-            .cloned()
+            .and_then(|plan| plan.explanation(&job))
     }
 }
 
 pub struct Worker {
     rx: mpsc::UnboundedReceiver<SchedulerEvent>,
-    explanations: Arc<RwLock<HashMap<JobId, Explanation>>>,
+    explanations: Explained,
 }
 
 pub fn channel(bus: Bus) -> (SchedulerHandle, Worker) {
@@ -339,6 +343,11 @@ impl Worker {
             nodes = state.nodes.len(),
             "scheduler started"
         );
+        // Leases are counted from now at the earliest: while no replica led (a broker restart,
+        // a failover) agents could not renew them, and their next heartbeats re-sync what they
+        // run. Without this a broker down for longer than the TTL would requeue, and so run
+        // twice, every job that ran through the outage.
+        let led_since = clock::now();
         let tick = Duration::from_millis(app.config.scheduler_tick_ms.max(10));
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -356,7 +365,7 @@ impl Worker {
                     }
                 }
                 _ = interval.tick() => {
-                    resync |= self.expire_leases(app).await;
+                    resync |= self.expire_leases(app, led_since).await;
                     resync |= app.agents.bus().is_on() && last_load.elapsed() >= crate::bus::RESYNC_EVERY;
                 }
                 _ = leadership.changed() => {}
@@ -431,10 +440,19 @@ impl Worker {
             .remove(&id);
     }
 
-    /// Marks nodes that stopped heartbeating as lost and requeues their work.
-    async fn expire_leases(&self, app: &App) -> bool {
+    /// Marks nodes that stopped heartbeating as lost and requeues their work: silent for the
+    /// lease TTL, and for the TTL since this replica began to lead (`led_since`).
+    async fn expire_leases(&self, app: &App, led_since: Timestamp) -> bool {
         let now = clock::now();
         let before = now.plus_secs(-(app.config.lease_ttl_s as i64));
+        if before < led_since {
+            return false;
+        }
+        // Heartbeats heard here but not yet written must count (heartbeats.rs).
+        if let Err(e) = app.heartbeats.flush(app.store.as_ref()).await {
+            tracing::warn!(error = %e, "writing heartbeats before lease expiry failed; expiry waits");
+            return false;
+        }
         match app.store.expire_leases(before, now).await {
             Ok(expired) if !expired.nodes.is_empty() => {
                 app.metrics.lease_expired(expired.nodes.len());
@@ -508,9 +526,8 @@ impl Worker {
             }
             round.extend(gpus.iter().copied());
             let explanation_json = plan
-                .explanations
-                .get(&a.job)
-                .and_then(|e| serde_json::to_string(e).ok())
+                .explanation(&a.job)
+                .and_then(|e| serde_json::to_string(&e).ok())
                 .unwrap_or_else(|| "null".into());
             let runtime = pending.job.spec.runtime_s();
             let expected_end = match pending.job.spec.kind {
@@ -581,10 +598,11 @@ impl Worker {
             app.burst.notify_one();
         }
         // Committed: bring the mirror up to date and wake the agents.
+        let plan = Arc::new(plan);
         {
             let mut explanations = self.explanations.write().unwrap_or_else(|e| e.into_inner());
-            for (id, e) in plan.explanations {
-                explanations.insert(id, e);
+            for id in plan.explanations.keys() {
+                explanations.insert(*id, plan.clone());
             }
             for c in &commits {
                 explanations.remove(&c.job);

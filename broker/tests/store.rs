@@ -392,6 +392,90 @@ async fn heartbeats_and_lease_expiry_are_ordered() {
     }
 }
 
+/// Batched heartbeats move a healthy node's lease forward only, never bring a lost node back
+/// (that is [`Store::heartbeat`]'s job, which tells the scheduler), and skip unknown nodes.
+#[tokio::test]
+async fn batched_heartbeats_only_renew_healthy_nodes_and_only_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path()).await;
+    let node = NodeId("n1".into());
+    let beat = |at: Timestamp, inventory: &str| HeartbeatWrite {
+        node: node.clone(),
+        inventory_json: inventory.into(),
+        at,
+    };
+    let ghost = HeartbeatWrite {
+        node: NodeId("ghost".into()),
+        inventory_json: "{}".into(),
+        at: T0.plus_secs(10),
+    };
+    let read = |store: Arc<dyn Store>| async move {
+        let n = store.nodes().await.unwrap().remove(0);
+        (n.last_heartbeat, n.inventory_json, n.healthy)
+    };
+
+    let written = store
+        .record_heartbeats(&[beat(T0.plus_secs(10), "{\"v\":1}"), ghost.clone()])
+        .await
+        .unwrap();
+    assert_eq!(written, 1, "the unknown node is skipped");
+    assert_eq!(
+        read(store.clone()).await,
+        (T0.plus_secs(10), "{\"v\":1}".to_string(), true)
+    );
+
+    // An older heartbeat (a late flush) changes nothing.
+    let written = store
+        .record_heartbeats(&[beat(T0.plus_secs(5), "{\"v\":0}")])
+        .await
+        .unwrap();
+    assert_eq!(written, 0);
+    assert_eq!(
+        read(store.clone()).await,
+        (T0.plus_secs(10), "{\"v\":1}".to_string(), true)
+    );
+
+    // Lost, then a buffered heartbeat arrives: the node stays lost.
+    let expired = store
+        .expire_leases(T0.plus_secs(20), T0.plus_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(expired.nodes, vec![node.clone()]);
+    let written = store
+        .record_heartbeats(&[beat(T0.plus_secs(30), "{\"v\":2}")])
+        .await
+        .unwrap();
+    assert_eq!(written, 0);
+    assert!(
+        !read(store.clone()).await.2,
+        "a batch must not revive a lost node"
+    );
+
+    // The direct heartbeat brings it back and says so.
+    let inventory: switchyard_protocol::agent::Inventory = serde_json::from_value(json!({
+        "gpus": [], "cpus": 8, "memory_mb": 1024, "simulated": true
+    }))
+    .unwrap();
+    let outcome = store
+        .heartbeat(&node, &inventory, &[], T0.plus_secs(31))
+        .await
+        .unwrap();
+    assert!(outcome.came_back);
+    assert!(read(store.clone()).await.2);
+
+    // Many nodes' worth in one call (more than one statement's chunk) is fine.
+    let many: Vec<HeartbeatWrite> = (0..1_200)
+        .map(|i| HeartbeatWrite {
+            node: NodeId(format!("absent-{i}")),
+            inventory_json: "{}".into(),
+            at: T0.plus_secs(40),
+        })
+        .chain([beat(T0.plus_secs(40), "{\"v\":3}")])
+        .collect();
+    assert_eq!(store.record_heartbeats(&many).await.unwrap(), 1);
+    assert_eq!(read(store.clone()).await.0, T0.plus_secs(40));
+}
+
 /// PostgreSQL only: the schema uses native types (the SQLite schema has no such types).
 #[tokio::test]
 async fn postgres_schema_uses_native_types() {

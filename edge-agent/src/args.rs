@@ -81,6 +81,12 @@ pub struct AgentArgs {
     #[arg(long, env = "SWITCHYARD_INTERRUPTION_URL", value_name = "URL")]
     pub interruption_url: Option<Url>,
 
+    /// PEM file of the CA certificate(s) to trust for an https broker, instead of the system's
+    /// roots: for a broker whose certificate a private CA signed. The broker's certificate is
+    /// always verified (chain and host name); there is no way to turn that off.
+    #[arg(long, env = "SWITCHYARD_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+
     /// Seconds between two reads of --interruption-url.
     #[arg(
         long,
@@ -112,6 +118,7 @@ impl AgentArgs {
             poll_wait_s: 25,
             interruption_url: None,
             interruption_poll_s: 5,
+            ca_cert: None,
         }
     }
 }

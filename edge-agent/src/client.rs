@@ -8,6 +8,7 @@ use crate::brokers::{Brokers, fails_over};
 use crate::error::AgentError;
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use switchyard_protocol::ErrorBody;
@@ -64,12 +65,24 @@ pub struct BrokerClient {
 }
 
 impl BrokerClient {
-    /// A client of `brokers` (repeats dropped), starting with the first.
+    /// A client of `brokers` (repeats dropped), starting with the first; https brokers are
+    /// verified against the system's roots.
     pub fn new(brokers: &[Url]) -> Result<Self, AgentError> {
+        Self::with_ca(brokers, None)
+    }
+
+    /// A client of `brokers` that verifies https brokers against the CA certificates of the
+    /// PEM file `ca_cert` only (`--ca-cert`), or the system's roots without one. Verification
+    /// of the chain and of the host name is always on.
+    pub fn with_ca(brokers: &[Url], ca_cert: Option<&Path>) -> Result<Self, AgentError> {
         let brokers = Brokers::new(brokers).ok_or(AgentError::NoBroker)?;
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            .user_agent(concat!("switchyard-agent/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!("switchyard-agent/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = ca_cert {
+            builder = builder.tls_certs_only(read_ca(path)?);
+        }
+        let http = builder
             .build()
             .map_err(|e| AgentError::HttpClient(e.to_string()))?;
         Ok(BrokerClient {
@@ -209,6 +222,17 @@ impl BrokerClient {
 fn url(base: &Url, path: &str) -> Result<Url, CallError> {
     base.join(path)
         .map_err(|e| CallError::Decode(format!("bad URL {path}: {e}")))
+}
+
+/// The certificates of the PEM file `path` (at least one).
+fn read_ca(path: &Path) -> Result<Vec<reqwest::Certificate>, AgentError> {
+    let bad = |why: String| AgentError::HttpClient(format!("--ca-cert {}: {why}", path.display()));
+    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad("no PEM certificate in it".into()));
+    }
+    Ok(certs)
 }
 
 /// An error with its causes: reqwest's own message leaves out why ("connection refused").

@@ -62,7 +62,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         .join(",");
     tracing::info!(agent.name = %name, gpus = inventory.gpus.len(), simulated = inventory.simulated,
         cpus = inventory.cpus, memory_mb = inventory.memory_mb, brokers = %broker_list, "agent starting");
-    let client = BrokerClient::new(&brokers)?;
+    let client = BrokerClient::with_ca(&brokers, args.ca_cert.as_deref())?;
 
     tokio::pin!(shutdown);
     let saved = match &args.state_dir {

@@ -28,13 +28,20 @@ pub struct RunOptions {
     pub default_grace: Duration,
 }
 
-/// The grace period of a lease: its own, or the agent's default when it names none (0).
+/// The longest grace period the agent grants: a day. The lease comes from the network, and a
+/// grace near `u64::MAX` seconds would overflow the agent's deadline arithmetic (`Instant +
+/// grace` panicked, leaving the job's process group running).
+pub const MAX_GRACE: Duration = Duration::from_secs(86_400);
+
+/// The grace period of a lease: its own, or the agent's default when it names none (0); at
+/// most [`MAX_GRACE`].
 pub fn grace_of(lease: &Lease, opts: RunOptions) -> Duration {
-    if lease.grace_s > 0 {
+    let grace = if lease.grace_s > 0 {
         Duration::from_secs(lease.grace_s)
     } else {
         opts.default_grace
-    }
+    };
+    grace.min(MAX_GRACE)
 }
 
 /// Runs the attempt to its end and reports it on `sink`. Never fails: every problem becomes a
@@ -230,5 +237,51 @@ impl Reporter<'_> {
             stopped,
         })
         .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_protocol::agent::AttemptRef;
+    use uuid::Uuid;
+
+    fn lease(grace_s: u64) -> Lease {
+        Lease {
+            attempt: AttemptRef {
+                job_id: Uuid::from_u128(1),
+                attempt_id: Uuid::from_u128(2),
+                epoch: 1,
+            },
+            command: vec!["true".into()],
+            env: Default::default(),
+            gpus: vec![0],
+            grace_s,
+            traceparent: None,
+        }
+    }
+
+    /// Found by the `agent_protocol` fuzz target: a lease with `grace_s` near `u64::MAX` made
+    /// `Instant::now() + grace` (group::terminate) and `grace + STOP_MARGIN` (shutdown) panic.
+    #[test]
+    fn a_huge_grace_from_the_broker_is_capped() {
+        let opts = RunOptions {
+            default_grace: Duration::from_secs(30),
+        };
+        for grace_s in [u64::MAX, u64::MAX / 1000, 86_401] {
+            let grace = grace_of(&lease(grace_s), opts);
+            assert_eq!(grace, MAX_GRACE);
+            assert!(
+                Instant::now()
+                    .checked_add(grace + Duration::from_secs(10))
+                    .is_some()
+            );
+        }
+        assert_eq!(grace_of(&lease(5), opts), Duration::from_secs(5));
+        assert_eq!(grace_of(&lease(0), opts), Duration::from_secs(30));
+        let huge_default = RunOptions {
+            default_grace: Duration::MAX,
+        };
+        assert_eq!(grace_of(&lease(0), huge_default), MAX_GRACE);
     }
 }

@@ -296,6 +296,51 @@ pub struct TokenCreated {
     pub team: Option<String>,
 }
 
+/// An API token as `GET /tokens` lists it: never the token, nor its hash.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TokenView {
+    pub id: Uuid,
+    pub role: Role,
+    pub team: Option<String>,
+    pub name: Option<String>,
+    pub created_at: DateTime<Utc>,
+    /// A revoked token authenticates nothing from its revocation on.
+    pub revoked: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TokenList {
+    pub tokens: Vec<TokenView>,
+}
+
+/// An enrolled agent's token, as `GET /agent-tokens` lists it: which node holds it (one per
+/// node), never the token itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AgentTokenView {
+    /// The node id, which `DELETE /agent-tokens/{node}` takes.
+    pub node: String,
+    pub pool: String,
+    pub hostname: String,
+    pub registered_at: DateTime<Utc>,
+    pub last_heartbeat: DateTime<Utc>,
+    pub healthy: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AgentTokenList {
+    pub agent_tokens: Vec<AgentTokenView>,
+}
+
+/// What revoking an agent token did: the node left, and its running work went back to the
+/// queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AgentTokenRevoked {
+    pub node: String,
+    /// Jobs that ran (or were about to) on the node, now queued again (or cancelled, when a
+    /// cancel was pending).
+    pub requeued: Vec<Uuid>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEnrolmentToken {

@@ -211,6 +211,7 @@ pub async fn get(
     params(("id" = String, Path, description = "Job id")),
     responses(
         (status = 202, description = "Cancelled or stopping", body = JobView),
+        (status = 403, description = "Not allowed for this role", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "Already finished", body = ErrorBody),
     ),

@@ -34,7 +34,7 @@ use crate::error::ApiError;
     tags(
         (name = "jobs", description = "Submit, watch and cancel jobs"),
         (name = "catalogue", description = "Pools and regions with price, latency and capacity"),
-        (name = "auth", description = "API and enrolment tokens"),
+        (name = "auth", description = "API, enrolment and agent tokens: create, list, revoke"),
         (name = "policies", description = "Team cost policies, what-if simulation and the audit log"),
         (name = "spend", description = "The ledger: spend by team, project, region, provider or pool; budgets"),
     )
@@ -64,7 +64,10 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(catalogue::pools))
         .routes(routes!(catalogue::regions))
         .routes(routes!(instances::list))
-        .routes(routes!(tokens::create))
+        .routes(routes!(tokens::create, tokens::list))
+        .routes(routes!(tokens::revoke))
+        .routes(routes!(tokens::list_agent))
+        .routes(routes!(tokens::revoke_agent))
         .routes(routes!(tokens::create_enrolment))
         .routes(routes!(policies::list))
         .routes(routes!(policies::get, policies::put))
@@ -75,7 +78,66 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(budgets::list))
         .split_for_parts();
     doc.servers = Some(vec![utoipa::openapi::Server::new("/api/v1")]);
+    document_common_errors(&mut doc);
     (router, doc)
+}
+
+/// Documents the refusals that come from the layers every route sits behind rather than from
+/// its handler, on every operation that can meet them (found by schemathesis): 401 where a
+/// token is needed, 429 from the per-credential rate limit, 400 for a bad query string, and for
+/// a request body 400 (not JSON, or malformed), 408 (body too slow) and 413 (body too large).
+/// A handler's own description of a status is kept.
+fn document_common_errors(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let error = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build()
+    };
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for op in operations.into_iter().flatten() {
+            let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
+            let has_body = op.request_body.is_some();
+            let has_query = op.parameters.iter().flatten().any(|p| {
+                matches!(p, utoipa::openapi::RefOr::T(p)
+                    if p.parameter_in == utoipa::openapi::path::ParameterIn::Query)
+            });
+            let mut add = |status: &str, description: &str| {
+                op.responses
+                    .responses
+                    .entry(status.to_string())
+                    .or_insert_with(|| error(description).into());
+            };
+            if secured {
+                add("401", "No token, or a token that is unknown or revoked");
+                add(
+                    "429",
+                    "Too many requests with this credential (`Retry-After`)",
+                );
+            }
+            if has_query {
+                add("400", "A query parameter is unknown or invalid");
+            }
+            if has_body {
+                add("400", "Malformed JSON, not JSON, or an invalid field");
+                add("408", "The body did not arrive in time");
+                add("413", "The body is over the size limit");
+            }
+        }
+    }
 }
 
 pub fn router(app: App) -> Router {
@@ -147,6 +209,9 @@ async fn metrics(
 ) -> Result<Response, ApiError> {
     use switchyard_protocol::api::Role;
     caller.require(&[Role::Admin, Role::Infra, Role::Finance])?;
+    // GPU telemetry comes with heartbeats, which are written in batches (heartbeats.rs):
+    // write what this replica has heard so that a scrape never reads older figures.
+    app.heartbeats.flush(app.store.as_ref()).await?;
     let body = app.metrics.render(app.store.as_ref()).await?;
     Ok((
         [(

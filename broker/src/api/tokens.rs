@@ -1,12 +1,20 @@
-//! `/api/v1/tokens` (admin): API tokens; `/api/v1/enrolment-tokens` (admin, infra): one-time
-//! tokens for agents to join a pool.
+//! `/api/v1/tokens` (admin): API tokens, created, listed and revoked;
+//! `/api/v1/enrolment-tokens` (admin, infra): one-time tokens for agents to join a pool;
+//! `/api/v1/agent-tokens` (admin, infra): the enrolled agents' tokens, listed and revoked.
+//!
+//! Who revokes what: only an admin lists or revokes API tokens (they carry roles up to admin,
+//! and only an admin creates them); infra, who enrol agents and run the fleet, may also revoke
+//! an agent's token — cutting off a machine that looks compromised is an operator's job.
+//! Revocation takes effect on the next request: every request looks its token up in the
+//! database (no cache).
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use switchyard_core::PoolId;
+use switchyard_core::{NodeId, PoolId};
 use switchyard_protocol::api::{
-    CreateEnrolmentToken, CreateToken, EnrolmentTokenCreated, ErrorBody, Role, TokenCreated,
+    AgentTokenList, AgentTokenRevoked, AgentTokenView, CreateEnrolmentToken, CreateToken,
+    EnrolmentTokenCreated, ErrorBody, Role, TokenCreated, TokenList, TokenView,
 };
 use uuid::Uuid;
 
@@ -15,6 +23,7 @@ use crate::auth::{API_TOKEN_PREFIX, Caller, ENROLMENT_TOKEN_PREFIX, hash_token, 
 use crate::clock;
 use crate::error::ApiError;
 use crate::json::ApiJson;
+use crate::scheduler::SchedulerEvent;
 use crate::store::{ApiTokenRecord, EnrolmentTokenRecord};
 
 /// Create an API token. The token is shown once; only its hash is stored.
@@ -132,4 +141,144 @@ pub fn issue_enrolment_token(
         expires_at: now.plus_secs(ttl_s),
     };
     (token, record)
+}
+
+fn token_view(r: &ApiTokenRecord) -> TokenView {
+    TokenView {
+        id: r.id,
+        role: r.role,
+        team: r.team.clone(),
+        name: r.name.clone(),
+        created_at: clock::to_datetime(r.created_at),
+        revoked: r.revoked,
+    }
+}
+
+/// List API tokens, oldest first, revoked ones included. Never shows a token or its hash.
+#[utoipa::path(get, path = "/tokens", tag = "auth",
+    responses((status = 200, body = TokenList), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list(State(app): State<App>, caller: Caller) -> Result<Json<TokenList>, ApiError> {
+    caller.require(&[Role::Admin])?;
+    let tokens = app.store.api_tokens().await?;
+    Ok(Json(TokenList {
+        tokens: tokens.iter().map(token_view).collect(),
+    }))
+}
+
+/// Revoke an API token: from the next request on it authenticates nothing, and the console
+/// sessions signed in with it end. Revoking a revoked token changes nothing (200). Audited as
+/// `token.revoke`.
+#[utoipa::path(delete, path = "/tokens/{id}", tag = "auth",
+    params(("id" = String, Path, description = "Token id (not the token)")),
+    responses(
+        (status = 200, body = TokenView),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn revoke(
+    State(app): State<App>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<TokenView>, ApiError> {
+    caller.require(&[Role::Admin])?;
+    let id: Uuid = id
+        .parse()
+        .map_err(|_| ApiError::NotFound(format!("token {id}")))?;
+    let before = app
+        .store
+        .revoke_api_token(id, clock::now())
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("token {id}")))?;
+    let mut view = token_view(&before);
+    if !before.revoked {
+        view.revoked = true;
+        let state = |revoked: bool| {
+            serde_json::json!({
+                "id": id, "role": crate::store::role_name(before.role), "team": before.team,
+                "name": before.name, "revoked": revoked,
+            })
+        };
+        app.store
+            .append_audit(&crate::api::audit::entry(
+                &caller,
+                "token.revoke",
+                format!("token:{id}"),
+                Some(&state(false)),
+                Some(&state(true)),
+            ))
+            .await?;
+        tracing::info!(token.id = %id, "api token revoked");
+    }
+    Ok(Json(view))
+}
+
+/// List the agent tokens in use: one per enrolled node that is not revoked.
+#[utoipa::path(get, path = "/agent-tokens", tag = "auth",
+    responses((status = 200, body = AgentTokenList), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list_agent(
+    State(app): State<App>,
+    caller: Caller,
+) -> Result<Json<AgentTokenList>, ApiError> {
+    caller.require(&[Role::Admin, Role::Infra])?;
+    let nodes = app.store.nodes().await?;
+    Ok(Json(AgentTokenList {
+        agent_tokens: nodes
+            .iter()
+            .map(|n| AgentTokenView {
+                node: n.id.to_string(),
+                pool: n.pool.to_string(),
+                hostname: n.hostname.clone(),
+                registered_at: clock::to_datetime(n.registered_at),
+                last_heartbeat: clock::to_datetime(n.last_heartbeat),
+                healthy: n.healthy,
+            })
+            .collect(),
+    }))
+}
+
+/// Revoke a node's agent token (admin, infra): the agent's next call gets 401 and it stops;
+/// the node leaves the federation and the work it held is requeued at once. 404 for a node
+/// that is unknown or already revoked. Audited as `agent_token.revoke`.
+#[utoipa::path(delete, path = "/agent-tokens/{node}", tag = "auth",
+    params(("node" = String, Path, description = "Node id")),
+    responses(
+        (status = 200, body = AgentTokenRevoked),
+        (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = [])))]
+pub async fn revoke_agent(
+    State(app): State<App>,
+    caller: Caller,
+    Path(node): Path<String>,
+) -> Result<Json<AgentTokenRevoked>, ApiError> {
+    caller.require(&[Role::Admin, Role::Infra])?;
+    let id = NodeId(node);
+    let why = format!("agent token of node {id} revoked");
+    let requeued = app
+        .store
+        .revoke_node(&id, &why, clock::now())
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("live agent token of node {id}")))?;
+    let requeued: Vec<Uuid> = requeued.into_iter().map(|j| j.0).collect();
+    app.store
+        .append_audit(&crate::api::audit::entry(
+            &caller,
+            "agent_token.revoke",
+            format!("node:{id}"),
+            Some(&serde_json::json!({"node": id.to_string(), "revoked": false})),
+            Some(&serde_json::json!({"node": id.to_string(), "revoked": true,
+                "requeued": requeued})),
+        ))
+        .await?;
+    tracing::info!(node.id = %id, jobs.requeued = requeued.len(), "agent token revoked");
+    // The node and its attempts changed: the scheduler reloads them and re-places the work.
+    app.scheduler.send(SchedulerEvent::InstancesChanged);
+    Ok(Json(AgentTokenRevoked {
+        node: id.to_string(),
+        requeued,
+    }))
 }

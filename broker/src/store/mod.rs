@@ -147,7 +147,7 @@ pub(crate) const NODE_LIVE_ATTEMPTS: &str = "SELECT a.id, a.job_id, a.epoch, a.s
 
 /// What an attempt's `finished` report makes of its job, and the reason shown to users: the
 /// one rule both stores apply.
-pub(crate) fn finished_outcome(
+pub fn finished_outcome(
     cancel_requested: bool,
     exit_code: Option<i32>,
     signal: Option<i32>,
@@ -172,6 +172,19 @@ pub(crate) fn finished_outcome(
     (state, reason)
 }
 
+/// A heartbeat kept in memory and written with others in one transaction
+/// ([`Store::record_heartbeats`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeartbeatWrite {
+    pub node: NodeId,
+    pub inventory_json: String,
+    pub at: Timestamp,
+}
+
+/// Heartbeats written per statement by [`Store::record_heartbeats`] (3 parameters each: well
+/// inside SQLite's and PostgreSQL's limits on bound parameters).
+pub(crate) const HEARTBEATS_PER_STATEMENT: usize = 500;
+
 /// The answer to a heartbeat.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HeartbeatOutcome {
@@ -186,7 +199,7 @@ pub struct HeartbeatOutcome {
 /// not its live lease (same attempt, job and epoch, `assigned` or `running`). `live` is the
 /// node's attempts in `assigned`, `running` or `preempting`, with their state and whether
 /// their job's cancel was requested. The one rule both stores apply.
-pub(crate) fn heartbeat_stops(
+pub fn heartbeat_stops(
     live: &[(AttemptRef, String, bool)],
     running: &[AttemptRef],
 ) -> Vec<AttemptRef> {
@@ -247,6 +260,16 @@ pub trait Store: Send + Sync + 'static {
     // API tokens.
     async fn insert_api_token(&self, token: &ApiTokenRecord) -> StoreResult<()>;
     async fn api_token_by_hash(&self, hash: &str) -> StoreResult<Option<ApiTokenRecord>>;
+    /// Every API token, oldest first, revoked ones included.
+    async fn api_tokens(&self) -> StoreResult<Vec<ApiTokenRecord>>;
+    /// Revokes API token `id` and the console sessions that act as it, in one transaction.
+    /// Returns the token as it was before (already revoked: unchanged), `None` when there is
+    /// no such token.
+    async fn revoke_api_token(
+        &self,
+        id: Uuid,
+        now: Timestamp,
+    ) -> StoreResult<Option<ApiTokenRecord>>;
 
     // Console sessions.
     async fn insert_console_session(&self, session: &ConsoleSessionRecord) -> StoreResult<()>;
@@ -269,6 +292,16 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> StoreResult<Result<NodeRecord, RegisterRefusal>>;
     async fn node_by_token_hash(&self, hash: &str) -> StoreResult<Option<NodeRecord>>;
+    /// Revokes node `node`'s agent token: the node is marked revoked and unhealthy, and its
+    /// live attempts end `lost` with their jobs requeued (a revoked agent can no longer
+    /// report), in one transaction. Returns the requeued jobs, `None` when there is no such
+    /// node or it was revoked already.
+    async fn revoke_node(
+        &self,
+        node: &NodeId,
+        why: &str,
+        now: Timestamp,
+    ) -> StoreResult<Option<Vec<JobId>>>;
     async fn nodes(&self) -> StoreResult<Vec<NodeRecord>>;
     /// Records a heartbeat and answers it: whether the node was unhealthy before (it came
     /// back), and which attempts its agent must stop ([`heartbeat_stops`]). `running` is what
@@ -280,6 +313,19 @@ pub trait Store: Send + Sync + 'static {
         running: &[AttemptRef],
         now: Timestamp,
     ) -> StoreResult<HeartbeatOutcome>;
+    /// Writes heartbeats of healthy nodes in one transaction. `last_heartbeat` only moves
+    /// forward (a later heartbeat already written wins, inventory included). A node that is
+    /// not healthy (lost since the heartbeat was received) or unknown is left as it is: its
+    /// next heartbeat goes through [`Store::heartbeat`], which brings it back and tells the
+    /// scheduler. Returns the rows written.
+    async fn record_heartbeats(&self, beats: &[HeartbeatWrite]) -> StoreResult<u64>;
+    /// Which attempts the node's agent must stop ([`heartbeat_stops`]); `running` is what the
+    /// agent says it runs.
+    async fn node_stops(
+        &self,
+        node: &NodeId,
+        running: &[AttemptRef],
+    ) -> StoreResult<Vec<AttemptRef>>;
     /// Marks nodes whose last heartbeat is older than `before` as lost and requeues their live
     /// attempts. Returns the lost nodes and the requeued jobs.
     async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases>;

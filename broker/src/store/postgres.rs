@@ -506,6 +506,46 @@ impl Store for PgStore {
             .transpose()
     }
 
+    async fn api_tokens(&self) -> StoreResult<Vec<ApiTokenRecord>> {
+        let rows = sqlx::query("SELECT * FROM api_tokens ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| token_from_row(r, "created_at", "revoked_at"))
+            .collect()
+    }
+
+    async fn revoke_api_token(
+        &self,
+        id: Uuid,
+        now: Timestamp,
+    ) -> StoreResult<Option<ApiTokenRecord>> {
+        let mut tx = self.write_tx().await?;
+        let Some(row) = sqlx::query("SELECT * FROM api_tokens WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let before = token_from_row(&row, "created_at", "revoked_at")?;
+        sqlx::query("UPDATE api_tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
+            .bind(id)
+            .bind(tz(now))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE console_sessions SET revoked_at = $2 \
+             WHERE api_token_id = $1 AND revoked_at IS NULL",
+        )
+        .bind(id)
+        .bind(tz(now))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(before))
+    }
+
     async fn insert_console_session(&self, session: &ConsoleSessionRecord) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO console_sessions \
@@ -598,6 +638,19 @@ impl Store for PgStore {
         if get_ts(&row, "expires_at")? < now {
             return Ok(Err(RegisterRefusal::Expired));
         }
+        // A token minted for a launched instance enrols that instance only while it boots:
+        // once the broker gave the instance up (boot timeout, terminated), its token is dead.
+        if let Some(instance) = row.try_get::<Option<String>, _>("instance_id")? {
+            let booting: Option<String> = sqlx::query_scalar(
+                "SELECT id FROM instances WHERE id = $1 AND state IN ('requested', 'booting')",
+            )
+            .bind(&instance)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if booting.is_none() {
+                return Ok(Err(RegisterRefusal::InstanceGone));
+            }
+        }
         let pool_id: String = row.try_get("pool_id")?;
         let used = sqlx::query(
             "UPDATE enrolment_tokens SET used_at = $1, node_id = $2 \
@@ -659,6 +712,27 @@ impl Store for PgStore {
         row.as_ref().map(node_from_row).transpose()
     }
 
+    async fn revoke_node(
+        &self,
+        node: &NodeId,
+        why: &str,
+        now: Timestamp,
+    ) -> StoreResult<Option<Vec<JobId>>> {
+        let mut tx = self.write_tx().await?;
+        let marked = sqlx::query(
+            "UPDATE nodes SET revoked = TRUE, healthy = FALSE WHERE id = $1 AND NOT revoked",
+        )
+        .bind(node.as_str())
+        .execute(&mut *tx)
+        .await?;
+        if marked.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let (_, requeued) = end_node_work(&mut tx, node.as_str(), "lost", why, now).await?;
+        tx.commit().await?;
+        Ok(Some(requeued))
+    }
+
     async fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
         let rows = sqlx::query("SELECT * FROM nodes WHERE NOT revoked ORDER BY id COLLATE \"C\"")
             .fetch_all(&self.pool)
@@ -687,6 +761,51 @@ impl Store for PgStore {
         .bind(node.as_str())
         .fetch_optional(&self.pool)
         .await?;
+        Ok(HeartbeatOutcome {
+            came_back: was_healthy == Some(false),
+            stop: self.node_stops(node, running).await?,
+        })
+    }
+
+    async fn record_heartbeats(&self, beats: &[HeartbeatWrite]) -> StoreResult<u64> {
+        if beats.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.pool.begin().await?;
+        let mut written = 0;
+        for chunk in beats.chunks(HEARTBEATS_PER_STATEMENT) {
+            let ids: Vec<&str> = chunk.iter().map(|b| b.node.as_str()).collect();
+            let ats: Vec<Tz> = chunk.iter().map(|b| tz(b.at)).collect();
+            let inventories: Vec<&str> = chunk.iter().map(|b| b.inventory_json.as_str()).collect();
+            // Row locks in lease expiry's order (ORDER BY id COLLATE "C"), so the two never
+            // deadlock; then one UPDATE for the chunk.
+            sqlx::query(
+                "SELECT id FROM nodes WHERE id = ANY($1) ORDER BY id COLLATE \"C\" FOR UPDATE",
+            )
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?;
+            written += sqlx::query(
+                "UPDATE nodes SET last_heartbeat = v.at, inventory_json = v.inventory \
+                 FROM UNNEST($1::text[], $2::timestamptz[], $3::text[]) AS v(id, at, inventory) \
+                 WHERE nodes.id = v.id AND nodes.healthy AND v.at >= nodes.last_heartbeat",
+            )
+            .bind(&ids)
+            .bind(&ats)
+            .bind(&inventories)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(written)
+    }
+
+    async fn node_stops(
+        &self,
+        node: &NodeId,
+        running: &[AttemptRef],
+    ) -> StoreResult<Vec<AttemptRef>> {
         let rows = sqlx::query(NODE_LIVE_ATTEMPTS)
             .bind(node.as_str())
             .fetch_all(&self.pool)
@@ -701,10 +820,7 @@ impl Store for PgStore {
                 ))
             })
             .collect::<StoreResult<Vec<_>>>()?;
-        Ok(HeartbeatOutcome {
-            came_back: was_healthy == Some(false),
-            stop: heartbeat_stops(&live, running),
-        })
+        Ok(heartbeat_stops(&live, running))
     }
 
     async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases> {

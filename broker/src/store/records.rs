@@ -53,6 +53,9 @@ pub enum RegisterRefusal {
     UnknownToken,
     AlreadyUsed,
     Expired,
+    /// The token was minted for a launched instance that is no longer booting (the broker
+    /// terminated it, or it enrolled already).
+    InstanceGone,
 }
 
 #[derive(Clone, Debug, PartialEq)]

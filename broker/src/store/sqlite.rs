@@ -100,6 +100,18 @@ pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(what.to_string())
 }
 
+fn api_token_from_row(r: &SqliteRow) -> StoreResult<ApiTokenRecord> {
+    Ok(ApiTokenRecord {
+        id: parse_uuid(&r.try_get::<String, _>("id")?)?,
+        token_hash: r.try_get("token_hash")?,
+        role: parse_role(&r.try_get::<String, _>("role")?)?,
+        team: r.try_get("team")?,
+        name: r.try_get("name")?,
+        created_at: Timestamp(r.try_get("created_at")?),
+        revoked: r.try_get::<Option<i64>, _>("revoked_at")?.is_some(),
+    })
+}
+
 fn parse_uuid(s: &str) -> StoreResult<Uuid> {
     Uuid::parse_str(s).map_err(|e| corrupt(format!("bad uuid {s:?}: {e}")))
 }
@@ -404,18 +416,45 @@ impl Store for SqliteStore {
             .bind(hash)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|r| {
-            Ok(ApiTokenRecord {
-                id: parse_uuid(&r.try_get::<String, _>("id")?)?,
-                token_hash: r.try_get("token_hash")?,
-                role: parse_role(&r.try_get::<String, _>("role")?)?,
-                team: r.try_get("team")?,
-                name: r.try_get("name")?,
-                created_at: Timestamp(r.try_get("created_at")?),
-                revoked: r.try_get::<Option<i64>, _>("revoked_at")?.is_some(),
-            })
-        })
-        .transpose()
+        row.as_ref().map(api_token_from_row).transpose()
+    }
+
+    async fn api_tokens(&self) -> StoreResult<Vec<ApiTokenRecord>> {
+        let rows = sqlx::query("SELECT * FROM api_tokens ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(api_token_from_row).collect()
+    }
+
+    async fn revoke_api_token(
+        &self,
+        id: Uuid,
+        now: Timestamp,
+    ) -> StoreResult<Option<ApiTokenRecord>> {
+        let mut tx = self.write_tx().await?;
+        let Some(row) = sqlx::query("SELECT * FROM api_tokens WHERE id = $1")
+            .bind(id.to_string())
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let before = api_token_from_row(&row)?;
+        sqlx::query("UPDATE api_tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
+            .bind(id.to_string())
+            .bind(now.millis())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE console_sessions SET revoked_at = $2 \
+             WHERE api_token_id = $1 AND revoked_at IS NULL",
+        )
+        .bind(id.to_string())
+        .bind(now.millis())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(before))
     }
 
     async fn insert_console_session(&self, session: &ConsoleSessionRecord) -> StoreResult<()> {
@@ -519,6 +558,19 @@ impl Store for SqliteStore {
         if row.try_get::<i64, _>("expires_at")? < now.millis() {
             return Ok(Err(RegisterRefusal::Expired));
         }
+        // A token minted for a launched instance enrols that instance only while it boots:
+        // once the broker gave the instance up (boot timeout, terminated), its token is dead.
+        if let Some(instance) = row.try_get::<Option<String>, _>("instance_id")? {
+            let booting: Option<String> = sqlx::query_scalar(
+                "SELECT id FROM instances WHERE id = $1 AND state IN ('requested', 'booting')",
+            )
+            .bind(&instance)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if booting.is_none() {
+                return Ok(Err(RegisterRefusal::InstanceGone));
+            }
+        }
         let pool_id: String = row.try_get("pool_id")?;
         let used = sqlx::query(
             "UPDATE enrolment_tokens SET used_at = $1, node_id = $2 \
@@ -579,6 +631,26 @@ impl Store for SqliteStore {
         row.as_ref().map(node_from_row).transpose()
     }
 
+    async fn revoke_node(
+        &self,
+        node: &NodeId,
+        why: &str,
+        now: Timestamp,
+    ) -> StoreResult<Option<Vec<JobId>>> {
+        let mut tx = self.write_tx().await?;
+        let marked =
+            sqlx::query("UPDATE nodes SET revoked = 1, healthy = 0 WHERE id = $1 AND revoked = 0")
+                .bind(node.as_str())
+                .execute(&mut *tx)
+                .await?;
+        if marked.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let (_, requeued) = end_node_work(&mut tx, node.as_str(), "lost", why, now).await?;
+        tx.commit().await?;
+        Ok(Some(requeued))
+    }
+
     async fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
         let rows = sqlx::query("SELECT * FROM nodes WHERE revoked = 0 ORDER BY id")
             .fetch_all(&self.pool)
@@ -610,6 +682,45 @@ impl Store for SqliteStore {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        Ok(HeartbeatOutcome {
+            came_back: was_healthy == Some(false),
+            stop: self.node_stops(node, running).await?,
+        })
+    }
+
+    async fn record_heartbeats(&self, beats: &[HeartbeatWrite]) -> StoreResult<u64> {
+        if beats.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.write_tx().await?;
+        let mut written = 0;
+        for chunk in beats.chunks(HEARTBEATS_PER_STATEMENT) {
+            let values = vec!["(?, ?, ?)"; chunk.len()].join(", ");
+            let sql = format!(
+                "WITH v(id, at, inventory) AS (VALUES {values}) \
+                 UPDATE nodes SET last_heartbeat = v.at, inventory_json = v.inventory \
+                 FROM v WHERE nodes.id = v.id AND nodes.healthy = 1 \
+                 AND v.at >= nodes.last_heartbeat"
+            );
+            // Only placeholders are formatted in; every value is bound.
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for b in chunk {
+                q = q
+                    .bind(b.node.as_str())
+                    .bind(b.at.millis())
+                    .bind(&b.inventory_json);
+            }
+            written += q.execute(&mut *tx).await?.rows_affected();
+        }
+        tx.commit().await?;
+        Ok(written)
+    }
+
+    async fn node_stops(
+        &self,
+        node: &NodeId,
+        running: &[AttemptRef],
+    ) -> StoreResult<Vec<AttemptRef>> {
         let rows = sqlx::query(NODE_LIVE_ATTEMPTS)
             .bind(node.as_str())
             .fetch_all(&self.pool)
@@ -624,10 +735,7 @@ impl Store for SqliteStore {
                 ))
             })
             .collect::<StoreResult<Vec<_>>>()?;
-        Ok(HeartbeatOutcome {
-            came_back: was_healthy == Some(false),
-            stop: heartbeat_stops(&live, running),
-        })
+        Ok(heartbeat_stops(&live, running))
     }
 
     async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases> {

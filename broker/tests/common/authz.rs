@@ -201,6 +201,28 @@ pub async fn request_for(
             Some(json!({"role": "developer", "team": team})),
         ),
         ("POST", "/api/v1/enrolment-tokens") => (path.into(), Some(json!({"pool": POOL}))),
+        ("GET", "/api/v1/tokens") | ("GET", "/api/v1/agent-tokens") => (path.into(), None),
+        ("DELETE", "/api/v1/tokens/{id}") => {
+            // A fresh token of the scope's team, so that no cell revokes a caller's token.
+            let r = app
+                .call(
+                    Method::POST,
+                    "/api/v1/tokens",
+                    Some(&app.admin),
+                    Some(json!({"role": "developer", "team": team})),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+            (
+                format!("/api/v1/tokens/{}", r.body["id"].as_str().unwrap()),
+                None,
+            )
+        }
+        ("DELETE", "/api/v1/agent-tokens/{node}") => {
+            // A fresh node (agent tokens belong to no team).
+            let node = app.agent(1).await.node;
+            (format!("/api/v1/agent-tokens/{node}"), None)
+        }
         ("GET", "/api/v1/policies") => (path.into(), None),
         ("GET", "/api/v1/policies/{team}") => (format!("/api/v1/policies/{team}"), None),
         ("PUT", "/api/v1/policies/{team}") => {

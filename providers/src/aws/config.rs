@@ -9,11 +9,12 @@ use std::time::Duration;
 
 /// Environment variables the provider itself writes into the agent's env file; `agent.env`
 /// may not override them.
-pub const RESERVED_AGENT_ENV: [&str; 4] = [
+pub const RESERVED_AGENT_ENV: [&str; 5] = [
     "SWITCHYARD_BROKER",
     "SWITCHYARD_ENROL_TOKEN",
     "SWITCHYARD_STATE_DIR",
     "SWITCHYARD_AGENT_NAME",
+    "SWITCHYARD_CA_CERT",
 ];
 
 /// How Switchyard launches and finds its EC2 instances.
@@ -158,6 +159,10 @@ pub struct AgentInstall {
     /// Extra `SWITCHYARD_*` settings for the agent (e.g. its interruption-notice URL).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// PEM CA certificate(s) the agent trusts for the broker (its `--ca-cert`), written to
+    /// the instance with the env file. The broker fills it from its `agent_ca_cert` file.
+    #[serde(default)]
+    pub ca_cert_pem: Option<String>,
 }
 
 /// A configuration that cannot work.
@@ -250,6 +255,15 @@ impl AgentInstall {
                 self.binary_path
             ));
         }
+        if let Some(pem) = &self.ca_cert_pem
+            && !ca_pem_is_plain(pem)
+        {
+            return fail(
+                "agent.ca_cert_pem must be PEM certificates: printable ASCII lines with a \
+                 BEGIN CERTIFICATE block"
+                    .into(),
+            );
+        }
         for (key, value) in &self.env {
             if !key.starts_with("SWITCHYARD_")
                 || !key
@@ -267,6 +281,16 @@ impl AgentInstall {
         }
         Ok(())
     }
+}
+
+/// PEM text safe inside the user-data's quoted here document: printable ASCII lines, at
+/// least one certificate, no line that could end the document.
+pub(crate) fn ca_pem_is_plain(pem: &str) -> bool {
+    pem.contains("-----BEGIN CERTIFICATE-----")
+        && pem
+            .bytes()
+            .all(|b| b == b'\n' || b == b'\r' || (b' '..=b'~').contains(&b))
+        && !pem.lines().any(|l| l.trim().starts_with("SWITCHYARD_"))
 }
 
 /// Safe to write unquoted into a shell script and a systemd unit.

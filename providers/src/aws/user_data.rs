@@ -7,11 +7,12 @@
 //! readable through the instance metadata service by anything on the instance until it is
 //! used; that is why it is one-time.
 
-use super::config::{AgentInstall, is_plain};
+use super::config::{AgentInstall, ca_pem_is_plain, is_plain};
 use std::fmt::Write as _;
 
 pub(crate) const ENV_FILE: &str = "/etc/switchyard/agent.env";
 pub(crate) const UNIT_NAME: &str = "switchyard-agent.service";
+pub(crate) const CA_FILE: &str = "/etc/switchyard/ca.pem";
 const STATE_DIR: &str = "/var/lib/switchyard-agent";
 
 /// What one launch puts into the script.
@@ -45,6 +46,18 @@ pub(crate) fn render(agent: &AgentInstall, enrolment: &Enrolment<'_>) -> Result<
     for (key, value) in &agent.env {
         env_line(&mut env, key, value).map_err(|()| BadValue("agent.env"))?;
     }
+    // The broker's private CA, when it has one: a file the agent's --ca-cert names.
+    let ca = match &agent.ca_cert_pem {
+        Some(pem) if ca_pem_is_plain(pem) => {
+            env_line(&mut env, "SWITCHYARD_CA_CERT", CA_FILE).map_err(|()| BadValue("CA"))?;
+            let pem = pem.trim_end();
+            format!(
+                "cat > {CA_FILE} <<'SWITCHYARD_CA_EOF'\n{pem}\nSWITCHYARD_CA_EOF\nchmod 0644 {CA_FILE}\n"
+            )
+        }
+        Some(_) => return Err(BadValue("agent.ca_cert_pem")),
+        None => String::new(),
+    };
     let binary = &agent.binary_path;
     let install = match (&agent.download_url, &agent.install_command) {
         (Some(url), _) => {
@@ -72,7 +85,7 @@ install -d -m 0700 /etc/switchyard {STATE_DIR}
 cat > {ENV_FILE} <<'SWITCHYARD_ENV_EOF'
 {env}SWITCHYARD_ENV_EOF
 chmod 0600 {ENV_FILE}
-install -d -m 0755 "$(dirname {binary})"
+{ca}install -d -m 0755 "$(dirname {binary})"
 {install}cat > /etc/systemd/system/{UNIT_NAME} <<'SWITCHYARD_UNIT_EOF'
 [Unit]
 Description=Switchyard edge agent
@@ -134,7 +147,30 @@ mod tests {
                 "SWITCHYARD_INTERRUPTION_URL".to_string(),
                 "http://169.254.169.254/latest/meta-data/spot/instance-action".to_string(),
             )]),
+            ca_cert_pem: None,
         }
+    }
+
+    #[test]
+    fn a_broker_ca_is_written_to_a_file_the_agent_trusts() {
+        let mut a = agent();
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n";
+        a.ca_cert_pem = Some(pem.into());
+        let script = render(&a, &enrolment("t")).expect("script");
+        assert!(script.contains("SWITCHYARD_CA_CERT=\"/etc/switchyard/ca.pem\"\n"));
+        assert!(script.contains(
+            "cat > /etc/switchyard/ca.pem <<'SWITCHYARD_CA_EOF'\n-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\nSWITCHYARD_CA_EOF\n"
+        ));
+        assert!(
+            !render(&agent(), &enrolment("t"))
+                .expect("script")
+                .contains("CA_CERT")
+        );
+        a.ca_cert_pem = Some(format!("{pem}SWITCHYARD_CA_EOF\nrm -rf /\n"));
+        assert_eq!(
+            render(&a, &enrolment("t")),
+            Err(BadValue("agent.ca_cert_pem"))
+        );
     }
 
     fn enrolment<'a>(token: &'a str) -> Enrolment<'a> {
