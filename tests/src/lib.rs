@@ -7,6 +7,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod ledger;
+pub mod proxy;
+
 use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -238,6 +241,49 @@ impl Broker {
         self.proc = Broker::spawn_serve(self.dir.path(), &self.url, &self.http).await;
     }
 
+    /// `kill -9` of the broker (a crash: no shutdown, no resignation); returns once it died.
+    pub fn kill9(&mut self) {
+        self.proc.signal_group(Signal::SIGKILL);
+        self.proc.wait_exit(Duration::from_secs(20)).unwrap();
+    }
+
+    /// Starts the broker again on the same config, data and port after [`Broker::kill9`];
+    /// the previous run's log is kept as `broker-<pid>.log`.
+    pub async fn start_again(&mut self) {
+        let log = self.dir.path().join("broker.log");
+        let _ = std::fs::rename(
+            &log,
+            self.dir
+                .path()
+                .join(format!("broker-{}.log", self.proc.pid())),
+        );
+        self.proc = Broker::spawn_serve(self.dir.path(), &self.url, &self.http).await;
+    }
+
+    /// The broker's data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Every job, newest first, through the list API's pages.
+    pub async fn all_jobs(&self) -> Vec<Value> {
+        let mut jobs = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let path = match &cursor {
+                Some(c) => format!("/api/v1/jobs?limit=500&cursor={c}"),
+                None => "/api/v1/jobs?limit=500".to_string(),
+            };
+            let (status, page) = self.call(reqwest::Method::GET, &path, None).await;
+            assert_eq!(status, 200, "{page}");
+            jobs.extend(page["jobs"].as_array().cloned().unwrap_or_default());
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_string()),
+                None => return jobs,
+            }
+        }
+    }
+
     pub async fn call(
         &self,
         method: reqwest::Method,
@@ -262,6 +308,13 @@ impl Broker {
 
     /// Starts a `switchyard-agent` with `gpus` simulated H100s and waits until it joined.
     pub async fn start_agent(&mut self, name: &str, gpus: u32) {
+        let url = self.url.clone();
+        self.start_agent_via(name, gpus, &url).await;
+    }
+
+    /// [`Broker::start_agent`], with the agent talking to the broker at `broker_url` (a
+    /// [`proxy::FaultProxy`] in front of it, say).
+    pub async fn start_agent_via(&mut self, name: &str, gpus: u32, broker_url: &str) {
         let (status, body) = self
             .call(
                 reqwest::Method::POST,
@@ -274,7 +327,7 @@ impl Broker {
         let mut cmd = Command::new(bin("switchyard-agent"));
         cmd.args([
             "--broker",
-            &self.url,
+            broker_url,
             "--enrol-token",
             &token,
             "--name",
@@ -361,6 +414,100 @@ impl Broker {
         }
         s
     }
+}
+
+/// The processes descending from `pid` (via /proc), children before grandchildren.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut parents: Vec<(i32, i32)> = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|v| v.parse().ok()) {
+                parents.push((p, ppid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for (child, _) in parents.iter().filter(|(_, pp)| *pp == parent) {
+            out.push(*child);
+            frontier.push(*child);
+        }
+    }
+    out
+}
+
+/// A machine dying at once: SIGKILL to the process, its process group and the process group of
+/// every descendant (an agent's jobs run in groups of their own). Waits for the process.
+pub fn kill_machine(proc: &mut Proc) {
+    let tree = descendants(proc.pid());
+    proc.signal_group(Signal::SIGKILL);
+    for p in tree {
+        let _ = killpg(Pid::from_raw(p), Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(Pid::from_raw(p), Signal::SIGKILL);
+    }
+    proc.wait_exit(Duration::from_secs(10)).unwrap();
+}
+
+/// A fresh database named `<prefix>_<nanos>` on the PostgreSQL server at `server`
+/// (`postgres://user@host:port`, no database); its URL.
+pub fn fresh_pg_database(server: &str, prefix: &str) -> String {
+    let server = server.trim_end_matches('/');
+    let name = format!(
+        "{prefix}_{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let out = Command::new(PSQL)
+        .arg(format!("{server}/postgres"))
+        .args([
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            &format!("CREATE DATABASE {name}"),
+        ])
+        .output()
+        .expect("running psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    format!("{server}/{name}")
+}
+
+/// PostgreSQL's client, for tests that read a database directly.
+pub const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
+
+/// Rows of `sql` on the PostgreSQL database at `url`, each a list of its columns as text.
+pub fn psql_rows(url: &str, sql: &str) -> Vec<Vec<String>> {
+    let out = Command::new(PSQL)
+        .arg(url)
+        .args(["-v", "ON_ERROR_STOP=1", "-A", "-t", "-F", "\t", "-c", sql])
+        .output()
+        .expect("running psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split('\t').map(str::to_string).collect())
+        .collect()
 }
 
 /// Processes whose command line contains `needle` (via /proc), excluding this one.
