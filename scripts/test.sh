@@ -62,6 +62,14 @@ if [ "${SWITCHYARD_SKIP_BROWSER:-}" != "1" ]; then ensure_chromium; fi
 step "cargo test (workspace)"
 cargo test --workspace --locked
 
+# Hostile input: the cargo-fuzz targets of tests/fuzz, each for a bounded time (a crash fails;
+# skipped, with a line saying so, without a nightly toolchain), then schemathesis (installed
+# into target/ when missing) against a real broker's /openapi.json with each role's token.
+step "cargo fuzz (${SWITCHYARD_FUZZ_SECONDS:-60} s per target)"
+scripts/fuzz.sh
+step "schemathesis against /openapi.json (every role)"
+scripts/schemathesis.sh
+
 # The broker's suites again on PostgreSQL: a throwaway PostgreSQL 15 cluster (Debian's binaries,
 # initdb as the postgres user, a loopback port, its socket in a temp dir, fsync off), one fresh
 # database per test broker (tests/common), stopped and removed at exit, on failure too.
@@ -83,9 +91,11 @@ runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
 SWITCHYARD_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT" \
   cargo test -p switchyard-broker --locked --features postgres
 
-# Two `switchyard serve` replicas on that cluster: kill -9 the leader under load.
-step "cargo test (replica failover on PostgreSQL)"
+# Two `switchyard serve` replicas on that cluster: kill -9 the leader under load; and one
+# broker killed -9 under 1,000+ submissions and restarted (the crash test's PostgreSQL variant).
+step "cargo test (replica failover and broker crash on PostgreSQL)"
 SWITCHYARD_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT" \
-  cargo test -p switchyard-tests --locked --test failover -- --nocapture
+  cargo test -p switchyard-tests --locked --test failover --test crash -- --nocapture \
+  killing_the_leader on_postgres
 
 step "all tests passed"

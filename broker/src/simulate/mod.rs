@@ -119,9 +119,7 @@ pub fn simulate(
         checkpoint_interval_s: scenario.checkpoint_interval_s,
         tick_s: scenario.tick_s,
         seed: scenario.seed,
-        measure_from: Timestamp::from_secs(
-            scenario::EPOCH_S + (scenario.start_day * 86_400.0) as i64,
-        ),
+        measure_from: scenario.measure_from(),
     };
     let mut schedulers: Vec<Box<dyn Scheduler>> = Vec::new();
     let wants = |w: Which| args.scheduler == Which::All || args.scheduler == w;

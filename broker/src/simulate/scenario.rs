@@ -240,6 +240,12 @@ impl Scenario {
         Ok(())
     }
 
+    /// Where the measured part of the replay starts: `start_day` days after [`EPOCH_S`].
+    pub fn measure_from(&self) -> Timestamp {
+        let start_s = (self.start_day * 86_400.0) as i64;
+        Timestamp::from_secs(EPOCH_S.saturating_add(start_s))
+    }
+
     /// On-prem pools from the scenario, cloud pools from the catalogue after the filters.
     pub fn world(&self, catalogue: &Catalogue) -> anyhow::Result<World> {
         let c = &self.cloud;
@@ -365,14 +371,18 @@ impl Scenario {
             .map(|t| {
                 let gpus = t.gpus.min(largest);
                 let runtime_s = if gpus < t.gpus {
-                    (t.runtime_s * i64::from(t.gpus) + i64::from(gpus) - 1) / i64::from(gpus)
+                    // In i128: a hostile row's runtime × GPUs overflows i64.
+                    let gpu_s = i128::from(t.runtime_s) * i128::from(t.gpus);
+                    let folded = (gpu_s + i128::from(gpus) - 1) / i128::from(gpus);
+                    i64::try_from(folded).unwrap_or(i64::MAX)
                 } else {
                     t.runtime_s
                 };
                 let d = &self.deadlines;
                 let factor = deadlines.uniform(d.min_factor, d.max_factor);
-                let window = ((factor * runtime_s as f64) as i64).max(runtime_s + d.min_slack_s);
-                let submit = Timestamp::from_secs(EPOCH_S + t.submit_s);
+                let window = ((factor * runtime_s as f64) as i64)
+                    .max(runtime_s.saturating_add(d.min_slack_s));
+                let submit = Timestamp::from_secs(EPOCH_S.saturating_add(t.submit_s));
                 let spot_rule = if spot.bernoulli(self.spot.share) {
                     SpotRule::Allowed
                 } else {

@@ -147,3 +147,32 @@ fn the_command_reads_gzip_and_names_bad_rows() {
     let r = run(&a).expect("skips");
     assert_eq!((r.trace.rows, r.trace.skipped_bad_rows), (1, 1));
 }
+
+/// Found writing the `trace_reader` fuzz target (tests/fuzz): rows with huge runtimes, GPU
+/// counts and intervals, and a scenario with a huge slack, overflowed `Scenario::jobs` (a
+/// panic in debug builds, wrapped deadlines in release); so did a huge `start_day`.
+#[test]
+fn extreme_trace_rows_and_scenarios_do_not_overflow() {
+    let job = |line, gpus| super::trace::TraceJob {
+        line,
+        submit_s: i64::MAX,
+        gpus,
+        nodes: 1,
+        runtime_s: i64::MAX,
+        status: "Pass".into(),
+    };
+    let trace = super::trace::Trace {
+        jobs: vec![job(2, 64), job(3, u32::MAX)],
+        ..Default::default()
+    };
+    let mut s = Scenario::default();
+    s.deadlines.min_slack_s = i64::MAX;
+    s.start_day = 1e300;
+    let jobs = s.jobs(&trace.jobs);
+    for j in &jobs {
+        assert_eq!(j.spec.resources.gpus, 8);
+        assert_eq!(j.runtime_s, i64::MAX);
+        assert!(j.spec.deadline.is_some_and(|d| d >= j.submit));
+    }
+    assert!(s.measure_from() > Timestamp::from_secs(scenario::EPOCH_S));
+}

@@ -51,19 +51,30 @@ const COLUMNS: [&str; 9] = [
     "new_status",
 ];
 
+/// The largest `interval` and `run_time` accepted: ten years, in seconds. Beyond it the
+/// simulator's millisecond clock overflowed (found by the `trace_reader` fuzz target).
+pub const MAX_SECONDS: i64 = 10 * 365 * 86_400;
+/// The largest `gpu_num` and `node_num` accepted.
+pub const MAX_COUNT: i64 = 65_536;
+
 /// Reads a Philly trace file, gzip or plain.
 pub fn read_philly(path: &Path, skip_bad_rows: bool) -> anyhow::Result<Trace> {
     let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let text = if raw.starts_with(&[0x1f, 0x8b]) {
+    let text = trace_text(raw).with_context(|| format!("in {}", path.display()))?;
+    parse_philly(&text, skip_bad_rows).with_context(|| format!("in {}", path.display()))
+}
+
+/// The text of a trace file's bytes: gunzipped when they start with gzip's magic bytes.
+pub fn trace_text(raw: Vec<u8>) -> anyhow::Result<String> {
+    if raw.starts_with(&[0x1f, 0x8b]) {
         let mut s = String::new();
         flate2::read::MultiGzDecoder::new(raw.as_slice())
             .read_to_string(&mut s)
-            .with_context(|| format!("decompressing {}", path.display()))?;
-        s
+            .context("decompressing")?;
+        Ok(s)
     } else {
-        String::from_utf8(raw).with_context(|| format!("{} is not UTF-8", path.display()))?
-    };
-    parse_philly(&text, skip_bad_rows).with_context(|| format!("in {}", path.display()))
+        String::from_utf8(raw).context("not UTF-8")
+    }
 }
 
 /// Parses the text of a Philly trace.
@@ -136,13 +147,20 @@ fn parse_row(
         }
         Ok(n)
     };
+    let at_most = |c: usize, n: i64, max: i64| {
+        if n > max {
+            return Err(row_error(line, COLUMNS[c], format!("{n} is above {max}")));
+        }
+        Ok(n)
+    };
     let small = |c: usize, n: i64| {
-        u32::try_from(n).map_err(|_| row_error(line, COLUMNS[c], format!("{n} is too large")))
+        u32::try_from(at_most(c, n, MAX_COUNT)?)
+            .map_err(|_| row_error(line, COLUMNS[c], format!("{n} is too large")))
     };
     let gpus = small(2, int(2, 1)?)?;
     let nodes = small(4, int(4, 1)?)?;
-    let interval = int(5, 0)?;
-    let runtime_s = int(6, 0)?;
+    let interval = at_most(5, int(5, 0)?, MAX_SECONDS)?;
+    let runtime_s = at_most(6, int(6, 0)?, MAX_SECONDS)?;
     let status = field(8);
     if status.is_empty() {
         return Err(row_error(line, COLUMNS[8], "is empty".into()));
@@ -211,6 +229,26 @@ mod tests {
         assert_eq!((t.jobs.len(), t.skipped), (2, 2));
         assert_eq!(t.jobs[1].submit_s, 5);
         assert!(t.first_skip.is_some_and(|s| s.contains("line 3")));
+    }
+
+    /// Found by the `trace_reader` fuzz target: a `run_time` of 250463532389591 s overflowed
+    /// the simulator's clock (`remaining_s * 1000`).
+    #[test]
+    fn absurd_runtimes_intervals_and_counts_are_row_errors() {
+        for (row, column) in [
+            ("0,1,1,0,1,0,250463532389591,0,Pass", "run_time"),
+            ("0,1,1,0,1,315360001,1,0,Pass", "interval"),
+            ("0,1,65537,0,1,0,1,0,Pass", "gpu_num"),
+            ("0,1,1,0,4294967296,0,1,0,Pass", "node_num"),
+        ] {
+            let err = parse_philly(&format!("{HEADER}{row}\n"), false).expect_err(row);
+            assert_eq!((err.line, err.column.as_str()), (2, column), "{err}");
+        }
+        let ok = format!("{HEADER}0,1,65536,0,1,315360000,315360000,0,Pass\n");
+        assert_eq!(
+            parse_philly(&ok, false).expect("at the limits").jobs.len(),
+            1
+        );
     }
 
     #[test]
