@@ -6,12 +6,20 @@
 //!   instance id is the provider's idempotency key, so a retried launch starts one machine);
 //!   capacity or quota errors back the pool off and send the job back to the planner, which
 //!   picks the next feasible region; throttling and transient errors retry with backoff;
+//!   every provider call is bounded by `provider_call_timeout_ms`, and the launches of one
+//!   pass run side by side, so one hanging call delays nobody else's;
+//! - a launch whose answer was lost (a timeout or an error after the provider did the work) is
+//!   not a second machine: the retry uses the same key, and before giving an instance up after
+//!   such a failure the controller looks for it by its tag and adopts it if it exists;
 //! - `booting` past the boot timeout → terminated, its job re-planned;
 //! - `ready` with nothing running → idle; idle past the TTL (and past the provider's minimum
 //!   billed time, which is paid anyway) → terminated, its lifetime cost written to the ledger;
 //! - the orphan reaper: every tagged instance a provider lists that the broker does not know
-//!   (or knows as ended) is terminated; every live instance the provider no longer has is
-//!   marked gone and its work requeued.
+//!   (or knows as ended) is terminated, and so is a second machine under a known key; one it
+//!   still thinks it is launching is adopted (its launch answer was lost); every live instance
+//!   the provider no longer has is marked gone and its work requeued. A failed terminate is
+//!   retried on the next pass: an instance is marked ended only once its provider confirmed
+//!   the terminate (or no longer lists it).
 //!
 //! It never decides what to launch: that is the planner's job.
 
@@ -29,7 +37,9 @@ use crate::store::{InstanceRecord, InstanceState, LaunchFailure, StoreError};
 /// How often providers are listed for orphans and vanished instances.
 const REAP_EVERY: Duration = Duration::from_secs(5);
 /// How long one provider call may take before it counts as a transient failure.
-const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+fn call_timeout(app: &App) -> Duration {
+    Duration::from_millis(app.config.provider_call_timeout_ms.max(1))
+}
 
 /// The controller loop, for the life of the process; it acts only while this replica leads.
 pub async fn run(app: App) {
@@ -71,15 +81,22 @@ pub async fn reconcile(app: &App, reap: bool) -> Result<bool, StoreError> {
         .map(|a| a.node.to_string())
         .collect();
     let mut changed = false;
+    // Launches side by side: a provider call that hangs until its timeout holds up no other.
+    let launches = instances
+        .iter()
+        .filter(|i| i.state == InstanceState::Requested && i.next_attempt_at <= now)
+        .map(|inst| async move {
+            let span = tracing::info_span!("instance.launch", instance.id = %inst.id, pool.id = %inst.pool);
+            if let Some(job) = inst.for_job {
+                crate::trace::join_job(app, &span, job).await;
+            }
+            tracing::Instrument::instrument(launch(app, inst), span).await
+        });
+    for launched in futures::future::join_all(launches).await {
+        changed |= launched?;
+    }
     for inst in &instances {
         changed |= match inst.state {
-            InstanceState::Requested if inst.next_attempt_at <= now => {
-                let span = tracing::info_span!("instance.launch", instance.id = %inst.id, pool.id = %inst.pool);
-                if let Some(job) = inst.for_job {
-                    crate::trace::join_job(app, &span, job).await;
-                }
-                tracing::Instrument::instrument(launch(app, inst), span).await?
-            }
             InstanceState::Requested => false,
             InstanceState::Booting => {
                 let booting_for = inst.launched_at.map_or(0, |t| now.secs_since(t));
@@ -124,11 +141,12 @@ async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
         broker_url: app.config.public_url(),
     };
     let started = Instant::now();
-    let result = match tokio::time::timeout(CALL_TIMEOUT, provider.launch(&request)).await {
+    let timeout = call_timeout(app);
+    let result = match tokio::time::timeout(timeout, provider.launch(&request)).await {
         Ok(r) => r,
         Err(_) => Err(ProviderError::Transient(format!(
-            "launch took longer than {}s",
-            CALL_TIMEOUT.as_secs()
+            "launch took longer than {} ms",
+            timeout.as_millis()
         ))),
     };
     let launch_ms = started.elapsed().as_millis() as u64;
@@ -159,12 +177,50 @@ async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
                     pool_backoff_until: None,
                 },
             };
-            tracing::warn!(instance.id = %inst.id, pool.id = %inst.pool, error = %e, attempts, next = ?next, "launch failed");
             let give_up = matches!(next, LaunchFailure::GiveUp { .. });
+            // A failure after an earlier ambiguous one (or an ambiguous one itself: a timeout,
+            // a 5xx) may hide a machine that started anyway. Before giving the instance up —
+            // which sends its job back to the planner and so to a second machine — look for it
+            // by its tag, and adopt it if it is there.
+            let ambiguous = inst.launch_attempts > 0
+                || matches!(e, ProviderError::Transient(_) | ProviderError::Throttled(_));
+            if give_up
+                && ambiguous
+                && let Some(found) = find_by_key(app, provider.as_ref(), &inst.id).await
+            {
+                tracing::warn!(instance.id = %inst.id, pool.id = %inst.pool, provider_id = %found.provider_id, error = %e, "launch reported a failure but the instance exists; adopting it");
+                app.store
+                    .instance_launched(&inst.id, &found.provider_id, clock::now())
+                    .await?;
+                return Ok(false);
+            }
+            tracing::warn!(instance.id = %inst.id, pool.id = %inst.pool, error = %e, attempts, next = ?next, "launch failed");
             app.store
                 .instance_launch_failed(&inst.id, &e.to_string(), next, now)
                 .await?;
             Ok(give_up)
+        }
+    }
+}
+
+/// The live instance `provider` lists under `instance_key`, if any (`None` when listing fails).
+async fn find_by_key(
+    app: &App,
+    provider: &dyn switchyard_providers::Provider,
+    instance_key: &str,
+) -> Option<switchyard_providers::InstanceInfo> {
+    match tokio::time::timeout(call_timeout(app), provider.list()).await {
+        Ok(Ok(listed)) => listed.into_iter().find(|i| {
+            i.instance_key == instance_key
+                && i.state != switchyard_providers::InstanceState::Terminated
+        }),
+        Ok(Err(e)) => {
+            tracing::warn!(provider = provider.name(), error = %e, "listing instances failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(provider = provider.name(), "listing instances timed out");
+            None
         }
     }
 }
@@ -189,8 +245,11 @@ async fn idle_check(
         return Ok(false);
     };
     let idle_until = idle_since.plus_secs(app.config.idle_ttl_s as i64);
+    // An instance whose agent enrolled before its launch answer came back (it was lost) has no
+    // launch time; it has been paid for since it was ready at the latest.
     let paid_until = inst
         .launched_at
+        .or(inst.ready_at)
         .unwrap_or(now)
         .plus_secs(app.config.min_billed_s as i64);
     if now < idle_until.max(paid_until) {
@@ -203,10 +262,30 @@ async fn idle_check(
 /// Terminates at the provider first, then records the end: an instance is never marked ended
 /// while it may still be running (and billing).
 async fn end(app: &App, inst: &InstanceRecord, reason: Option<&str>) -> Result<bool, StoreError> {
-    if let (Some(provider_id), Some(provider)) =
-        (&inst.provider_id, app.providers.for_pool(&inst.pool))
-    {
-        match tokio::time::timeout(CALL_TIMEOUT, provider.terminate(provider_id)).await {
+    let provider = app.providers.for_pool(&inst.pool);
+    // No provider id: the launch answer was lost and the agent enrolled anyway. The machine is
+    // found by its tag.
+    let provider_id = match (&inst.provider_id, &provider) {
+        (Some(id), _) => Some(id.clone()),
+        (None, Some(p)) if inst.ready_at.is_some() => {
+            match tokio::time::timeout(call_timeout(app), p.list()).await {
+                Ok(Ok(listed)) => listed
+                    .into_iter()
+                    .find(|i| {
+                        i.instance_key == inst.id
+                            && i.state != switchyard_providers::InstanceState::Terminated
+                    })
+                    .map(|i| i.provider_id),
+                _ => {
+                    tracing::warn!(instance.id = %inst.id, "cannot list the provider to find the instance; will retry");
+                    return Ok(false);
+                }
+            }
+        }
+        (None, _) => None,
+    };
+    if let (Some(provider_id), Some(provider)) = (&provider_id, &provider) {
+        match tokio::time::timeout(call_timeout(app), provider.terminate(provider_id)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::warn!(instance.id = %inst.id, error = %e, "terminate failed; will retry");
@@ -242,7 +321,7 @@ async fn reap_orphans(app: &App) -> Result<bool, StoreError> {
     let known: HashMap<&str, &InstanceRecord> = all.iter().map(|i| (i.id.as_str(), i)).collect();
     let mut changed = false;
     for provider in app.providers.all() {
-        let listed = match tokio::time::timeout(CALL_TIMEOUT, provider.list()).await {
+        let listed = match tokio::time::timeout(call_timeout(app), provider.list()).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => {
                 tracing::warn!(provider = provider.name(), error = %e, "listing instances failed");
@@ -253,14 +332,42 @@ async fn reap_orphans(app: &App) -> Result<bool, StoreError> {
         let mut seen = HashSet::new();
         for info in &listed {
             seen.insert(info.provider_id.as_str());
+            if info.state == switchyard_providers::InstanceState::Terminated {
+                continue;
+            }
             let orphan = match known.get(info.instance_key.as_str()) {
                 None => true,
-                Some(k) => k.state == InstanceState::Terminated,
+                Some(k) if k.state == InstanceState::Requested => {
+                    // The launch happened but its answer was lost: adopt the machine rather
+                    // than start another.
+                    tracing::warn!(instance.id = %k.id, provider_id = %info.provider_id, "adopting an instance whose launch answer was lost");
+                    app.store
+                        .instance_launched(&k.id, &info.provider_id, clock::now())
+                        .await?;
+                    changed = true;
+                    false
+                }
+                // A second machine under a live instance's key (a retried launch that an API
+                // without idempotency tokens ran twice): not the one the broker uses.
+                Some(k) => {
+                    k.state == InstanceState::Terminated
+                        || k.provider_id
+                            .as_deref()
+                            .is_some_and(|p| p != info.provider_id)
+                }
             };
-            if orphan && info.state != switchyard_providers::InstanceState::Terminated {
+            if orphan {
                 tracing::warn!(provider = provider.name(), provider_id = %info.provider_id, instance.key = %info.instance_key, "terminating an instance the broker does not own");
-                if let Err(e) = provider.terminate(&info.provider_id).await {
-                    tracing::warn!(provider_id = %info.provider_id, error = %e, "orphan terminate failed; will retry");
+                match tokio::time::timeout(call_timeout(app), provider.terminate(&info.provider_id))
+                    .await
+                {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(provider_id = %info.provider_id, error = %e, "orphan terminate failed; will retry");
+                    }
+                    Err(_) => {
+                        tracing::warn!(provider_id = %info.provider_id, "orphan terminate timed out; will retry");
+                    }
                 }
             }
         }

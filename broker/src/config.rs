@@ -42,6 +42,10 @@ pub struct Config {
     pub pool_backoff_s: u64,
     /// Launch attempts per instance on throttling or transient errors before giving up.
     pub launch_attempts: u32,
+    /// How long one provider call (launch, terminate, list) may take before the burst
+    /// controller counts it as a transient failure and moves on; a launch that timed out is
+    /// retried under the same instance key, so it starts at most one machine.
+    pub provider_call_timeout_ms: u64,
     /// How often the ledger accrues running attempts and live instances (spend to date).
     pub ledger_accrual_interval_ms: u64,
     /// This replica's name in the leader election; defaults to `{hostname}:{port}`. A replica
@@ -187,6 +191,7 @@ impl Default for Config {
             min_billed_s: 60,
             pool_backoff_s: 300,
             launch_attempts: 5,
+            provider_call_timeout_ms: 60_000,
             ledger_accrual_interval_ms: 60_000,
             replica_name: None,
             leader_ttl_ms: 5_000,
@@ -268,6 +273,9 @@ impl Config {
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             bail!("tls_cert and tls_key go together: set both (HTTPS) or neither (HTTP)");
+        }
+        if self.provider_call_timeout_ms == 0 {
+            bail!("provider_call_timeout_ms must be positive");
         }
         if self.header_timeout_ms == 0 || self.idle_timeout_ms == 0 {
             bail!("header_timeout_ms and idle_timeout_ms must be positive");

@@ -400,3 +400,68 @@ async fn faults_are_classified_and_throttling_is_retried() {
     assert_eq!(offers.pools.len(), 3);
     assert_eq!(proxy.attempts("DescribeSpotPriceHistory"), 4);
 }
+
+/// Partial failures: EC2 (here moto) starts the instance, or ends it, and the answer is lost
+/// (a 500 after the work). The launch is retried with the same client token; a later launch of
+/// the same key finds the instance by its tag instead of starting another; whatever exists
+/// under the key is listed, so the broker's reaper sees it; a terminate whose answer was lost
+/// is retried and succeeds.
+#[tokio::test]
+async fn lost_answers_after_the_work_leave_no_hidden_instance() {
+    let moto = Moto::start().await;
+    let proxy = Proxy::start(&moto.url).await;
+    let aws = provider(&proxy.url, "lost").await;
+    let t0 = Instant::now();
+    proxy.lose_answers("RunInstances", 1);
+    let launched = aws
+        .launch(&request("lost-1", Market::OnDemand))
+        .await
+        .unwrap();
+    let run_calls = proxy.attempts("RunInstances");
+    assert_eq!(run_calls, 2, "the lost answer, then one retry");
+    let under_key = |all: Vec<switchyard_providers::InstanceInfo>| -> Vec<String> {
+        all.into_iter()
+            .filter(|i| i.instance_key == "lost-1" && i.state != InstanceState::Terminated)
+            .map(|i| i.provider_id)
+            .collect()
+    };
+    let listed = under_key(aws.list().await.unwrap());
+    assert!(
+        listed.contains(&launched.provider_id),
+        "{listed:?} {launched:?}"
+    );
+    // Moto ignores client tokens, so the retry may have started a second machine; EC2 would
+    // return the first. Either way every machine under the key is listed (the broker's reaper
+    // ends all but the one it recorded).
+    assert!(
+        (1..=2).contains(&listed.len()),
+        "{} instances under one key: {listed:?}",
+        listed.len()
+    );
+
+    // The broker retrying the key (its own answer was lost too): found by tag, no new call.
+    let again = aws
+        .launch(&request("lost-1", Market::OnDemand))
+        .await
+        .unwrap();
+    assert!(listed.contains(&again.provider_id));
+    assert_eq!(
+        proxy.attempts("RunInstances"),
+        run_calls,
+        "no third RunInstances"
+    );
+
+    // A terminate whose answer is lost is retried; the instances end.
+    for id in &listed {
+        proxy.lose_answers("TerminateInstances", 1);
+        aws.terminate(id).await.unwrap();
+    }
+    assert!(proxy.attempts("TerminateInstances") >= 2 * listed.len() as u32);
+    assert!(under_key(aws.list().await.unwrap()).is_empty());
+    println!(
+        "FIGURE moto-lost-answers: RunInstances calls {run_calls}, instances under the key {} (moto ignores client tokens), TerminateInstances calls {}, none left, {:.2} s",
+        listed.len(),
+        proxy.attempts("TerminateInstances"),
+        t0.elapsed().as_secs_f64()
+    );
+}

@@ -142,6 +142,9 @@ pub struct Fault {
 struct ProxyState {
     faults: HashMap<String, Fault>,
     attempts: HashMap<String, u32>,
+    /// Requests of an action to forward and then answer with a 500, as if the answer had
+    /// been lost after EC2 did the work.
+    lost: HashMap<String, u32>,
 }
 
 /// A fault-injecting proxy in front of moto.
@@ -178,6 +181,12 @@ impl Proxy {
         self.lock().faults.insert(action.to_owned(), fault);
     }
 
+    /// Forwards the next `times` requests of `action` to moto (which does the work) and answers
+    /// each with a 500 `InternalError` instead of moto's answer: a partial failure.
+    pub fn lose_answers(&self, action: &str, times: u32) {
+        self.lock().lost.insert(action.to_owned(), times);
+    }
+
     /// Forgets every fault and count.
     pub fn clear(&self) {
         *self.lock() = ProxyState::default();
@@ -202,16 +211,24 @@ async fn forward(State(shared): State<Shared>, request: Request) -> Response {
         return StatusCode::BAD_REQUEST.into_response();
     };
     let action = form_field(&body, "Action").unwrap_or_default();
-    let fault = {
+    let (fault, lose) = {
         let mut s = state.lock().expect("proxy state");
         *s.attempts.entry(action.clone()).or_default() += 1;
-        match s.faults.get_mut(&action) {
+        let lose = match s.lost.get_mut(&action) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        };
+        let fault = match s.faults.get_mut(&action) {
             Some(f) if f.remaining > 0 => {
                 f.remaining -= 1;
                 Some(f.clone())
             }
             _ => None,
-        }
+        };
+        (fault, lose)
     };
     if let Some(f) = fault {
         let xml = format!(
@@ -237,6 +254,20 @@ async fn forward(State(shared): State<Shared>, request: Request) -> Response {
         .send()
         .await;
     match answer {
+        Ok(r) if lose => {
+            // Moto did the work; the caller never hears of it.
+            let _ = r.bytes().await;
+            let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
+                       <Code>InternalError</Code><Message>answer lost by the test proxy</Message>\
+                       </Error></Errors><RequestID>00000000-0000-0000-0000-000000000000</RequestID>\
+                       </Response>";
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONTENT_TYPE, "text/xml")],
+                xml,
+            )
+                .into_response()
+        }
         Ok(r) => {
             let status = r.status();
             let content_type = r.headers().get(header::CONTENT_TYPE).cloned();
