@@ -923,6 +923,7 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
         signal: None,
         error: None,
         stopped: false,
+        requeue: false,
     };
     store
         .apply_events(&node, &[started(&r1)], at(30))

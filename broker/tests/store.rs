@@ -171,6 +171,7 @@ async fn times_ids_and_documents_round_trip_exactly() {
             signal: None,
             error: None,
             stopped: false,
+            requeue: false,
         },
     ];
     let (results, ended) = store
@@ -228,6 +229,83 @@ async fn times_ids_and_documents_round_trip_exactly() {
         .unwrap();
     assert_eq!(older.len(), 1);
     assert_eq!(older[0].id, job.id);
+}
+
+/// An agent that stopped a job on its own because it could not renew its lease (`requeue`)
+/// puts the job back in the queue: the attempt is `lost` and settled, the job `queued` with a
+/// reason, a retry of the report is a duplicate, and a new plan can place it again.
+#[tokio::test]
+async fn a_fenced_report_requeues_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path()).await;
+    let job = new_job("batch");
+    store.insert_job(&job).await.unwrap();
+    let a = attempt_for(&job, T0.plus_secs(3_600));
+    store
+        .commit_plan(std::slice::from_ref(&a), &[], T0.plus_secs(1))
+        .await
+        .unwrap();
+    let r = AttemptRef {
+        job_id: job.id.0,
+        attempt_id: a.id.0,
+        epoch: 1,
+    };
+    let fenced = AgentEvent::Finished {
+        attempt: r.clone(),
+        exit_code: None,
+        signal: Some(9),
+        error: Some("stopped by the agent because it could not renew its lease".into()),
+        stopped: false,
+        requeue: true,
+    };
+    let events = [
+        AgentEvent::Started {
+            attempt: r.clone(),
+            pid: 7,
+        },
+        fenced.clone(),
+    ];
+    let (results, ended) = store
+        .apply_events(&NodeId("n1".into()), &events, T0.plus_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        results.iter().all(|r| r.status == EventStatus::Accepted),
+        "{results:?}"
+    );
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].final_state, JobState::Queued);
+    let rec = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!(rec.state, JobState::Queued);
+    assert_eq!(rec.attempts, 1);
+    assert!(
+        rec.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("renew the lease"),
+        "{rec:?}"
+    );
+    assert!(store.live_attempts().await.unwrap().is_empty());
+    // The report again (an outbox retry): nothing changes.
+    let (results, ended) = store
+        .apply_events(&NodeId("n1".into()), &[fenced], T0.plus_secs(61))
+        .await
+        .unwrap();
+    assert_eq!(results[0].status, EventStatus::Rejected, "{results:?}");
+    assert!(ended.is_empty());
+    assert_eq!(
+        store.job(job.id).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
+    // Placed again under a new attempt.
+    let mut again = attempt_for(&job, T0.plus_secs(7_200));
+    again.job_version = rec.version;
+    store
+        .commit_plan(std::slice::from_ref(&again), &[], T0.plus_secs(62))
+        .await
+        .unwrap();
+    let rec = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.attempts), (JobState::Placed, 2), "{rec:?}");
 }
 
 /// Many plan commits race for one job: exactly one places it, the rest are told their plan is
@@ -333,6 +411,7 @@ async fn a_cancel_racing_a_start_leaves_one_consistent_outcome() {
                             signal: Some(15),
                             error: None,
                             stopped: true,
+                            requeue: false,
                         }],
                         T0.plus_secs(3),
                     )

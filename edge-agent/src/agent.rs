@@ -6,11 +6,16 @@
 //! A spot interruption notice (from [`crate::interruption`]) drains the agent at once — no new
 //! leases — and is reported on an immediate heartbeat, then on every later one; the broker
 //! answers with the attempts to stop, which get SIGTERM (their checkpoint signal) and grace.
+//!
+//! Self-fencing ([`crate::fence`]): every answered heartbeat renews the lease from when it was
+//! sent; a fence task stops every job before the broker may requeue it, and no lease is taken
+//! while the lease is not renewed.
 
 use crate::attempts::{AttemptTable, StopReason};
 use crate::backoff::{Backoff, Streak};
 use crate::client::BrokerClient;
 use crate::error::AgentError;
+use crate::fence::LeaseClock;
 use crate::interruption::Watcher;
 use crate::inventory::{self, GpuProbe};
 use crate::outbox::{EventSink, Outbox};
@@ -44,6 +49,8 @@ pub struct Enrolled {
     pub run: RunOptions,
     /// Watches the cloud's spot interruption notice, when configured.
     pub interruption: Option<Watcher>,
+    /// The lease and its fence; `None` when the broker gave no lease TTL (no self-fencing).
+    pub lease: Option<Arc<LeaseClock>>,
 }
 
 /// Serves until `shutdown` resolves or a fatal error; then stops the jobs and flushes events.
@@ -69,8 +76,13 @@ pub async fn serve(
         .interruption
         .take()
         .map(|watcher| tokio::spawn(watcher.run(notice_tx)));
+    let fence_task = enrolled
+        .lease
+        .clone()
+        .map(|clock| tokio::spawn(clock.run(attempts.clone())));
     let heartbeat_task = tokio::spawn({
         let beat = HeartbeatLoop {
+            lease: enrolled.lease.clone(),
             client: enrolled.client.clone(),
             probe: enrolled.probe.clone(),
             last_inventory: enrolled.inventory.clone(),
@@ -126,6 +138,9 @@ pub async fn serve(
         runners.shutdown().await;
     }
     heartbeat_task.abort();
+    if let Some(task) = fence_task {
+        task.abort();
+    }
     if let Some(task) = watcher_task {
         task.abort();
     }
@@ -159,6 +174,13 @@ impl Worker {
         let mut draining = self.draining.clone();
         loop {
             while runners.try_join_next().is_some() {}
+            if let Some(lease) = &self.enrolled.lease
+                && lease.fenced(Instant::now())
+            {
+                // No lease may start until a heartbeat renews ours; leases are redelivered.
+                lease.unfenced().await;
+                continue;
+            }
             if *draining.borrow_and_update() {
                 // Take nothing new; stops still arrive with heartbeats.
                 if draining.changed().await.is_err() {
@@ -209,6 +231,12 @@ impl Worker {
             tracing::info!(attempt.id = %id, "draining: not taking a new lease");
             return;
         }
+        if let Some(clock) = &self.enrolled.lease
+            && clock.fenced(Instant::now())
+        {
+            tracing::info!(attempt.id = %id, "lease not renewed: not taking a new lease now");
+            return;
+        }
         let opts = self.enrolled.run;
         let Some(stop) = self.attempts.admit(&lease, runner::grace_of(&lease, opts)) else {
             tracing::debug!(attempt.id = %id, "lease delivered again; already taken");
@@ -231,6 +259,8 @@ async fn drained(drain: &mut watch::Receiver<bool>) {
 
 /// The heartbeat side: reports inventory and running attempts, applies stops and drain.
 struct HeartbeatLoop {
+    /// Renewed by every answered heartbeat.
+    lease: Option<Arc<LeaseClock>>,
     client: BrokerClient,
     probe: Arc<dyn GpuProbe>,
     last_inventory: Inventory,
@@ -268,9 +298,15 @@ impl HeartbeatLoop {
                 running: self.attempts.running(),
                 interruption,
             };
+            // The broker records the heartbeat when it hears it, after this: counting the
+            // lease from here keeps the agent's deadline before the broker's.
+            let sent = Instant::now();
             match self.client.heartbeat(&beat).await {
                 Ok(response) => {
                     streak.succeeded();
+                    if let Some(lease) = &self.lease {
+                        lease.renewed(sent);
+                    }
                     for attempt in response.stop {
                         if self.attempts.stop(attempt.attempt_id, StopReason::Broker) {
                             tracing::info!(attempt.id = %attempt.attempt_id, "broker asked to stop");

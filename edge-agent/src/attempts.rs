@@ -21,6 +21,11 @@ pub enum StopReason {
     LeaseLost,
     /// The agent itself is shutting down: reported as failed, not stopped.
     Shutdown,
+    /// The agent could not renew its lease in time (self-fencing, see [`crate::fence`]): the
+    /// job gets SIGTERM and at most `grace` before SIGKILL, however long a stop already under
+    /// way would have given it. Reported as failed, with the reason; the broker rejects the
+    /// report when it has given the job to another agent meanwhile.
+    Fenced { grace: Duration },
 }
 
 /// The receiving end of one attempt's stop signal.
@@ -42,6 +47,8 @@ struct Inner {
 #[derive(Default)]
 pub struct AttemptTable {
     inner: Mutex<Inner>,
+    /// Counts admissions, for the fence (which must see every new attempt at once).
+    admitted: watch::Sender<u64>,
 }
 
 impl AttemptTable {
@@ -70,25 +77,65 @@ impl AttemptTable {
                 stop: tx,
             },
         );
+        drop(inner);
+        self.admitted.send_modify(|n| *n = n.wrapping_add(1));
         Some(rx)
     }
 
     /// Asks a running attempt to stop; false when it is not running here. The first reason
-    /// wins, except that a lost lease overrides (nothing more may be reported for it).
+    /// wins, except that a lost lease overrides (nothing more may be reported for it), and a
+    /// fence overrides both (its deadline is what keeps the job from running twice; the outbox
+    /// drops what a lost attempt reports).
     pub fn stop(&self, attempt_id: Uuid, reason: StopReason) -> bool {
         let inner = self.lock();
         let Some(r) = inner.running.get(&attempt_id) else {
             return false;
         };
-        r.stop.send_if_modified(|current| match current {
-            Some(StopReason::LeaseLost) => false,
-            Some(_) if reason != StopReason::LeaseLost => false,
+        r.stop.send_if_modified(|current| match (*current, reason) {
+            (Some(StopReason::Fenced { .. }), _) => false,
+            (_, StopReason::Fenced { .. }) => {
+                *current = Some(reason);
+                true
+            }
+            (Some(StopReason::LeaseLost), _) => false,
+            (Some(_), r) if r != StopReason::LeaseLost => false,
             _ => {
                 *current = Some(reason);
                 true
             }
         });
         true
+    }
+
+    /// Fences a running attempt: SIGTERM now, SIGKILL after `grace` at most. True the first
+    /// time; false when it is not running here or is already fenced.
+    pub fn fence(&self, attempt_id: Uuid, grace: Duration) -> bool {
+        let inner = self.lock();
+        let Some(r) = inner.running.get(&attempt_id) else {
+            return false;
+        };
+        r.stop.send_if_modified(|current| match current {
+            Some(StopReason::Fenced { .. }) => false,
+            _ => {
+                *current = Some(StopReason::Fenced { grace });
+                true
+            }
+        })
+    }
+
+    /// The running attempts not yet fenced, with their grace.
+    pub fn unfenced(&self) -> Vec<(Uuid, Duration)> {
+        self.lock()
+            .running
+            .iter()
+            .filter(|(_, r)| !matches!(*r.stop.borrow(), Some(StopReason::Fenced { .. })))
+            .map(|(id, r)| (*id, r.grace))
+            .collect()
+    }
+
+    /// Changes with every admission.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.admitted.subscribe()
     }
 
     /// Stops every running attempt; returns the longest grace among them.

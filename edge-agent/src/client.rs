@@ -106,6 +106,11 @@ impl BrokerClient {
         self
     }
 
+    /// How long a heartbeat may take.
+    pub fn heartbeat_timeout(&self) -> Duration {
+        self.heartbeat_timeout
+    }
+
     /// The replica calls go to now (base form: the path ends with '/').
     pub fn current_broker(&self) -> Url {
         self.brokers.current()

@@ -20,6 +20,7 @@ pub mod backoff;
 pub mod brokers;
 pub mod client;
 pub mod error;
+pub mod fence;
 pub mod group;
 pub mod identity;
 pub mod interruption;
@@ -120,6 +121,30 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         .heartbeat_s
         .unwrap_or(registration.heartbeat_interval_s)
         .max(1);
+    let mut heartbeat = Duration::from_secs(heartbeat_s);
+    let lease = fence::FencePlan::new(Duration::from_secs(registration.lease_ttl_s), heartbeat)
+        .map(fence::LeaseClock::new);
+    match &lease {
+        Some(clock) => {
+            let plan = clock.plan();
+            if plan.heartbeat < heartbeat {
+                tracing::info!(
+                    heartbeat_ms = plan.heartbeat.as_millis() as u64,
+                    lease_ttl_s = registration.lease_ttl_s,
+                    "heartbeating more often than asked: the lease TTL is short"
+                );
+                heartbeat = plan.heartbeat;
+            }
+            tracing::info!(
+                lease_ttl_s = registration.lease_ttl_s,
+                fence_after_ms = plan.window.as_millis() as u64,
+                "self-fencing: jobs stop if no heartbeat is answered for the lease TTL less the margin"
+            );
+        }
+        None => tracing::warn!(
+            "the broker gave no lease TTL: jobs are not stopped when it cannot be reached"
+        ),
+    }
     let interruption = match &args.interruption_url {
         Some(url) => Some(
             interruption::Watcher::new(
@@ -133,19 +158,28 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
     let mut client = client.with_token(identity::token(&registration));
     if client.brokers().len() > 1 {
         // With another replica to go to, a heartbeat stuck on a silent one must give up in
-        // time to renew the lease elsewhere. Alone, the broker gets the usual time to answer.
+        // time to renew the lease elsewhere.
         client = client.with_heartbeat_timeout(heartbeat_timeout(registration.lease_ttl_s));
+    }
+    if let Some(clock) = &lease {
+        // A heartbeat stuck on a dead connection must leave time for another before the fence.
+        let timeout = clock
+            .plan()
+            .heartbeat_timeout()
+            .min(client.heartbeat_timeout());
+        client = client.with_heartbeat_timeout(timeout);
     }
     let enrolled = Enrolled {
         client,
         probe,
         inventory,
-        heartbeat: Duration::from_secs(heartbeat_s),
+        heartbeat,
         poll_wait_s: args.poll_wait_s.max(1),
         run: RunOptions {
             default_grace: Duration::from_secs(args.grace_s),
         },
         interruption,
+        lease,
     };
     let result = agent::serve(enrolled, shutdown).await;
     if let (Err(AgentError::TokenRevoked { .. }), Some(dir)) = (&result, &args.state_dir) {

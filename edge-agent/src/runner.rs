@@ -58,7 +58,10 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
         if let Some(reason) = stopped_early {
             if reason != StopReason::LeaseLost {
                 let message = stop_message(reason, "before it started");
-                report.finished(None, None, Some(message), reason == StopReason::Broker).await;
+                let fenced = matches!(reason, StopReason::Fenced { .. });
+                report
+                    .finished(None, None, Some(message), reason == StopReason::Broker, fenced)
+                    .await;
             }
             return;
         }
@@ -68,7 +71,7 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
             Err(reason) => {
                 tracing::warn!(error = %reason, "job could not be started");
                 report.log(0, Stream::System, format!("{reason}\n")).await;
-                report.finished(None, None, Some(reason), false).await;
+                report.finished(None, None, Some(reason), false, false).await;
                 return;
             }
         };
@@ -100,13 +103,17 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
         let (status, stopped) = tokio::select! {
             status = child.wait() => {
                 // The job is over when its leader is; anything it left in its group would hold
-                // GPUs the broker now counts as free.
-                let _ = group::terminate(pid, grace).await;
+                // GPUs the broker now counts as free (a fence meanwhile shortens their grace).
+                let _ = stop_group(pid, grace, &mut stop).await;
                 (status, None)
             }
             reason = stop_requested(&mut stop) => {
-                tracing::info!(?reason, grace_s = grace.as_secs(), "stopping job");
-                let (status, how) = tokio::join!(wait_for(&mut child), group::terminate(pid, grace));
+                let grace = match reason {
+                    StopReason::Fenced { grace: fence } => fence.min(grace),
+                    _ => grace,
+                };
+                tracing::info!(?reason, grace_ms = grace.as_millis() as u64, "stopping job");
+                let (status, how) = tokio::join!(wait_for(&mut child), stop_group(pid, grace, &mut stop));
                 (status, Some((reason, how)))
             }
         };
@@ -127,20 +134,29 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
         match stopped {
             // Not ours any more: the broker would reject anything we say.
             Some((StopReason::LeaseLost, _)) => {}
-            Some((reason, how)) => {
+            Some((reason, (how, grace))) => {
                 let how = match how {
-                    Termination::Killed => {
-                        format!("sent SIGTERM, then SIGKILL after the {} s grace period", grace.as_secs())
-                    }
+                    Termination::Killed if grace.is_zero() => "sent SIGKILL".to_string(),
+                    Termination::Killed if grace.subsec_millis() == 0 => format!(
+                        "sent SIGTERM, then SIGKILL after the {} s grace period",
+                        grace.as_secs()
+                    ),
+                    Termination::Killed => format!(
+                        "sent SIGTERM, then SIGKILL after the {:.1} s grace period",
+                        grace.as_secs_f64()
+                    ),
                     Termination::Terminated | Termination::AlreadyGone => "sent SIGTERM".to_string(),
                 };
                 let message = stop_message(reason, &how);
                 report.log(seq, Stream::System, format!("{message}\n")).await;
-                report.finished(exit_code, signal, Some(message), reason == StopReason::Broker).await;
+                let fenced = matches!(reason, StopReason::Fenced { .. });
+                report
+                    .finished(exit_code, signal, Some(message), reason == StopReason::Broker, fenced)
+                    .await;
             }
             None => {
                 let error = status.err().map(|e| format!("waiting for the job failed: {e}"));
-                report.finished(exit_code, signal, error, false).await;
+                report.finished(exit_code, signal, error, false, false).await;
             }
         }
     }
@@ -150,6 +166,36 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
 
 async fn wait_for(child: &mut Child) -> std::io::Result<ExitStatus> {
     child.wait().await
+}
+
+/// Stops the group with `grace`; a fence that comes meanwhile and must kill sooner cuts the
+/// grace short (SIGTERM again, SIGKILL after the fence's grace). How it ended, and the grace
+/// that applied.
+async fn stop_group(pid: u32, grace: Duration, stop: &mut StopSignal) -> (Termination, Duration) {
+    let kill_at = Instant::now() + grace;
+    let terminate = group::terminate(pid, grace);
+    tokio::pin!(terminate);
+    let mut watching = true;
+    loop {
+        tokio::select! {
+            how = &mut terminate => return (how, grace),
+            changed = stop.changed(), if watching => {
+                if changed.is_err() {
+                    watching = false;
+                    continue;
+                }
+                let fence = match *stop.borrow_and_update() {
+                    Some(StopReason::Fenced { grace }) => grace,
+                    _ => continue,
+                };
+                if Instant::now() + fence < kill_at {
+                    tracing::warn!(grace_ms = fence.as_millis() as u64,
+                        "lease not renewed in time: cutting the stop's grace period short");
+                    return (group::terminate(pid, fence).await, fence);
+                }
+            }
+        }
+    }
 }
 
 /// Resolves when a stop is requested; never, if the table dropped the sender.
@@ -171,6 +217,10 @@ fn stop_message(reason: StopReason, how: &str) -> String {
         StopReason::LeaseLost => {
             format!("stopped because the broker no longer grants this lease: {how}")
         }
+        StopReason::Fenced { .. } => format!(
+            "stopped by the agent because it could not renew its lease with the broker in time \
+             (the broker may give the job to another agent): {how}"
+        ),
     }
 }
 
@@ -228,6 +278,7 @@ impl Reporter<'_> {
         signal: Option<i32>,
         error: Option<String>,
         stopped: bool,
+        requeue: bool,
     ) {
         self.send(AgentEvent::Finished {
             attempt: self.attempt.clone(),
@@ -235,6 +286,7 @@ impl Reporter<'_> {
             signal,
             error,
             stopped,
+            requeue,
         })
         .await;
     }
@@ -242,6 +294,7 @@ impl Reporter<'_> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use switchyard_protocol::agent::AttemptRef;
     use uuid::Uuid;
@@ -283,5 +336,38 @@ mod tests {
             default_grace: Duration::MAX,
         };
         assert_eq!(grace_of(&lease(0), huge_default), MAX_GRACE);
+    }
+
+    /// A stop under way with a long grace (here 30 s) is cut short by a fence that must kill
+    /// sooner: the job, which ignores SIGTERM, is killed at the fence's grace.
+    #[tokio::test]
+    async fn a_fence_cuts_a_slower_stop_short() {
+        let mut l = lease(30);
+        l.command = vec!["sh".into(), "-c".into(), "trap '' TERM; sleep 300".into()];
+        let mut child = spawn(&l).unwrap();
+        let pid = child.id().unwrap();
+        // Let the shell set its trap before the first SIGTERM.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (tx, mut rx) = watch::channel(Some(StopReason::Broker));
+        rx.borrow_and_update();
+        let asked = Instant::now();
+        let fence = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            tx.send_replace(Some(StopReason::Fenced {
+                grace: Duration::from_millis(300),
+            }));
+        };
+        let ((how, grace), ()) =
+            tokio::join!(stop_group(pid, Duration::from_secs(30), &mut rx), fence);
+        let took = asked.elapsed();
+        assert_eq!(
+            (how, grace),
+            (Termination::Killed, Duration::from_millis(300))
+        );
+        assert!(took >= Duration::from_millis(500), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(!group::is_alive(pid));
+        let status = child.wait().await.unwrap();
+        assert_eq!(status.signal(), Some(9));
     }
 }

@@ -327,7 +327,8 @@ async fn runs_a_lease_and_reports_it_in_order_through_broker_failures() {
                 exit_code: Some(0),
                 signal: None,
                 error: None,
-                stopped: false
+                stopped: false,
+                requeue: false
             },
         ]
     );

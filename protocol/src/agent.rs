@@ -63,6 +63,8 @@ pub struct RegisterResponse {
     pub pool: String,
     pub agent_token: String,
     pub heartbeat_interval_s: u64,
+    /// The broker requeues a node's work this long after its last heartbeat. The agent stops
+    /// its jobs before then when it cannot renew the lease (self-fencing); 0 turns that off.
     pub lease_ttl_s: u64,
 }
 
@@ -168,6 +170,12 @@ pub enum AgentEvent {
         error: Option<String>,
         /// The agent stopped it on the broker's request.
         stopped: bool,
+        /// The agent stopped it for a reason that is not the job's (it could not renew its
+        /// lease in time, see the agent's `fence.rs`): the broker puts the job back in the
+        /// queue instead of ending it. Left out of the JSON when false, so that a broker from
+        /// before this field still reads every other report (upgrade brokers before agents).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        requeue: bool,
     },
 }
 

@@ -4,11 +4,11 @@
 //!   node's lease expires after `lease_ttl_s` → the job is requeued and completes on another
 //!   agent, and the dead attempt is settled once in the ledger.
 //! - Partition: a [`FaultProxy`] between one agent and the broker blackholes every connection
-//!   → the lease expires, the job is requeued and completes elsewhere; the partition heals →
-//!   the cut-off agent learns at its next heartbeat that the lease is gone and stops its copy;
-//!   what that copy printed meanwhile (log chunks, then its end) is rejected under the stale
-//!   lease and changes nothing: the job's log, state, exit code and ledger come from the new
-//!   attempt only.
+//!   → the cut-off agent cannot renew its lease and stops its copy by itself (self-fencing)
+//!   before the lease expires → the job is requeued and completes elsewhere, never with two
+//!   copies at once; the partition heals → what the stopped copy printed while cut off (log
+//!   chunks, then its end) is rejected under the stale lease and changes nothing: the job's
+//!   log, state, exit code and ledger come from the new attempt only.
 //!
 //! Each job writes its runs' start, ticks and end (with the attempt) to a marks file.
 
@@ -162,7 +162,8 @@ async fn agent_loss_lease_expires_and_the_job_completes_elsewhere() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partitioned_agent_stops_its_job_when_healed_and_its_late_reports_are_rejected() {
+async fn a_partitioned_agent_stops_its_job_before_the_lease_expires_and_its_late_reports_are_rejected()
+ {
     let started = Instant::now();
     let (mut broker, marks, proxy, id) = setup(true).await;
     let proxy = proxy.unwrap();
@@ -170,47 +171,58 @@ async fn a_partitioned_agent_stops_its_job_when_healed_and_its_late_reports_are_
     let first = marks_of(&file, "start")[0].1.clone();
     let job_procs = descendants(broker.agent(0).pid());
     assert!(!job_procs.is_empty(), "the job's processes");
+    let copy_gone = || {
+        job_procs
+            .iter()
+            .all(|p| !Path::new(&format!("/proc/{p}")).exists() || is_zombie(*p))
+    };
 
     let cut_at = now_ns();
     let cut = Instant::now();
     proxy.set(Mode::Blackhole);
+    // Cut off, the first agent cannot renew its lease: it stops its copy by itself before the
+    // broker may requeue the job (TTL less its grace and margin after its last renewal).
+    eventually(
+        "the cut-off agent to stop its copy",
+        Duration::from_secs(TTL_S + 5),
+        || async { copy_gone().then_some(()) },
+    )
+    .await;
+    // Seen gone at this instant (to within the 50 ms poll): an upper bound of the stop.
+    let gone_at = now_ns();
+    let gone_after = cut.elapsed();
     let second = requeued_and_running(&broker, &id, &marks).await;
     let rerun_after = cut.elapsed();
     assert_ne!(first, second);
-    // Cut off, the first agent cannot know: its copy still runs, alongside the new one (the
-    // partition is held until each has ticked twice more).
     let second_start = marks_of(&file, "start")[1].0;
-    let partitioned_ticks = |after: u128| {
-        marks_of(&file, "tick")
-            .into_iter()
-            .filter(|t| t.1 == first && t.0 > after)
-            .count()
-    };
-    eventually(
-        "the cut-off copy to go on ticking",
-        Duration::from_secs(5),
-        || async { (partitioned_ticks(second_start) >= 2).then_some(()) },
-    )
-    .await;
+    let ticks = marks_of(&file, "tick");
+    let last_first_tick = ticks
+        .iter()
+        .filter(|t| t.1 == first)
+        .map(|t| t.0)
+        .max()
+        .unwrap();
+    // Never two copies at once: the cut-off copy was gone before the new attempt started.
+    assert!(
+        gone_at < second_start,
+        "the new attempt started {:.3} s before the cut-off copy was seen gone",
+        (gone_at - second_start) as f64 / 1e9
+    );
+    assert!(last_first_tick < second_start, "{ticks:?}");
+    assert!(
+        rerun_after >= Duration::from_secs(TTL_S),
+        "requeued {rerun_after:?} after the cut, before the {TTL_S} s TTL"
+    );
+    let printed_late = ticks
+        .iter()
+        .filter(|t| t.1 == first && t.0 > cut_at)
+        .count();
 
+    // Hold the partition a little longer (the new attempt ticks meanwhile), then heal.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let healed_at = now_ns();
-    let healed = Instant::now();
     proxy.set(Mode::Pass);
-    eventually(
-        "the cut-off agent to stop its copy",
-        Duration::from_secs(20),
-        || async {
-            job_procs
-                .iter()
-                .all(|p| !Path::new(&format!("/proc/{p}")).exists() || is_zombie(*p))
-                .then_some(())
-        },
-    )
-    .await;
-    let stopped_after_heal = healed.elapsed();
-    // Both copies ran from the new one's start until the old one was gone (to within the
-    // 50 ms poll).
-    let twice_at_once = Duration::from_nanos(now_ns().saturating_sub(second_start) as u64);
+    assert!(copy_gone());
 
     let job = broker
         .wait_state(
@@ -225,6 +237,12 @@ async fn a_partitioned_agent_stops_its_job_when_healed_and_its_late_reports_are_
     let ends = marks_of(&file, "end");
     assert_eq!(ends.len(), 1, "the stopped copy ran to its end: {ends:?}");
     assert_eq!(ends[0].1, second);
+    // No tick of the first attempt after the second began, to the end.
+    let ticks = marks_of(&file, "tick");
+    assert!(
+        ticks.iter().all(|t| t.1 != first || t.0 < second_start),
+        "{ticks:?}"
+    );
 
     // What the cut-off copy printed after the cut never reached the job's log.
     let (stdout, _, _) = broker.logs(&id).await;
@@ -236,25 +254,26 @@ async fn a_partitioned_agent_stops_its_job_when_healed_and_its_late_reports_are_
                 && t.parse::<u128>().is_ok_and(|t| t > cut_at))
         })
         .collect();
-    let printed_late = partitioned_ticks(cut_at);
-    assert!(printed_late >= 2);
     assert!(
         late.is_empty(),
         "late output of the stale attempt was kept: {late:?}"
     );
     let second_ticks = stdout.lines().filter(|l| l.ends_with(&second)).count();
     assert_eq!(second_ticks, 14, "{stdout}");
-    // The broker answered the cut-off agent's late events `rejected`.
+    // The cut-off agent said why it stopped the job, and the broker answered its late events
+    // (its output while cut off, its end) `rejected`.
     let agent_log = broker.dir.path().join("agent-first.log");
     eventually(
         "the cut-off agent to be told its events are rejected",
         Duration::from_secs(10),
         || async {
-            std::fs::read_to_string(&agent_log)
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l.contains("rejected this attempt's events") && l.contains(&first))
-                .then_some(())
+            let log = std::fs::read_to_string(&agent_log).unwrap_or_default();
+            (log.lines()
+                .any(|l| l.contains("self-fencing") && l.contains(&first))
+                && log
+                    .lines()
+                    .any(|l| l.contains("rejected this attempt's events") && l.contains(&first)))
+            .then_some(())
         },
     )
     .await;
@@ -269,15 +288,17 @@ async fn a_partitioned_agent_stops_its_job_when_healed_and_its_late_reports_are_
         "the stale attempt's end moved after the heal: {lost:?}"
     );
     eprintln!(
-        "partition: lease TTL {TTL_S} s; job running on the other agent {:.2} s after the cut; \
-         healed after {:.2} s; the cut-off copy stopped {:.2} s after the heal ({} ticks \
-         printed while cut off, none kept); the two copies overlapped {:.2} s; succeeded once, \
-         ledger ${:.6} over 2 attempts settled once; test took {:.1} s",
-        rerun_after.as_secs_f64(),
+        "partition: lease TTL {TTL_S} s; the cut-off copy was gone {:.2} s after the cut (its \
+         last tick {:.2} s after it); the job started again on the other agent {:.2} s after \
+         the cut, {:.2} s after the copy was gone: 0 s of two copies at once; healed after \
+         {:.2} s ({} ticks printed while cut off, none kept); succeeded once, ledger ${:.6} over \
+         2 attempts settled once; test took {:.1} s",
+        gone_after.as_secs_f64(),
+        last_first_tick.saturating_sub(cut_at) as f64 / 1e9,
+        (second_start - cut_at) as f64 / 1e9,
+        (second_start - gone_at) as f64 / 1e9,
         (healed_at - cut_at) as f64 / 1e9,
-        stopped_after_heal.as_secs_f64(),
         printed_late,
-        twice_at_once.as_secs_f64(),
         audit.total_micros as f64 / 1e6,
         started.elapsed().as_secs_f64()
     );

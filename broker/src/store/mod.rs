@@ -172,6 +172,32 @@ pub fn finished_outcome(
     (state, reason)
 }
 
+/// Why an attempt that ended goes back to the queue instead of ending its job.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Requeue<'a> {
+    /// Stopped for a preemption: the attempt is `preempted`; the job keeps the reason the
+    /// preemption wrote (which notes the progress made).
+    Preempted,
+    /// The agent stopped it on its own because it could not renew its lease in time
+    /// (`requeue` on its report, with the agent's message): the attempt is `lost`, as when
+    /// the lease expires, and the job runs again.
+    Fenced(Option<&'a str>),
+}
+
+impl<'a> Requeue<'a> {
+    /// The attempt's state, the error to note on the attempt, and the job's new reason.
+    pub(crate) fn parts(self) -> (&'static str, Option<&'a str>, Option<&'static str>) {
+        match self {
+            Requeue::Preempted => ("preempted", None, None),
+            Requeue::Fenced(error) => (
+                "lost",
+                error,
+                Some("requeued: its agent could not renew the lease in time and stopped it"),
+            ),
+        }
+    }
+}
+
 /// A heartbeat kept in memory and written with others in one transaction
 /// ([`Store::record_heartbeats`]).
 #[derive(Clone, Debug, PartialEq)]

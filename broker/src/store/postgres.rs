@@ -680,8 +680,11 @@ impl Store for PgStore {
         .await?;
         if let Some(instance) = row.try_get::<Option<String>, _>("instance_id")? {
             sqlx::query(
+                // An agent may enrol before the broker heard its launch answered (an answer
+                // lost or late): bill it from now at the latest, never not at all.
                 "UPDATE instances SET state = 'ready', node_id = $1, ready_at = $2, \
-                 idle_since = $2 WHERE id = $3 AND state IN ('requested', 'booting')",
+                 idle_since = $2, launched_at = COALESCE(launched_at, $2) \
+                 WHERE id = $3 AND state IN ('requested', 'booting')",
             )
             .bind(node.id.as_str())
             .bind(tz(now))
@@ -1772,8 +1775,27 @@ impl Store for PgStore {
                     signal,
                     error,
                     stopped,
+                    requeue,
                     ..
                 } => match state.as_str() {
+                    "assigned" | "running" if *requeue => {
+                        let job = finish_requeued(
+                            &mut tx,
+                            attempt,
+                            *exit_code,
+                            *signal,
+                            now,
+                            super::Requeue::Fenced(error.as_deref()),
+                        )
+                        .await?;
+                        ended.push(EndedAttempt {
+                            attempt: AttemptId(attempt.attempt_id),
+                            job: JobId(attempt.job_id),
+                            node: node.clone(),
+                            final_state: job,
+                        });
+                        accepted()
+                    }
                     "assigned" | "running" => {
                         let (final_state, reason) = super::finished_outcome(
                             cancel_requested,
@@ -1816,8 +1838,15 @@ impl Store for PgStore {
                         accepted()
                     }
                     "preempting" => {
-                        let job =
-                            finish_preemption(&mut tx, attempt, *exit_code, *signal, now).await?;
+                        let job = finish_requeued(
+                            &mut tx,
+                            attempt,
+                            *exit_code,
+                            *signal,
+                            now,
+                            super::Requeue::Preempted,
+                        )
+                        .await?;
                         ended.push(EndedAttempt {
                             attempt: AttemptId(attempt.attempt_id),
                             job: JobId(attempt.job_id),
@@ -1925,23 +1954,27 @@ async fn end_node_work(
     Ok((stopped, requeued))
 }
 
-/// The end of an attempt stopped for a preemption: `preempted`, its job back in the queue (or
-/// `cancelled`). Returns the job's new state.
-async fn finish_preemption(
+/// The end of an attempt that puts its job back in the queue (or `cancelled`): stopped for a
+/// preemption, or by its agent's self-fencing ([`super::Requeue`]). Returns the job's new state.
+async fn finish_requeued(
     tx: &mut Tx,
     attempt: &AttemptRef,
     exit_code: Option<i32>,
     signal: Option<i32>,
     now: Timestamp,
+    how: super::Requeue<'_>,
 ) -> StoreResult<JobState> {
+    let (attempt_state, error, reason) = how.parts();
     sqlx::query(
-        "UPDATE attempts SET state = 'preempted', finished_at = $1, exit_code = $2, signal = $3 \
-         WHERE id = $4",
+        "UPDATE attempts SET state = $5, finished_at = $1, exit_code = $2, signal = $3, \
+         error = COALESCE($6, error) WHERE id = $4",
     )
     .bind(tz(now))
     .bind(exit_code.map(i64::from))
     .bind(signal.map(i64::from))
     .bind(attempt.attempt_id)
+    .bind(attempt_state)
+    .bind(error)
     .execute(&mut **tx)
     .await?;
     ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
@@ -1949,13 +1982,14 @@ async fn finish_preemption(
         "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
          ELSE 'queued' END, \
          finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
-         version = version + 1 \
+         reason = COALESCE($4, reason), version = version + 1 \
          WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running') \
          RETURNING cancel_requested",
     )
     .bind(tz(now))
     .bind(attempt.job_id)
     .bind(attempt.attempt_id)
+    .bind(reason)
     .fetch_optional(&mut **tx)
     .await?;
     Ok(match cancelled {

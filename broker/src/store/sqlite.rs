@@ -599,8 +599,11 @@ impl Store for SqliteStore {
         .await?;
         if let Some(instance) = row.try_get::<Option<String>, _>("instance_id")? {
             sqlx::query(
+                // An agent may enrol before the broker heard its launch answered (an answer
+                // lost or late): bill it from now at the latest, never not at all.
                 "UPDATE instances SET state = 'ready', node_id = $1, ready_at = $2, \
-                 idle_since = $2 WHERE id = $3 AND state IN ('requested', 'booting')",
+                 idle_since = $2, launched_at = COALESCE(launched_at, $2) \
+                 WHERE id = $3 AND state IN ('requested', 'booting')",
             )
             .bind(node.id.as_str())
             .bind(now.millis())
@@ -1449,8 +1452,27 @@ impl Store for SqliteStore {
                     signal,
                     error,
                     stopped,
+                    requeue,
                     ..
                 } => match state.as_str() {
+                    "assigned" | "running" if *requeue => {
+                        let job = finish_requeued(
+                            &mut tx,
+                            attempt,
+                            *exit_code,
+                            *signal,
+                            now,
+                            super::Requeue::Fenced(error.as_deref()),
+                        )
+                        .await?;
+                        ended.push(EndedAttempt {
+                            attempt: AttemptId(attempt.attempt_id),
+                            job: JobId(attempt.job_id),
+                            node: node.clone(),
+                            final_state: job,
+                        });
+                        accepted()
+                    }
                     "assigned" | "running" => {
                         let (final_state, reason) = super::finished_outcome(
                             cancel_requested,
@@ -1494,8 +1516,15 @@ impl Store for SqliteStore {
                         accepted()
                     }
                     "preempting" => {
-                        let job =
-                            finish_preemption(&mut tx, attempt, *exit_code, *signal, now).await?;
+                        let job = finish_requeued(
+                            &mut tx,
+                            attempt,
+                            *exit_code,
+                            *signal,
+                            now,
+                            super::Requeue::Preempted,
+                        )
+                        .await?;
                         ended.push(EndedAttempt {
                             attempt: AttemptId(attempt.attempt_id),
                             job: JobId(attempt.job_id),
@@ -1893,25 +1922,28 @@ async fn end_node_work(
     Ok((stopped, requeued))
 }
 
-/// The agent reports the end of an attempt it was told to stop for a preemption: the attempt
-/// is `preempted` and its job back in the queue (or `cancelled` when a cancel was pending),
-/// keeping the reason the preemption wrote, which notes the progress made. Returns the job's
-/// new state.
-async fn finish_preemption(
+/// The end of an attempt that puts its job back in the queue (or `cancelled` when a cancel
+/// was pending): stopped for a preemption, or by its agent's self-fencing ([`super::Requeue`]).
+/// Returns the job's new state.
+async fn finish_requeued(
     tx: &mut Tx,
     attempt: &AttemptRef,
     exit_code: Option<i32>,
     signal: Option<i32>,
     now: Timestamp,
+    how: super::Requeue<'_>,
 ) -> StoreResult<JobState> {
+    let (attempt_state, error, reason) = how.parts();
     sqlx::query(
-        "UPDATE attempts SET state = 'preempted', finished_at = $1, exit_code = $2, signal = $3 \
-         WHERE id = $4",
+        "UPDATE attempts SET state = $5, finished_at = $1, exit_code = $2, signal = $3, \
+         error = COALESCE($6, error) WHERE id = $4",
     )
     .bind(now.millis())
     .bind(exit_code.map(i64::from))
     .bind(signal.map(i64::from))
     .bind(attempt.attempt_id.to_string())
+    .bind(attempt_state)
+    .bind(error)
     .execute(&mut **tx)
     .await?;
     ledger::settle_attempt(tx, &attempt.attempt_id.to_string(), now).await?;
@@ -1919,13 +1951,14 @@ async fn finish_preemption(
         "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
          ELSE 'queued' END, \
          finished_at = CASE WHEN cancel_requested = 1 THEN $1 ELSE NULL END, \
-         version = version + 1 \
+         reason = COALESCE($4, reason), version = version + 1 \
          WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running') \
          RETURNING cancel_requested",
     )
     .bind(now.millis())
     .bind(attempt.job_id.to_string())
     .bind(attempt.attempt_id.to_string())
+    .bind(reason)
     .fetch_optional(&mut **tx)
     .await?;
     Ok(match cancelled {
