@@ -37,10 +37,18 @@ pub fn resolve_token(explicit: Option<String>, data_dir: &Path) -> anyhow::Resul
 
 impl Client {
     pub fn new(url: &str, token: String) -> anyhow::Result<Client> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .context("building the HTTP client")?;
+        Client::with_ca(url, token, None)
+    }
+
+    /// A client that verifies an https broker against the CA certificates of the PEM file
+    /// `ca_cert` only (`--ca-cert`, for a broker with a private CA), or the system's roots
+    /// without one. Verification of the chain and of the host name is always on.
+    pub fn with_ca(url: &str, token: String, ca_cert: Option<&Path>) -> anyhow::Result<Client> {
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(60));
+        if let Some(path) = ca_cert {
+            builder = builder.tls_certs_only(switchyard_agent::client::read_ca(path)?);
+        }
+        let http = builder.build().context("building the HTTP client")?;
         Ok(Client {
             http,
             base: url.trim_end_matches('/').to_string(),

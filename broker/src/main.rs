@@ -26,6 +26,10 @@ struct Args {
     /// API token for client commands (default: `<data-dir>/admin.token`).
     #[arg(long, global = true, env = "SWITCHYARD_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// For client commands against an https broker with a private CA: trust only the CA
+    /// certificates of this PEM file (the agent's `--ca-cert`).
+    #[arg(long, global = true, env = "SWITCHYARD_CA_CERT")]
+    ca_cert: Option<PathBuf>,
     /// Log as JSON lines.
     #[arg(long, global = true)]
     json_logs: bool,
@@ -217,7 +221,7 @@ fn main() -> anyhow::Result<()> {
 async fn run(args: Args) -> anyhow::Result<()> {
     let client = |data_dir: PathBuf| -> anyhow::Result<cli::Client> {
         let token = cli::resolve_token(args.token.clone(), &data_dir)?;
-        cli::Client::new(&args.url, token)
+        cli::Client::with_ca(&args.url, token, args.ca_cert.as_deref())
     };
     let default_dir = || PathBuf::from(".switchyard");
     match args.command {

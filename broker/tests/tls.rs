@@ -191,6 +191,62 @@ async fn a_certificate_for_another_host_is_refused() {
     );
 }
 
+/// The `switchyard` CLI (the real binary) lists pools from an https broker with `--ca-cert`
+/// (or `SWITCHYARD_CA_CERT`), and refuses the broker's certificate without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_with_ca_cert_reaches_an_https_broker_and_refuses_it_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path(), &["localhost", "127.0.0.1"]);
+    let b = broker(Some(&pki), |_| {}).await;
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, &pki.ca).unwrap();
+    let cli = |ca: Option<(&str, &Path)>| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        cmd.args(["pools", "--json"])
+            .env("SWITCHYARD_URL", &b.url)
+            .env("SWITCHYARD_TOKEN", &b.admin)
+            .env_remove("SWITCHYARD_CA_CERT")
+            .kill_on_drop(true);
+        match ca {
+            Some(("flag", path)) => {
+                cmd.arg("--ca-cert").arg(path);
+            }
+            Some((_, path)) => {
+                cmd.env("SWITCHYARD_CA_CERT", path);
+            }
+            None => {}
+        }
+        cmd.output()
+    };
+    for how in ["flag", "env"] {
+        let out = cli(Some((how, &ca_path))).await.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{how}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pools: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert!(
+            !pools["pools"].as_array().unwrap().is_empty(),
+            "{how}: {pools}"
+        );
+    }
+    let out = cli(None).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "served without the CA: {stderr}");
+    assert!(stderr.contains("cannot reach the broker"), "{stderr}");
+    // A file with no certificate in it is a clear error, before any request.
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let out = cli(Some(("flag", &empty))).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--ca-cert"),
+        "{stderr}"
+    );
+}
+
 /// A real agent (the library `switchyard-agent` runs) with `--ca-cert` enrols over HTTPS and
 /// runs a job; one without it never enrols.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

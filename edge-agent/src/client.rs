@@ -229,8 +229,9 @@ fn url(base: &Url, path: &str) -> Result<Url, CallError> {
         .map_err(|e| CallError::Decode(format!("bad URL {path}: {e}")))
 }
 
-/// The certificates of the PEM file `path` (at least one).
-fn read_ca(path: &Path) -> Result<Vec<reqwest::Certificate>, AgentError> {
+/// The certificates of the PEM file `path` (at least one); also what the `switchyard` CLI's
+/// `--ca-cert` reads.
+pub fn read_ca(path: &Path) -> Result<Vec<reqwest::Certificate>, AgentError> {
     let bad = |why: String| AgentError::HttpClient(format!("--ca-cert {}: {why}", path.display()));
     let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
     let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(e.to_string()))?;
