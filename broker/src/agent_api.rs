@@ -138,10 +138,20 @@ async fn heartbeat(
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let now = clock::now();
     let mut stop = if node.healthy {
-        // The common case: written with other heartbeats (heartbeats.rs), answered from one read.
+        // The common case: written with other heartbeats (heartbeats.rs), answered once that
+        // write committed (the agent counts its lease from this answer), from one read.
         let inventory = serde_json::to_string(&hb.inventory)
             .map_err(|e| ApiError::Internal(format!("inventory: {e}")))?;
-        app.heartbeats.record(&node.id, inventory, now);
+        let generation = app.heartbeats.record(&node.id, inventory, now);
+        if !app
+            .heartbeats
+            .written(generation, crate::heartbeats::WRITE_WAIT)
+            .await
+        {
+            return Err(ApiError::Unavailable(
+                "the heartbeat could not be written in time; retry".into(),
+            ));
+        }
         app.store.node_stops(&node.id, &hb.running).await?
     } else {
         // A lost node comes back: written now, and the scheduler told.

@@ -150,6 +150,13 @@ impl Running {
         self.burst.abort();
         self.ledger.abort();
         self.heartbeat_writer.abort();
+        // The one writer of heartbeats (heartbeats.rs) is gone before the last write here.
+        for _ in 0..100 {
+            if self.heartbeat_writer.is_finished() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         if let Err(e) = self.app.heartbeats.flush(self.app.store.as_ref()).await {
             tracing::warn!(error = %e, "writing the last heartbeats failed");
         }

@@ -1,80 +1,138 @@
-//! Heartbeats of healthy nodes are kept in memory and written together, once every
-//! [`FLUSH_EVERY`], in one transaction ([`Store::record_heartbeats`]), instead of one write
-//! transaction per heartbeat. With 10,000 agents heartbeating every 10 s that is 2 write
-//! transactions a second instead of 1,000; the heartbeat itself is answered from one read (the
-//! attempts its agent must stop).
+//! Heartbeats of healthy nodes are written together ([`Store::record_heartbeats`]: one
+//! statement per 500 nodes) instead of one write transaction each, and a heartbeat is answered
+//! only once the batch that holds it has committed. With 10,000 agents heartbeating every 10 s
+//! that is at most 1 / [`GATHER`] write transactions a second instead of 1,000.
 //!
-//! What this changes, and why it is safe:
-//! - A node's `last_heartbeat` in the database lags what this replica has heard by at most
-//!   [`FLUSH_EVERY`] (plus a failed flush's retry). Lease expiry on this replica flushes first
-//!   ([`HeartbeatBuffer::flush`]), so a heartbeat heard here is never ignored by it; a heartbeat
-//!   heard by another replica is at most [`FLUSH_EVERY`] late, far inside any lease TTL (which the
-//!   config requires to exceed the heartbeat interval, counted in seconds).
-//! - A broker killed before a flush loses at most [`FLUSH_EVERY`] of heartbeats: the nodes'
-//!   leases look that much older, and their next heartbeat renews them. No job, event or report
-//!   goes through here.
-//! - A node that is not healthy (lost) is never brought back by a buffered write: the heartbeat
+//! Why it is safe:
+//! - Nothing is acknowledged before it is durable. The agent counts its lease from the
+//!   heartbeats the broker answered (its self-fencing, `edge-agent/src/fence.rs`), so an answered
+//!   heartbeat must be in the database that lease expiry reads. A heartbeat whose batch is not
+//!   written within [`WRITE_WAIT`] (the write failed, or the broker is stopping) is answered
+//!   503, and the agent's lease is not renewed by it. A write cut short loses nothing
+//!   acknowledged either: its heartbeats were not answered.
+//! - One writer: only [`run`] (and [`crate::app::Running::stop`], after it is stopped) writes,
+//!   so batches commit in order and a generation number tells a waiting heartbeat when its batch
+//!   (or a later one holding the same node's newer heartbeat) is in.
+//! - A node that is not healthy (lost) is never brought back by a batched write: the heartbeat
 //!   handler sends such a node's heartbeat straight to [`Store::heartbeat`], which revives it
-//!   and tells the scheduler; the batch update skips nodes that are not healthy.
+//!   and tells the scheduler; the batch update skips nodes that are not healthy, and the
+//!   handler's answer then lists the node's requeued attempts to stop.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 use switchyard_core::{NodeId, Timestamp};
+use tokio::sync::{Notify, watch};
 
 use crate::app::App;
 use crate::store::{HeartbeatWrite, Store, StoreResult};
 
-/// How often buffered heartbeats are written.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(500);
+/// How long the writer gathers heartbeats after the first one arrives: the most a heartbeat
+/// waits for its batch to start, and the least time between two writes.
+pub const GATHER: Duration = Duration::from_millis(50);
 
-/// Heartbeats heard and not yet written, the newest per node.
+/// How long a heartbeat waits for its batch to commit before it is answered 503.
+pub const WRITE_WAIT: Duration = Duration::from_secs(2);
+
 #[derive(Default)]
+struct Pending {
+    /// The newest heartbeat per node.
+    beats: HashMap<NodeId, (String, Timestamp)>,
+    /// The generation the heartbeats now gathered will be written under.
+    generation: u64,
+}
+
+/// Heartbeats heard and not yet written, and the newest generation written.
 pub struct HeartbeatBuffer {
-    pending: Mutex<HashMap<NodeId, (String, Timestamp)>>,
+    pending: Mutex<Pending>,
+    written: watch::Sender<u64>,
+    arrived: Notify,
+}
+
+impl Default for HeartbeatBuffer {
+    fn default() -> Self {
+        HeartbeatBuffer {
+            pending: Mutex::new(Pending {
+                beats: HashMap::new(),
+                generation: 1,
+            }),
+            written: watch::channel(0).0,
+            arrived: Notify::new(),
+        }
+    }
 }
 
 impl HeartbeatBuffer {
-    /// Keeps a heartbeat to write with the next flush (replacing an older one of the node).
-    pub fn record(&self, node: &NodeId, inventory_json: String, at: Timestamp) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        match pending.get_mut(node) {
-            Some(old) if old.1 > at => {}
-            Some(old) => *old = (inventory_json, at),
-            None => {
-                pending.insert(node.clone(), (inventory_json, at));
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps a heartbeat for the next write (replacing an older one of the node) and returns
+    /// the generation to wait for ([`HeartbeatBuffer::written`]).
+    pub fn record(&self, node: &NodeId, inventory_json: String, at: Timestamp) -> u64 {
+        let generation = {
+            let mut pending = self.lock();
+            match pending.beats.get_mut(node) {
+                Some(old) if old.1 > at => {}
+                Some(old) => *old = (inventory_json, at),
+                None => {
+                    pending.beats.insert(node.clone(), (inventory_json, at));
+                }
             }
-        }
+            pending.generation
+        };
+        self.arrived.notify_one();
+        generation
+    }
+
+    /// Waits until `generation` is written; false when it was not within `wait`.
+    pub async fn written(&self, generation: u64, wait: Duration) -> bool {
+        let mut rx = self.written.subscribe();
+        matches!(
+            tokio::time::timeout(wait, rx.wait_for(|w| *w >= generation)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Heartbeats waiting to be written.
     pub fn len(&self) -> usize {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.lock().beats.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Writes every buffered heartbeat in one transaction. On failure they go back into the
-    /// buffer (where a newer heartbeat heard meanwhile wins) for the next flush.
+    /// Writes every buffered heartbeat in one transaction and releases their waiters. On
+    /// failure they go back into the buffer (where a newer heartbeat heard meanwhile wins) and
+    /// are written, and released, with the next generation. Only one writer may call this.
     pub async fn flush(&self, store: &dyn Store) -> StoreResult<u64> {
-        let taken: Vec<HeartbeatWrite> = {
-            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            pending
+        let (generation, mut taken) = {
+            let mut pending = self.lock();
+            let generation = pending.generation;
+            pending.generation += 1;
+            let taken: Vec<HeartbeatWrite> = pending
+                .beats
                 .drain()
                 .map(|(node, (inventory_json, at))| HeartbeatWrite {
                     node,
                     inventory_json,
                     at,
                 })
-                .collect()
+                .collect();
+            (generation, taken)
         };
         if taken.is_empty() {
+            self.written.send_if_modified(|w| bump(w, generation));
             return Ok(0);
         }
+        // One order for every writer of node rows (PostgreSQL locks them in it).
+        taken.sort_unstable_by(|a, b| a.node.as_str().cmp(b.node.as_str()));
         match store.record_heartbeats(&taken).await {
-            Ok(n) => Ok(n),
+            Ok(n) => {
+                self.written.send_if_modified(|w| bump(w, generation));
+                Ok(n)
+            }
             Err(e) => {
                 for b in taken {
                     self.record(&b.node, b.inventory_json, b.at);
@@ -85,15 +143,26 @@ impl HeartbeatBuffer {
     }
 }
 
-/// Flushes the buffer every [`FLUSH_EVERY`] until the broker stops (which flushes once more).
+fn bump(written: &mut u64, generation: u64) -> bool {
+    let newer = generation > *written;
+    if newer {
+        *written = generation;
+    }
+    newer
+}
+
+/// Writes buffered heartbeats until the broker stops: [`GATHER`] after the first arrives, all
+/// that came meanwhile in one transaction.
 pub async fn run(app: App) {
-    let mut interval = tokio::time::interval(FLUSH_EVERY);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        interval.tick().await;
+        app.heartbeats.arrived.notified().await;
+        tokio::time::sleep(GATHER).await;
         if let Err(e) = app.heartbeats.flush(app.store.as_ref()).await {
             tracing::warn!(error = %e, pending = app.heartbeats.len(),
-                "writing heartbeats failed; kept for the next flush");
+                "writing heartbeats failed; kept for the next write");
+            // Try again after a pause, even if no new heartbeat arrives.
+            tokio::time::sleep(GATHER).await;
+            app.heartbeats.arrived.notify_one();
         }
     }
 }
@@ -106,18 +175,38 @@ mod tests {
     fn the_newest_heartbeat_of_a_node_is_kept() {
         let buffer = HeartbeatBuffer::default();
         let node = NodeId("n1".into());
-        buffer.record(&node, "new".into(), Timestamp::from_millis(2_000));
+        let g = buffer.record(&node, "new".into(), Timestamp::from_millis(2_000));
         buffer.record(&node, "old".into(), Timestamp::from_millis(1_000));
-        buffer.record(
+        let g2 = buffer.record(
             &NodeId("n2".into()),
             "x".into(),
             Timestamp::from_millis(1_500),
         );
+        assert_eq!((g, g2), (1, 1));
         assert_eq!(buffer.len(), 2);
-        let pending = buffer.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let pending = buffer.lock();
         assert_eq!(
-            pending.get(&node),
+            pending.beats.get(&node),
             Some(&("new".to_string(), Timestamp::from_millis(2_000)))
         );
+    }
+
+    #[tokio::test]
+    async fn a_waiter_is_released_only_when_its_generation_is_written() {
+        let buffer = HeartbeatBuffer::default();
+        let g = buffer.record(&NodeId("n1".into()), "x".into(), Timestamp::from_millis(1));
+        assert!(!buffer.written(g, Duration::from_millis(20)).await);
+        // What a successful write of generation `g` publishes.
+        {
+            let mut pending = buffer.lock();
+            pending.generation += 1;
+            pending.beats.clear();
+        }
+        buffer.written.send_if_modified(|w| bump(w, g));
+        assert!(buffer.written(g, Duration::from_millis(20)).await);
+        // The next heartbeat waits for the next generation.
+        let g3 = buffer.record(&NodeId("n1".into()), "y".into(), Timestamp::from_millis(2));
+        assert_eq!(g3, g + 1);
+        assert!(!buffer.written(g3, Duration::from_millis(20)).await);
     }
 }

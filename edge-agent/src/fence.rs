@@ -9,11 +9,10 @@
 //! whose grace fits gets SIGTERM at `window − grace` and SIGKILL at the window; one whose grace
 //! does not fit (see [`FencePlan::stop_at`]) gets SIGKILL at the window (and a warning, once).
 //!
-//! The margin covers what lies between the agent's clock and the broker's decision: a heartbeat
-//! heard by a replica that is not the leader reaches the database up to 500 ms later (the
-//! broker's heartbeat buffer, `heartbeats.rs`), a SIGKILLed process takes a few milliseconds to
-//! die, and the fence's own timer fires a little late. It is not meant to absorb clock skew
-//! between broker replicas.
+//! The margin covers what lies between the agent's clock and the broker's decision: a SIGKILLed
+//! process takes a few milliseconds to die, and the fence's own timer fires a little late (the
+//! broker answers a heartbeat only once it is written, so an answered heartbeat is one lease
+//! expiry sees). It is not meant to absorb clock skew between broker replicas.
 //!
 //! A heartbeat that fails, times out, or is answered after the window changes nothing: only an
 //! answered heartbeat renews, and only from when it was sent. While the lease is not renewed

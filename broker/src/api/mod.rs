@@ -209,9 +209,6 @@ async fn metrics(
 ) -> Result<Response, ApiError> {
     use switchyard_protocol::api::Role;
     caller.require(&[Role::Admin, Role::Infra, Role::Finance])?;
-    // GPU telemetry comes with heartbeats, which are written in batches (heartbeats.rs):
-    // write what this replica has heard so that a scrape never reads older figures.
-    app.heartbeats.flush(app.store.as_ref()).await?;
     let body = app.metrics.render(app.store.as_ref()).await?;
     Ok((
         [(

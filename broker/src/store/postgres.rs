@@ -1982,7 +1982,8 @@ async fn finish_requeued(
         "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
          ELSE 'queued' END, \
          finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
-         reason = COALESCE($4, reason), version = version + 1 \
+         reason = CASE WHEN cancel_requested THEN 'cancelled by user' ELSE COALESCE($4, reason) END, \
+         version = version + 1 \
          WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running') \
          RETURNING cancel_requested",
     )
