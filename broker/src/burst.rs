@@ -186,7 +186,7 @@ async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
                 || matches!(e, ProviderError::Transient(_) | ProviderError::Throttled(_));
             if give_up
                 && ambiguous
-                && let Some(found) = find_by_key(app, provider.as_ref(), &inst.id).await
+                && let Ok(Some(found)) = find_by_key(app, provider.as_ref(), &inst.id).await
             {
                 tracing::warn!(instance.id = %inst.id, pool.id = %inst.pool, provider_id = %found.provider_id, error = %e, "launch reported a failure but the instance exists; adopting it");
                 app.store
@@ -204,23 +204,25 @@ async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
 }
 
 /// The live instance `provider` lists under `instance_key`, if any (`None` when listing fails).
+/// The live machine tagged with `instance_key`, if the provider lists one; `Err` when the list
+/// could not be read (failed or timed out), which is not the same as "not there".
 async fn find_by_key(
     app: &App,
     provider: &dyn switchyard_providers::Provider,
     instance_key: &str,
-) -> Option<switchyard_providers::InstanceInfo> {
+) -> Result<Option<switchyard_providers::InstanceInfo>, ()> {
     match tokio::time::timeout(call_timeout(app), provider.list()).await {
-        Ok(Ok(listed)) => listed.into_iter().find(|i| {
+        Ok(Ok(listed)) => Ok(listed.into_iter().find(|i| {
             i.instance_key == instance_key
                 && i.state != switchyard_providers::InstanceState::Terminated
-        }),
+        })),
         Ok(Err(e)) => {
             tracing::warn!(provider = provider.name(), error = %e, "listing instances failed");
-            None
+            Err(())
         }
         Err(_) => {
             tracing::warn!(provider = provider.name(), "listing instances timed out");
-            None
+            Err(())
         }
     }
 }
@@ -268,15 +270,9 @@ async fn end(app: &App, inst: &InstanceRecord, reason: Option<&str>) -> Result<b
     let provider_id = match (&inst.provider_id, &provider) {
         (Some(id), _) => Some(id.clone()),
         (None, Some(p)) if inst.ready_at.is_some() => {
-            match tokio::time::timeout(call_timeout(app), p.list()).await {
-                Ok(Ok(listed)) => listed
-                    .into_iter()
-                    .find(|i| {
-                        i.instance_key == inst.id
-                            && i.state != switchyard_providers::InstanceState::Terminated
-                    })
-                    .map(|i| i.provider_id),
-                _ => {
+            match find_by_key(app, p.as_ref(), &inst.id).await {
+                Ok(found) => found.map(|i| i.provider_id),
+                Err(()) => {
                     tracing::warn!(instance.id = %inst.id, "cannot list the provider to find the instance; will retry");
                     return Ok(false);
                 }
