@@ -9,47 +9,15 @@ mod common;
 
 use common::*;
 use reqwest::Method;
-use serde_json::{Value, json};
-use std::sync::Arc;
+use serde_json::json;
 use std::time::Duration;
 use switchyard_core::PoolId;
-use switchyard_providers::fake::{FakeOutcome, FakeProvider};
+use switchyard_providers::fake::FakeOutcome;
 use switchyard_providers::{InstanceState, Provider};
-
-const CHEAP: &str = "aws:test-east/gpu8";
-const DEAR: &str = "gcp:test-west/gpu8";
-
-/// A broker with no on-prem nodes and two launchable cloud pools behind one fake provider.
-async fn spawn(
-    tweak: impl FnOnce(&mut switchyard_broker::config::Config),
-) -> (TestApp, Arc<FakeProvider>) {
-    spawn_with_fake(|c| {
-        c.idle_ttl_s = 1;
-        c.min_billed_s = 0;
-        c.regions.push(cloud_region("aws:test-east"));
-        c.regions.push(cloud_region("gcp:test-west"));
-        c.pools.push(cloud_pool(CHEAP, "aws:test-east", 4.0));
-        c.pools.push(cloud_pool(DEAR, "gcp:test-west", 5.0));
-        tweak(c);
-    })
-    .await
-}
-
-/// A job that cannot wait: no on-prem capacity exists, so it must burst.
-fn urgent(name: &str) -> Value {
-    let deadline = chrono_like_in(3600);
-    json!({"name": name, "team": "ml", "command": ["true"], "resources": {"gpus": 2, "gpu_models": ["H100"]},
-           "estimated_runtime_s": 600, "deadline": deadline, "spot": "never"})
-}
-
-fn chrono_like_in(secs: i64) -> String {
-    let t = switchyard_broker::clock::now().plus_secs(secs);
-    switchyard_broker::clock::to_datetime(t).to_rfc3339()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_error_fails_over_to_the_next_region_and_the_job_runs_there() {
-    let (app, fake) = spawn(|_| {}).await;
+    let (app, fake) = spawn_two_clouds(|_| {}).await;
     fake.script(&PoolId(CHEAP.into()), [FakeOutcome::Capacity]);
     let dev = app.token("developer", Some("ml")).await;
     let id = app.submit(&dev, urgent("failover")).await.body["id"]
@@ -144,7 +112,7 @@ async fn capacity_error_fails_over_to_the_next_region_and_the_job_runs_there() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttling_is_retried_with_the_same_key_and_launches_once() {
-    let (app, fake) = spawn(|_| {}).await;
+    let (app, fake) = spawn_two_clouds(|_| {}).await;
     fake.script(
         &PoolId(CHEAP.into()),
         [FakeOutcome::Throttled, FakeOutcome::Transient],
@@ -172,7 +140,7 @@ async fn throttling_is_retried_with_the_same_key_and_launches_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_that_never_enrols_is_terminated_and_the_job_replanned() {
-    let (app, fake) = spawn(|c| c.boot_timeout_s = 1).await;
+    let (app, fake) = spawn_two_clouds(|c| c.boot_timeout_s = 1).await;
     let dev = app.token("developer", Some("ml")).await;
     let id = app.submit(&dev, urgent("slow-boot")).await.body["id"]
         .as_str()
@@ -219,7 +187,7 @@ async fn an_instance_that_never_enrols_is_terminated_and_the_job_replanned() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vanished_instance_requeues_its_job_and_strays_are_reaped() {
-    let (app, fake) = spawn(|c| c.idle_ttl_s = 600).await;
+    let (app, fake) = spawn_two_clouds(|c| c.idle_ttl_s = 600).await;
     let stray = fake.add_stray(&PoolId(CHEAP.into()), "not-from-this-broker");
     let dev = app.token("developer", Some("ml")).await;
     let id = app.submit(&dev, urgent("vanish")).await.body["id"]

@@ -16,37 +16,20 @@ use std::time::{Duration, Instant};
 use switchyard_core::PoolId;
 use switchyard_providers::fake::{FakeOutcome, FakeProvider};
 
-const CHEAP: &str = "aws:test-east/gpu8";
-const DEAR: &str = "gcp:test-west/gpu8";
 /// The provider-call timeout these tests run with (the default is 60 s).
 const CALL_TIMEOUT_MS: u64 = 500;
 /// Longer than any test: a hang that only the broker's timeout ends.
 const FOREVER: Duration = Duration::from_secs(3600);
 
-/// A broker with no on-prem nodes and two launchable cloud pools behind one fake provider.
+/// [`spawn_two_clouds`] with a short provider-call timeout.
 async fn spawn(
     tweak: impl FnOnce(&mut switchyard_broker::config::Config),
 ) -> (TestApp, Arc<FakeProvider>) {
-    spawn_with_fake(|c| {
-        c.idle_ttl_s = 1;
-        c.min_billed_s = 0;
+    spawn_two_clouds(|c| {
         c.provider_call_timeout_ms = CALL_TIMEOUT_MS;
-        c.regions.push(cloud_region("aws:test-east"));
-        c.regions.push(cloud_region("gcp:test-west"));
-        c.pools.push(cloud_pool(CHEAP, "aws:test-east", 4.0));
-        c.pools.push(cloud_pool(DEAR, "gcp:test-west", 5.0));
         tweak(c);
     })
     .await
-}
-
-/// A job that cannot wait: no on-prem capacity exists, so it must burst.
-fn urgent(name: &str) -> Value {
-    let deadline =
-        switchyard_broker::clock::to_datetime(switchyard_broker::clock::now().plus_secs(3600))
-            .to_rfc3339();
-    json!({"name": name, "team": "ml", "command": ["true"], "resources": {"gpus": 2, "gpu_models": ["H100"]},
-           "estimated_runtime_s": 600, "deadline": deadline, "spot": "never"})
 }
 
 async fn submit(app: &TestApp, dev: &str, name: &str) -> String {

@@ -18,39 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchyard_tests::*;
 
-const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
-
 struct Replica {
     name: &'static str,
     url: String,
     proc: Proc,
-}
-
-/// A fresh database on the test server; its URL.
-fn fresh_database(server: &str) -> String {
-    let name = format!(
-        "sy_failover_{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
-    let out = Command::new(PSQL)
-        .arg(format!("{server}/postgres"))
-        .args([
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-c",
-            &format!("CREATE DATABASE {name}"),
-        ])
-        .output()
-        .expect("running psql");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    format!("{server}/{name}")
 }
 
 fn write_config(dir: &Path, name: &str, port: u16, database_url: &str) -> std::path::PathBuf {
@@ -153,7 +124,7 @@ async fn killing_the_leader_hands_over_within_10s_and_loses_nothing() {
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let database_url = fresh_database(&server);
+    let database_url = fresh_pg_database(&server, "sy_failover");
 
     let mut a = start_replica(dir.path(), &http, "a", &database_url).await;
     eventually("replica a to lead", Duration::from_secs(20), || async {

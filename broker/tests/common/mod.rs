@@ -417,6 +417,40 @@ pub fn cloud_pool(id: &str, region: &str, price: f64) -> PoolConfig {
     }
 }
 
+/// The cheaper of [`spawn_two_clouds`]' launchable pools (aws, $4/h) and the dearer (gcp, $5/h).
+pub const CHEAP: &str = "aws:test-east/gpu8";
+pub const DEAR: &str = "gcp:test-west/gpu8";
+
+/// A broker with no on-prem nodes and two launchable cloud pools ([`CHEAP`], [`DEAR`]) behind
+/// one fake provider; instances idle for 1 s are released, with no minimum billed time.
+pub async fn spawn_two_clouds(
+    tweak: impl FnOnce(&mut Config),
+) -> (
+    TestApp,
+    std::sync::Arc<switchyard_providers::fake::FakeProvider>,
+) {
+    spawn_with_fake(|c| {
+        c.idle_ttl_s = 1;
+        c.min_billed_s = 0;
+        c.regions.push(cloud_region("aws:test-east"));
+        c.regions.push(cloud_region("gcp:test-west"));
+        c.pools.push(cloud_pool(CHEAP, "aws:test-east", 4.0));
+        c.pools.push(cloud_pool(DEAR, "gcp:test-west", 5.0));
+        tweak(c);
+    })
+    .await
+}
+
+/// A job that cannot wait (2 H100s, 10 min, a deadline in an hour, no spot): with no on-prem
+/// capacity it must burst.
+pub fn urgent(name: &str) -> Value {
+    let deadline =
+        switchyard_broker::clock::to_datetime(switchyard_broker::clock::now().plus_secs(3600))
+            .to_rfc3339();
+    json!({"name": name, "team": "ml", "command": ["true"], "resources": {"gpus": 2, "gpu_models": ["H100"]},
+           "estimated_runtime_s": 600, "deadline": deadline, "spot": "never"})
+}
+
 /// A bursting broker whose launchable pools (those `tweak` configures) are served by one
 /// scripted fake provider, returned alongside. Leases are long: the tests' hand-played agents
 /// do not heartbeat, and only the paths under test may end their work.
