@@ -1455,16 +1455,16 @@ impl Store for SqliteStore {
                     requeue,
                     ..
                 } => match state.as_str() {
-                    "assigned" | "running" if *requeue => {
-                        let job = finish_requeued(
-                            &mut tx,
-                            attempt,
-                            *exit_code,
-                            *signal,
-                            now,
-                            super::Requeue::Fenced(error.as_deref()),
-                        )
-                        .await?;
+                    // Back to the queue: the end of a preemption, or of a job its agent
+                    // stopped because it could not renew its lease (`requeue`).
+                    s if s == "preempting" || (*requeue && matches!(s, "assigned" | "running")) => {
+                        let how = if s == "preempting" {
+                            super::Requeue::Preempted
+                        } else {
+                            super::Requeue::Fenced(error.as_deref())
+                        };
+                        let job = finish_requeued(&mut tx, attempt, *exit_code, *signal, now, how)
+                            .await?;
                         ended.push(EndedAttempt {
                             attempt: AttemptId(attempt.attempt_id),
                             job: JobId(attempt.job_id),
@@ -1512,24 +1512,6 @@ impl Store for SqliteStore {
                             job: JobId(attempt.job_id),
                             node: node.clone(),
                             final_state,
-                        });
-                        accepted()
-                    }
-                    "preempting" => {
-                        let job = finish_requeued(
-                            &mut tx,
-                            attempt,
-                            *exit_code,
-                            *signal,
-                            now,
-                            super::Requeue::Preempted,
-                        )
-                        .await?;
-                        ended.push(EndedAttempt {
-                            attempt: AttemptId(attempt.attempt_id),
-                            job: JobId(attempt.job_id),
-                            node: node.clone(),
-                            final_state: job,
                         });
                         accepted()
                     }
