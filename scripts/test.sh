@@ -53,8 +53,16 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "building the binaries the end-to-end tests start"
-cargo build --locked -p switchyard-broker -p switchyard-agent
+# Every build below is `--workspace`: cargo resolves features per set of selected packages, so
+# `-p switchyard-broker` after `--workspace` would rebuild tokio, sqlx and aws-sdk-ec2 with other
+# features (minutes each, and a second copy of every test binary on disk). CI starts cold and
+# gets neither incremental nor debug-info files (see [profile.dev] in Cargo.toml).
+export CARGO_INCREMENTAL=0
+
+# `cargo test --no-run` also builds the `switchyard` and `switchyard-agent` binaries the
+# end-to-end tests start (both packages have integration tests), with the tests' features.
+step "building the tests and the binaries the end-to-end tests start"
+cargo test --workspace --locked --no-run
 
 ensure_moto
 if [ "${SWITCHYARD_SKIP_BROWSER:-}" != "1" ]; then ensure_chromium; fi
@@ -88,14 +96,16 @@ PG_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0))
 runuser -u postgres -- "$PGBIN/initdb" -D "$PG_DIR/data" -U postgres -A trust --no-sync -E UTF8 >/dev/null
 runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w \
   -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start
+BROKER_TESTS=()
+for f in broker/tests/*.rs; do BROKER_TESTS+=(--test "$(basename "$f" .rs)"); done
 SWITCHYARD_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT" \
-  cargo test -p switchyard-broker --locked --features postgres
+  cargo test --workspace --locked "${BROKER_TESTS[@]}"
 
 # Two `switchyard serve` replicas on that cluster: kill -9 the leader under load; and one
 # broker killed -9 under 1,000+ submissions and restarted (the crash test's PostgreSQL variant).
 step "cargo test (replica failover and broker crash on PostgreSQL)"
 SWITCHYARD_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT" \
-  cargo test -p switchyard-tests --locked --test failover --test crash -- --nocapture \
+  cargo test --workspace --locked --test failover --test crash -- --nocapture \
   killing_the_leader on_postgres
 
 step "all tests passed"
