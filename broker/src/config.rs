@@ -220,41 +220,65 @@ impl Config {
         toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
     }
 
-    /// Applies `SWITCHYARD_*` variables from `vars` (the process environment in `main`).
+    /// Applies `SWITCHYARD_*` variables from `vars` (the process environment in `main`): every
+    /// single-value setting by its name upper-cased, e.g. `SWITCHYARD_IDLE_TIMEOUT_MS=30000`.
+    /// Other `SWITCHYARD_*` variables (the CLI's `SWITCHYARD_TOKEN`, the agent's) are not
+    /// settings of the broker and are left alone.
     pub fn apply_env(
         &mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> anyhow::Result<()> {
         for (key, value) in vars {
-            let Some(name) = key.strip_prefix("SWITCHYARD_") else {
-                continue;
-            };
-            let bad = |e: &dyn std::fmt::Display| anyhow::anyhow!("{key}={value:?}: {e}");
-            match name {
-                "LISTEN" => self.listen = value.parse().map_err(|e| bad(&e))?,
-                "PUBLIC_URL" => self.public_url = Some(value),
-                "DATA_DIR" => self.data_dir = PathBuf::from(value),
-                "DATABASE_URL" => self.database_url = Some(value),
-                "HEARTBEAT_INTERVAL_S" => {
-                    self.heartbeat_interval_s = value.parse().map_err(|e| bad(&e))?
-                }
-                "LEASE_TTL_S" => self.lease_ttl_s = value.parse().map_err(|e| bad(&e))?,
-                "GRACE_S" => self.grace_s = value.parse().map_err(|e| bad(&e))?,
-                "LEDGER_ACCRUAL_INTERVAL_MS" => {
-                    self.ledger_accrual_interval_ms = value.parse().map_err(|e| bad(&e))?
-                }
-                "REPLICA_NAME" => self.replica_name = Some(value),
-                "LEADER_TTL_MS" => self.leader_ttl_ms = value.parse().map_err(|e| bad(&e))?,
-                "TLS_CERT" => self.tls_cert = Some(PathBuf::from(value)),
-                "TLS_KEY" => self.tls_key = Some(PathBuf::from(value)),
-                "AGENT_CA_CERT" => self.agent_ca_cert = Some(PathBuf::from(value)),
-                "HEADER_TIMEOUT_MS" => {
-                    self.header_timeout_ms = value.parse().map_err(|e| bad(&e))?
-                }
-                _ => {}
+            if let Some(name) = key.strip_prefix("SWITCHYARD_") {
+                self.apply_var(name, value)
+                    .map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
             }
         }
         Ok(())
+    }
+
+    /// Sets the setting `name` (upper case) from `value`; false when `name` is not a setting
+    /// that one value sets (lists and tables live in the TOML file).
+    fn apply_var(&mut self, name: &str, value: String) -> Result<bool, String> {
+        fn set<T: std::str::FromStr>(slot: &mut T, value: &str) -> Result<(), String>
+        where
+            T::Err: std::fmt::Display,
+        {
+            *slot = value.parse().map_err(|e| format!("{value:?}: {e}"))?;
+            Ok(())
+        }
+        match name {
+            "LISTEN" => set(&mut self.listen, &value)?,
+            "PUBLIC_URL" => self.public_url = Some(value),
+            "DATA_DIR" => self.data_dir = PathBuf::from(value),
+            "DATABASE_URL" => self.database_url = Some(value),
+            "HEARTBEAT_INTERVAL_S" => set(&mut self.heartbeat_interval_s, &value)?,
+            "LEASE_TTL_S" => set(&mut self.lease_ttl_s, &value)?,
+            "GRACE_S" => set(&mut self.grace_s, &value)?,
+            "SCHEDULER_TICK_MS" => set(&mut self.scheduler_tick_ms, &value)?,
+            "MAX_BODY_BYTES" => set(&mut self.max_body_bytes, &value)?,
+            "BURST_ENABLED" => set(&mut self.burst_enabled, &value)?,
+            "IDLE_TTL_S" => set(&mut self.idle_ttl_s, &value)?,
+            "BOOT_TIMEOUT_S" => set(&mut self.boot_timeout_s, &value)?,
+            "MIN_BILLED_S" => set(&mut self.min_billed_s, &value)?,
+            "POOL_BACKOFF_S" => set(&mut self.pool_backoff_s, &value)?,
+            "LAUNCH_ATTEMPTS" => set(&mut self.launch_attempts, &value)?,
+            "PROVIDER_CALL_TIMEOUT_MS" => set(&mut self.provider_call_timeout_ms, &value)?,
+            "LEDGER_ACCRUAL_INTERVAL_MS" => set(&mut self.ledger_accrual_interval_ms, &value)?,
+            "REPLICA_NAME" => self.replica_name = Some(value),
+            "LEADER_TTL_MS" => set(&mut self.leader_ttl_ms, &value)?,
+            "AGENT_MAX_BODY_BYTES" => set(&mut self.agent_max_body_bytes, &value)?,
+            "BODY_TIMEOUT_MS" => set(&mut self.body_timeout_ms, &value)?,
+            "RATE_LIMIT_PER_S" => set(&mut self.rate_limit_per_s, &value)?,
+            "RATE_LIMIT_BURST" => set(&mut self.rate_limit_burst, &value)?,
+            "TLS_CERT" => self.tls_cert = Some(PathBuf::from(value)),
+            "TLS_KEY" => self.tls_key = Some(PathBuf::from(value)),
+            "AGENT_CA_CERT" => self.agent_ca_cert = Some(PathBuf::from(value)),
+            "HEADER_TIMEOUT_MS" => set(&mut self.header_timeout_ms, &value)?,
+            "IDLE_TIMEOUT_MS" => set(&mut self.idle_timeout_ms, &value)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -332,5 +356,83 @@ impl Config {
         self.database_url.clone().unwrap_or_else(|| {
             format!("sqlite://{}", self.data_dir.join("switchyard.db").display())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Every setting that one value sets has its variable: each is set back to its default
+    /// from the text of that default.
+    #[test]
+    fn every_single_value_setting_has_a_variable() {
+        let defaults = Config::default();
+        let value = toml::Value::try_from(&defaults).expect("the config serializes");
+        let table = value.as_table().expect("a table");
+        let mut cfg = defaults.clone();
+        let mut covered = 0;
+        for (key, value) in table {
+            let text = match value {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                // Lists and tables (regions, pools, aws) are the file's.
+                _ => continue,
+            };
+            assert_eq!(
+                cfg.apply_var(&key.to_ascii_uppercase(), text),
+                Ok(true),
+                "SWITCHYARD_{} sets nothing",
+                key.to_ascii_uppercase()
+            );
+            covered += 1;
+        }
+        assert!(covered >= 20, "{covered}");
+        assert_eq!(cfg, defaults);
+    }
+
+    #[test]
+    fn variables_override_and_bad_values_name_the_variable() {
+        let mut cfg = Config::default();
+        cfg.apply_env(vars(&[
+            ("SWITCHYARD_IDLE_TIMEOUT_MS", "1234"),
+            ("SWITCHYARD_PROVIDER_CALL_TIMEOUT_MS", "5000"),
+            ("SWITCHYARD_BURST_ENABLED", "false"),
+            ("SWITCHYARD_REPLICA_NAME", "b1"),
+            ("SWITCHYARD_TLS_CERT", "/etc/switchyard/cert.pem"),
+            // Not broker settings: the CLI's and the agent's.
+            ("SWITCHYARD_TOKEN", "secret"),
+            ("SWITCHYARD_CA_CERT", "/tmp/ca.pem"),
+            ("PATH", "/usr/bin"),
+        ]))
+        .expect("valid variables");
+        assert_eq!(cfg.idle_timeout_ms, 1234);
+        assert_eq!(cfg.provider_call_timeout_ms, 5000);
+        assert!(!cfg.burst_enabled);
+        assert_eq!(cfg.replica_name.as_deref(), Some("b1"));
+        assert_eq!(
+            cfg.tls_cert.as_deref(),
+            Some(Path::new("/etc/switchyard/cert.pem"))
+        );
+
+        let before = cfg.clone();
+        let err = cfg
+            .apply_env(vars(&[("SWITCHYARD_IDLE_TIMEOUT_MS", "soon")]))
+            .expect_err("not a number");
+        assert!(
+            err.to_string().contains("SWITCHYARD_IDLE_TIMEOUT_MS")
+                && err.to_string().contains("soon"),
+            "{err}"
+        );
+        assert_eq!(cfg, before, "a bad value changes nothing");
     }
 }
