@@ -167,6 +167,10 @@ pub fn finished_outcome(
         (JobState::Failed, Some(c), _, _) => Some(format!("exited with code {c}")),
         (JobState::Failed, None, Some(s), _) => Some(format!("killed by signal {s}")),
         (JobState::Failed, None, None, None) if stopped => Some("stopped by the agent".into()),
+        // A failed job always says why, even when its agent could not tell how it ended.
+        (JobState::Failed, None, None, None) => {
+            Some("ended without an exit code or a signal".into())
+        }
         _ => None,
     };
     (state, reason)
@@ -514,6 +518,34 @@ pub trait Store: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `agent_protocol` fuzz target: a report with neither an exit code nor a
+    /// signal nor an error failed the job without a reason.
+    #[test]
+    fn a_failed_job_always_has_a_reason() {
+        for exit_code in [None, Some(0), Some(1)] {
+            for signal in [None, Some(9)] {
+                for error in [None, Some("spawn failed")] {
+                    for stopped in [false, true] {
+                        let (state, reason) =
+                            finished_outcome(false, exit_code, signal, error, stopped);
+                        assert_eq!(
+                            reason.is_some(),
+                            state != JobState::Succeeded || error.is_some(),
+                            "{exit_code:?} {signal:?} {error:?} {stopped}: {state:?} {reason:?}"
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            finished_outcome(false, None, None, None, false),
+            (
+                JobState::Failed,
+                Some("ended without an exit code or a signal".to_string())
+            )
+        );
+    }
 
     fn r(n: u128, epoch: u64) -> AttemptRef {
         AttemptRef {
