@@ -237,6 +237,29 @@ impl Scenario {
         {
             bail!("data.regions and data.sizes_gb must not be empty when data.share > 0");
         }
+        // Prices and rates are 0 or more: a negative one would pay the scheduler to use it.
+        let bad = |x: f64| !(x.is_finite() && x >= 0.0);
+        if let Some(o) = self.onprem.iter().find(|o| bad(o.usd_per_gpu_hour)) {
+            bail!(
+                "onprem {}: usd_per_gpu_hour must be 0 or more, not {}",
+                o.name,
+                o.usd_per_gpu_hour
+            );
+        }
+        if let Some((p, v)) = self.egress_usd_per_gb.iter().find(|(_, v)| bad(**v)) {
+            bail!("egress_usd_per_gb.{p} must be 0 or more, not {v}");
+        }
+        let rates = &self.spot.interruptions_per_hour;
+        if let Some((p, v)) = rates.iter().find(|(_, v)| bad(**v)) {
+            bail!("spot.interruptions_per_hour.{p} must be 0 or more, not {v}");
+        }
+        if let Some(w) = self.data.regions.iter().find(|w| bad(w.weight)) {
+            bail!(
+                "data.regions {}: weight must be 0 or more, not {}",
+                w.region,
+                w.weight
+            );
+        }
         Ok(())
     }
 

@@ -98,6 +98,35 @@ fn same_seed_same_report() {
     assert_ne!(a["schedulers"], c["schedulers"]);
 }
 
+/// Found by the `trace_reader` fuzz target: an on-prem rate of -0.25 was accepted and the
+/// replay billed negative costs.
+#[test]
+fn negative_prices_and_rates_are_rejected_naming_the_field() {
+    let onprem = "[[onprem]]\nregion = \"onprem:dc\"\nname = \"v100\"\ngpu_model = \"V100\"\n\
+                  gpu_memory_gb = 16\nnodes = 2\ngpus_per_node = 8\nusd_per_gpu_hour = -0.25\n";
+    let cases = [
+        (onprem.to_string(), "usd_per_gpu_hour"),
+        (
+            "[egress_usd_per_gb]\naws = -0.09\n".to_string(),
+            "egress_usd_per_gb.aws",
+        ),
+        (
+            "[spot.interruptions_per_hour]\ngcp = -1.0\n".to_string(),
+            "interruptions_per_hour.gcp",
+        ),
+        (
+            "[egress_usd_per_gb]\naws = nan\n".to_string(),
+            "egress_usd_per_gb.aws",
+        ),
+    ];
+    for (text, field) in cases {
+        let err = Scenario::from_toml(&text).expect_err(&text);
+        assert!(format!("{err:#}").contains(field), "{text}: {err:#}");
+    }
+    let ok = onprem.replace("-0.25", "0");
+    Scenario::from_toml(&ok).expect("a free on-prem pool is fine");
+}
+
 #[test]
 fn unknown_scenario_keys_are_rejected() {
     let err = Scenario::from_toml("seed = 1\nstart_dya = 3\n").expect_err("typo");
