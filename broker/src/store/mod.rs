@@ -233,11 +233,13 @@ pub fn heartbeat_stops(
     live: &[(AttemptRef, String, bool)],
     running: &[AttemptRef],
 ) -> Vec<AttemptRef> {
-    let mut stop: Vec<AttemptRef> = live
-        .iter()
-        .filter(|(_, state, cancel)| state == "preempting" || (state == "running" && *cancel))
-        .map(|(r, _, _)| r.clone())
-        .collect();
+    let mut stop: Vec<AttemptRef> = Vec::new();
+    for (r, state, cancel) in live {
+        let must = state == "preempting" || (state == "running" && *cancel);
+        if must && !stop.contains(r) {
+            stop.push(r.clone());
+        }
+    }
     for r in running {
         let leased = live
             .iter()
@@ -518,6 +520,19 @@ pub trait Store: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `agent_protocol` fuzz target: an attempt named twice (a heartbeat that
+    /// repeats itself) was told to stop twice.
+    #[test]
+    fn an_attempt_named_twice_is_stopped_once() {
+        let preempting = r(1, 2);
+        let live = vec![
+            (preempting.clone(), "preempting".to_string(), false),
+            (preempting.clone(), "preempting".to_string(), false),
+        ];
+        let running = [preempting.clone(), preempting.clone(), r(9, 1), r(9, 1)];
+        assert_eq!(heartbeat_stops(&live, &running), vec![preempting, r(9, 1)]);
+    }
 
     /// Found by the `agent_protocol` fuzz target: a report with neither an exit code nor a
     /// signal nor an error failed the job without a reason.
