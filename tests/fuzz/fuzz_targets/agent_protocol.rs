@@ -101,28 +101,29 @@ fn register(req: &RegisterRequest) {
 }
 
 fn heartbeat(hb: &Heartbeat) {
-    // The node's live attempts: the first ones the agent reports, in a state from their epoch,
-    // with a cancel requested on odd epochs; and one it does not report.
+    // The node's live attempts, one row per attempt id like the stores' query (an attempt has
+    // one epoch and one state): the first ones the agent reports, in a state from their epoch,
+    // with a cancel requested on odd epochs; except that the first was leased again under the
+    // next epoch (the agent reports a stale one) and is running with a cancel requested; and,
+    // when the agent reports nothing, one it does not report.
     const STATES: [&str; 3] = ["assigned", "running", "preempting"];
-    let mut live: Vec<(AttemptRef, String, bool)> = hb
-        .running
-        .iter()
-        .take(4)
-        .map(|r| {
-            (
-                r.clone(),
-                STATES[(r.epoch % 3) as usize].to_string(),
-                r.epoch % 2 == 1,
-            )
-        })
-        .collect();
+    let mut live: Vec<(AttemptRef, String, bool)> = Vec::new();
+    for r in hb.running.iter().take(4) {
+        if !live.iter().any(|(l, _, _)| l.attempt_id == r.attempt_id) {
+            let state = STATES[(r.epoch % 3) as usize].to_string();
+            live.push((r.clone(), state, r.epoch % 2 == 1));
+        }
+    }
     let mut extra = hb.running.first().cloned().unwrap_or(AttemptRef {
         job_id: uuid::Uuid::from_u128(1),
         attempt_id: uuid::Uuid::from_u128(2),
         epoch: 0,
     });
     extra.epoch = extra.epoch.wrapping_add(1);
-    live.push((extra, "running".into(), true));
+    match live.first_mut() {
+        Some(first) => *first = (extra, "running".into(), true),
+        None => live.push((extra, "running".into(), true)),
+    }
     let stop = heartbeat_stops(&live, &hb.running);
     for (i, s) in stop.iter().enumerate() {
         assert!(!stop[..i].contains(s), "{s:?} twice in stop");
