@@ -44,7 +44,9 @@ impl Client {
     /// `ca_cert` only (`--ca-cert`, for a broker with a private CA), or the system's roots
     /// without one. Verification of the chain and of the host name is always on.
     pub fn with_ca(url: &str, token: String, ca_cert: Option<&Path>) -> anyhow::Result<Client> {
-        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(60));
+        let mut builder = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .pool_idle_timeout(switchyard_agent::client::POOL_IDLE_TIMEOUT);
         if let Some(path) = ca_cert {
             builder = builder.tls_certs_only(switchyard_agent::client::read_ca(path)?);
         }

@@ -20,6 +20,10 @@ use thiserror::Error;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle keep-alive connections are dropped after this, before the broker closes them (it
+/// does after `header_timeout_ms`, 10 s by default): a request sent on a connection the
+/// broker is closing at that moment fails with a reset.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Added to a long-poll's `wait_s` for the request timeout, so that a broker answering at the
 /// end of the wait is not cut off.
 const POLL_MARGIN: Duration = Duration::from_secs(15);
@@ -78,6 +82,7 @@ impl BrokerClient {
         let brokers = Brokers::new(brokers).ok_or(AgentError::NoBroker)?;
         let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .user_agent(concat!("switchyard-agent/", env!("CARGO_PKG_VERSION")));
         if let Some(path) = ca_cert {
             builder = builder.tls_certs_only(read_ca(path)?);

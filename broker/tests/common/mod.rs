@@ -205,7 +205,12 @@ impl TestApp {
             url,
             admin,
             app,
-            http: reqwest::Client::new(),
+            // Idle connections dropped before the broker closes them (header_timeout_ms):
+            // polls spaced ~10 s apart raced the close and got a reset.
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(switchyard_agent::client::POOL_IDLE_TIMEOUT)
+                .build()
+                .expect("an HTTP client"),
             _dir: dir,
         }
     }
