@@ -189,6 +189,22 @@ pub(crate) enum Requeue<'a> {
 }
 
 impl<'a> Requeue<'a> {
+    /// Whether a `finished` report from an attempt in `state` puts its job back in the queue,
+    /// and why: the end of a preemption, or of a job its agent stopped because it could not
+    /// renew its lease (`requeue` on the report, with the agent's `error`). The one rule both
+    /// stores apply.
+    pub(crate) fn of_finished(
+        state: &str,
+        requeue: bool,
+        error: Option<&'a str>,
+    ) -> Option<Requeue<'a>> {
+        match state {
+            "preempting" => Some(Requeue::Preempted),
+            "assigned" | "running" if requeue => Some(Requeue::Fenced(error)),
+            _ => None,
+        }
+    }
+
     /// The attempt's state, the error to note on the attempt, and the job's new reason.
     pub(crate) fn parts(self) -> (&'static str, Option<&'a str>, Option<&'static str>) {
         match self {

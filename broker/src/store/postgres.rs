@@ -1777,15 +1777,11 @@ impl Store for PgStore {
                     stopped,
                     requeue,
                     ..
-                } => match state.as_str() {
-                    // Back to the queue: the end of a preemption, or of a job its agent
-                    // stopped because it could not renew its lease (`requeue`).
-                    s if s == "preempting" || (*requeue && matches!(s, "assigned" | "running")) => {
-                        let how = if s == "preempting" {
-                            super::Requeue::Preempted
-                        } else {
-                            super::Requeue::Fenced(error.as_deref())
-                        };
+                } => match (
+                    state.as_str(),
+                    super::Requeue::of_finished(&state, *requeue, error.as_deref()),
+                ) {
+                    (_, Some(how)) => {
                         let job = finish_requeued(&mut tx, attempt, *exit_code, *signal, now, how)
                             .await?;
                         ended.push(EndedAttempt {
@@ -1796,7 +1792,7 @@ impl Store for PgStore {
                         });
                         accepted()
                     }
-                    "assigned" | "running" => {
+                    ("assigned" | "running", None) => {
                         let (final_state, reason) = super::finished_outcome(
                             cancel_requested,
                             *exit_code,
@@ -1837,7 +1833,7 @@ impl Store for PgStore {
                         });
                         accepted()
                     }
-                    "finished" => duplicate(),
+                    ("finished", None) => duplicate(),
                     _ => rejected("the lease was withdrawn"),
                 },
             };

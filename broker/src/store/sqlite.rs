@@ -1454,15 +1454,11 @@ impl Store for SqliteStore {
                     stopped,
                     requeue,
                     ..
-                } => match state.as_str() {
-                    // Back to the queue: the end of a preemption, or of a job its agent
-                    // stopped because it could not renew its lease (`requeue`).
-                    s if s == "preempting" || (*requeue && matches!(s, "assigned" | "running")) => {
-                        let how = if s == "preempting" {
-                            super::Requeue::Preempted
-                        } else {
-                            super::Requeue::Fenced(error.as_deref())
-                        };
+                } => match (
+                    state.as_str(),
+                    super::Requeue::of_finished(&state, *requeue, error.as_deref()),
+                ) {
+                    (_, Some(how)) => {
                         let job = finish_requeued(&mut tx, attempt, *exit_code, *signal, now, how)
                             .await?;
                         ended.push(EndedAttempt {
@@ -1473,7 +1469,7 @@ impl Store for SqliteStore {
                         });
                         accepted()
                     }
-                    "assigned" | "running" => {
+                    ("assigned" | "running", None) => {
                         let (final_state, reason) = super::finished_outcome(
                             cancel_requested,
                             *exit_code,
@@ -1515,7 +1511,7 @@ impl Store for SqliteStore {
                         });
                         accepted()
                     }
-                    "finished" => duplicate(),
+                    ("finished", None) => duplicate(),
                     _ => rejected("the lease was withdrawn"),
                 },
             };
