@@ -237,6 +237,24 @@ impl Scenario {
         {
             bail!("data.regions and data.sizes_gb must not be empty when data.share > 0");
         }
+        // Durations are 0 or more (a negative idle TTL released nodes before they were idle,
+        // forever: found by the trace_reader fuzz target), the tick at least a second.
+        for (name, v) in [
+            ("idle_ttl_s", self.idle_ttl_s),
+            ("checkpoint_interval_s", self.checkpoint_interval_s),
+            ("fifo_burst_after_s", self.fifo_burst_after_s),
+            ("deadlines.min_slack_s", self.deadlines.min_slack_s),
+        ] {
+            if v < 0 {
+                bail!("{name} must be 0 or more, not {v}");
+            }
+        }
+        if self.tick_s < 1 {
+            bail!("tick_s must be at least 1, not {}", self.tick_s);
+        }
+        if let Some(o) = self.onprem.iter().find(|o| o.gpus_per_node == 0) {
+            bail!("onprem {}: gpus_per_node must be at least 1", o.name);
+        }
         // Prices and rates are 0 or more: a negative one would pay the scheduler to use it.
         let bad = |x: f64| !(x.is_finite() && x >= 0.0);
         if let Some(o) = self.onprem.iter().find(|o| bad(o.usd_per_gpu_hour)) {

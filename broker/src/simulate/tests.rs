@@ -118,6 +118,13 @@ fn negative_prices_and_rates_are_rejected_naming_the_field() {
             "[egress_usd_per_gb]\naws = nan\n".to_string(),
             "egress_usd_per_gb.aws",
         ),
+        // Found by the same target as a hang: a negative idle TTL.
+        ("idle_ttl_s = -600\n".to_string(), "idle_ttl_s"),
+        ("tick_s = 0\n".to_string(), "tick_s"),
+        (
+            onprem.replace("gpus_per_node = 8", "gpus_per_node = 0"),
+            "gpus_per_node",
+        ),
     ];
     for (text, field) in cases {
         let err = Scenario::from_toml(&text).expect_err(&text);
