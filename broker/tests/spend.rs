@@ -1011,3 +1011,157 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
     assert_eq!(usage("web").await.committed, Money::ZERO);
     assert_eq!(usage("web").await.spent, Money(3_540_000));
 }
+
+/// An accrual pass that read the clock after the transaction ending an attempt did, but took
+/// the write lock first, has charged the attempt past the end that transaction read. The
+/// attempt and its job then end where the ledger charged them to: the ledger never runs past an
+/// attempt's end, and nothing is charged twice.
+#[tokio::test]
+async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() {
+    use switchyard_broker::store::*;
+    use switchyard_core::{AttemptId, JobId, JobState, Market, NodeId, Pool, PoolId, Region};
+    use switchyard_protocol::agent::{AgentEvent, AttemptRef};
+
+    let dir = tempfile::tempdir().unwrap();
+    // SQLite, or PostgreSQL with SWITCHYARD_TEST_PG_URL.
+    let store = test_store(dir.path()).await;
+    let region = Region {
+        id: switchyard_core::RegionId("onprem:dc".into()),
+        provider: "onprem".into(),
+        code: "dc".into(),
+        latitude: None,
+        longitude: None,
+        egress_per_gb: Money::ZERO,
+        latency_ms: 1,
+        ingress_gbps: 10,
+    };
+    let pool = Pool {
+        id: PoolId("onprem:dc/a100".into()),
+        region: region.id.clone(),
+        provider: "onprem".into(),
+        instance_type: "a100".into(),
+        gpu_model: "A100".into(),
+        gpus_per_node: 4,
+        gpu_memory_gb: 80,
+        vcpus: 0,
+        memory_gb: 0,
+        on_demand_per_hour: Money(14_400_000),
+        spot_per_hour: None,
+        node_limit: 1,
+        launchable: false,
+        boot_time_s: 0,
+        price_updated_at: Timestamp(0),
+        recent_capacity_failures: 0,
+    };
+    store.upsert_region(&region).await.unwrap();
+    store.upsert_pool(&pool).await.unwrap();
+    let t0 = Timestamp(1_800_000_000_000);
+    let at_ms = |ms: i64| Timestamp(t0.millis() + ms);
+    let wire: switchyard_protocol::api::JobSpec = serde_json::from_value(
+        json!({"name": "j", "team": "ml", "command": ["true"], "resources": {"gpus": 1}}),
+    )
+    .unwrap();
+    let job = NewJob {
+        id: JobId(uuid::Uuid::now_v7()),
+        spec: switchyard_broker::convert::job_spec(&wire, t0).unwrap(),
+        spec_json: serde_json::to_string(&wire).unwrap(),
+        submitted_at: t0,
+        trace_parent: None,
+    };
+    store.insert_job(&job).await.unwrap();
+    store
+        .insert_enrolment_token(&EnrolmentTokenRecord {
+            token_hash: "enrol".into(),
+            pool: pool.id.clone(),
+            instance: None,
+            created_at: t0,
+            expires_at: at_ms(3_600_000),
+        })
+        .await
+        .unwrap();
+    let node = NodeId("n1".into());
+    store
+        .register_node(
+            "enrol",
+            NewNode {
+                id: node.clone(),
+                token_hash: "agent".into(),
+                hostname: "h".into(),
+                gpus_total: 4,
+                inventory_json: "{}".into(),
+            },
+            t0,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let attempt = AttemptId(uuid::Uuid::now_v7());
+    // $3.6 an hour: a micro-dollar a millisecond, a thousand a billed second.
+    let new = NewAttempt {
+        id: attempt,
+        job: job.id,
+        job_version: 0,
+        node: node.clone(),
+        pool: pool.id.clone(),
+        gpus: vec![0],
+        market: Market::OnDemand,
+        estimated_cost: Money(100_000),
+        hourly_rate: Money(3_600_000),
+        expected_end: at_ms(600_000),
+        explanation_json: "null".into(),
+    };
+    store.commit_plan(&[new], &[], t0).await.unwrap();
+    let r = AttemptRef {
+        job_id: job.id.0,
+        attempt_id: attempt.0,
+        epoch: 1,
+    };
+    store
+        .apply_events(
+            &node,
+            &[AgentEvent::Started {
+                attempt: r.clone(),
+                pid: 1,
+            }],
+            at_ms(1_000),
+        )
+        .await
+        .unwrap();
+    // The pass read 11.004 s and committed; the report that ends the attempt read 11.000 s
+    // before it, and commits after it.
+    assert_eq!(store.accrue_ledger(at_ms(11_004), 0).await.unwrap(), 1);
+    store
+        .apply_events(
+            &node,
+            &[AgentEvent::Finished {
+                attempt: r.clone(),
+                exit_code: Some(0),
+                signal: None,
+                error: None,
+                stopped: false,
+                requeue: false,
+            }],
+            at_ms(11_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.accrue_ledger(at_ms(20_000), 0).await.unwrap(), 0);
+
+    let record = store.job(job.id).await.unwrap().unwrap();
+    assert_eq!(record.state, JobState::Succeeded);
+    assert_eq!(record.finished_at, Some(at_ms(11_004)));
+    let entries = store.ledger_entries(None).await.unwrap();
+    let spans: Vec<(i64, i64, i64)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e.period_start.millis() - t0.millis(),
+                e.period_end.millis() - t0.millis(),
+                e.amount.micros(),
+            )
+        })
+        .collect();
+    // 10.004 s run, 10 whole seconds billed.
+    assert_eq!(spans, vec![(1_000, 11_004, 10_000)]);
+    assert_eq!(store.ledger_total().await.unwrap(), 10_000);
+}

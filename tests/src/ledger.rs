@@ -34,9 +34,6 @@ pub struct LedgerAudit {
     pub attempts: Vec<AttemptRow>,
     /// Attempts that ran and ended, each found settled exactly once.
     pub settled: usize,
-    /// Attempts charged past their end (id, ms): an accrual pass that read the clock after the
-    /// attempt's end committed first. Bounded by [`MAX_OVERSHOOT_MS`].
-    pub overshoots: Vec<(String, i64)>,
     pub entries: usize,
     /// Sum of all ledger entries, micro-dollars.
     pub total_micros: i64,
@@ -127,9 +124,6 @@ fn read_pg(url: &str) -> (Vec<AttemptRow>, Vec<EntryRow>, i64) {
     (attempts, entries, total)
 }
 
-/// How far past its end an attempt may be charged (see [`LedgerAudit::overshoots`]).
-pub const MAX_OVERSHOOT_MS: i64 = 1_000;
-
 /// What an attempt at `rate` costs for `ms` milliseconds: whole seconds, rounded up to the
 /// micro-dollar (the broker's `Money::per_hour_for_secs`).
 fn cost(rate: i64, ms: i64) -> i64 {
@@ -148,7 +142,6 @@ pub async fn audit(broker: &Broker, pg_url: Option<&str>) -> LedgerAudit {
         by_attempt.entry(e.attempt.as_str()).or_default().push(e);
     }
     let mut settled = 0;
-    let mut overshoots = Vec::new();
     for a in &attempts {
         let mine = by_attempt.remove(a.id.as_str()).unwrap_or_default();
         let (Some(start), Some(end)) = (a.started, a.finished) else {
@@ -159,21 +152,15 @@ pub async fn audit(broker: &Broker, pg_url: Option<&str>) -> LedgerAudit {
             );
             continue;
         };
-        // Charged to its end — or a little past it, when an accrual pass that read the clock
-        // later committed before the transaction that ended the attempt (recorded, see
-        // `overshoots`).
+        // Charged to its end exactly: never short of it (every ended attempt is settled in the
+        // transaction that ends it) and never past it (an attempt an accrual pass charged past
+        // the caller's clock ends where it was charged to).
         let charged_to = a.accrued_until.unwrap_or(start);
-        assert!(
-            charged_to >= end && charged_to - end <= MAX_OVERSHOOT_MS,
+        assert_eq!(
+            charged_to, end,
             "attempt {} ({}) ended at {end} but the ledger charged it to {:?}",
-            a.id,
-            a.state,
-            a.accrued_until
+            a.id, a.state, a.accrued_until
         );
-        if charged_to > end {
-            overshoots.push((a.id.clone(), charged_to - end));
-        }
-        let end = charged_to;
         let mut mine = mine;
         mine.sort_by_key(|e| e.start);
         let rate = a.rate_micros.unwrap_or_default();
@@ -241,7 +228,6 @@ pub async fn audit(broker: &Broker, pg_url: Option<&str>) -> LedgerAudit {
     LedgerAudit {
         attempts,
         settled,
-        overshoots,
         entries: entries.len(),
         total_micros,
         api_total_usd,

@@ -1811,14 +1811,14 @@ impl Store for PgStore {
                         .bind(attempt.attempt_id)
                         .execute(&mut *tx)
                         .await?;
-                        ledger::settle_attempt(&mut tx, attempt.attempt_id, now).await?;
+                        let end = ledger::settle_attempt(&mut tx, attempt.attempt_id, now).await?;
                         sqlx::query(
                             "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
                              reason = $4, version = version + 1 \
                              WHERE id = $5 AND current_attempt = $6",
                         )
                         .bind(final_state.as_str())
-                        .bind(tz(now))
+                        .bind(tz(end))
                         .bind(exit_code.map(i64::from))
                         .bind(&reason)
                         .bind(attempt.job_id)
@@ -1912,7 +1912,7 @@ async fn end_node_work(
             .bind(attempt.attempt_id)
             .execute(&mut **tx)
             .await?;
-        ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
+        let end = ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
         sqlx::query(
             "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
              ELSE 'queued' END, \
@@ -1920,7 +1920,7 @@ async fn end_node_work(
              reason = $2, version = version + 1 \
              WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
         )
-        .bind(tz(now))
+        .bind(tz(end))
         .bind(format!("{why}: requeued"))
         .bind(attempt.job_id)
         .bind(attempt.attempt_id)
@@ -1955,7 +1955,7 @@ async fn finish_requeued(
     .bind(error)
     .execute(&mut **tx)
     .await?;
-    ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
+    let end = ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
     let cancelled: Option<bool> = sqlx::query_scalar(
         "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
          ELSE 'queued' END, \
@@ -1965,7 +1965,7 @@ async fn finish_requeued(
          WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running') \
          RETURNING cancel_requested",
     )
-    .bind(tz(now))
+    .bind(tz(end))
     .bind(attempt.job_id)
     .bind(attempt.attempt_id)
     .bind(reason)

@@ -1488,15 +1488,16 @@ impl Store for SqliteStore {
                         .bind(attempt.attempt_id.to_string())
                         .execute(&mut *tx)
                         .await?;
-                        ledger::settle_attempt(&mut tx, &attempt.attempt_id.to_string(), now)
-                            .await?;
+                        let end =
+                            ledger::settle_attempt(&mut tx, &attempt.attempt_id.to_string(), now)
+                                .await?;
                         sqlx::query(
                             "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
                              reason = $4, version = version + 1 \
                              WHERE id = $5 AND current_attempt = $6",
                         )
                         .bind(final_state.as_str())
-                        .bind(now.millis())
+                        .bind(end.millis())
                         .bind(exit_code.map(i64::from))
                         .bind(&reason)
                         .bind(attempt.job_id.to_string())
@@ -1880,7 +1881,7 @@ async fn end_node_work(
             .bind(attempt.attempt_id.to_string())
             .execute(&mut **tx)
             .await?;
-        ledger::settle_attempt(tx, &attempt.attempt_id.to_string(), now).await?;
+        let end = ledger::settle_attempt(tx, &attempt.attempt_id.to_string(), now).await?;
         sqlx::query(
             "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
              ELSE 'queued' END, \
@@ -1888,7 +1889,7 @@ async fn end_node_work(
              reason = $2, version = version + 1 \
              WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
         )
-        .bind(now.millis())
+        .bind(end.millis())
         .bind(format!("{why}: requeued"))
         .bind(attempt.job_id.to_string())
         .bind(attempt.attempt_id.to_string())
@@ -1924,7 +1925,7 @@ async fn finish_requeued(
     .bind(error)
     .execute(&mut **tx)
     .await?;
-    ledger::settle_attempt(tx, &attempt.attempt_id.to_string(), now).await?;
+    let end = ledger::settle_attempt(tx, &attempt.attempt_id.to_string(), now).await?;
     let cancelled: Option<bool> = sqlx::query_scalar(
         "UPDATE jobs SET state = CASE WHEN cancel_requested = 1 THEN 'cancelled' \
          ELSE 'queued' END, \
@@ -1934,7 +1935,7 @@ async fn finish_requeued(
          WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running') \
          RETURNING cancel_requested",
     )
-    .bind(now.millis())
+    .bind(end.millis())
     .bind(attempt.job_id.to_string())
     .bind(attempt.attempt_id.to_string())
     .bind(reason)

@@ -286,8 +286,14 @@ async fn accrue_instance(
 }
 
 /// Settles an attempt that just ended (its `finished_at` set): its last partial period, or,
-/// on a node the broker launched, the instance's time up to now.
-pub(super) async fn settle_attempt(tx: &mut Tx, attempt: &str, now: Timestamp) -> StoreResult<()> {
+/// on a node the broker launched, the instance's time up to now. Returns the attempt's end:
+/// `now`, or later when an accrual pass already charged it past `now` (see below); the caller
+/// gives its job the same end.
+pub(super) async fn settle_attempt(
+    tx: &mut Tx,
+    attempt: &str,
+    now: Timestamp,
+) -> StoreResult<Timestamp> {
     let instance: Option<String> = sqlx::query_scalar(
         "SELECT i.id FROM instances i JOIN attempts a ON a.node_id = i.node_id \
          WHERE a.id = $1 AND i.state <> 'terminated' LIMIT 1",
@@ -297,8 +303,19 @@ pub(super) async fn settle_attempt(tx: &mut Tx, attempt: &str, now: Timestamp) -
     .await?;
     if let Some(instance) = instance {
         accrue_instance(tx, &instance, now, None, now).await?;
-        return Ok(());
+        return Ok(now);
     }
+    // An accrual pass that read the clock after the caller did but took the write lock first
+    // may have charged the attempt past `now`: it then ends where it was charged to, as that
+    // pass ran while it was still live. Its entries end at its end, never past it.
+    let end: Option<i64> = sqlx::query_scalar(
+        "UPDATE attempts SET finished_at = accrued_until \
+         WHERE id = $1 AND accrued_until > finished_at RETURNING finished_at",
+    )
+    .bind(attempt)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let end = end.map_or(now, Timestamp);
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "{ATTEMPT_SELECT} AND a.id = $1"
     )))
@@ -308,7 +325,7 @@ pub(super) async fn settle_attempt(tx: &mut Tx, attempt: &str, now: Timestamp) -
     if let Some(row) = row {
         accrue_attempt_row(tx, &row, now).await?;
     }
-    Ok(())
+    Ok(end)
 }
 
 /// Settles an instance being terminated (before its node's work is ended, so that work is
@@ -319,6 +336,14 @@ pub(super) async fn settle_instance(
     min_billed_s: i64,
     now: Timestamp,
 ) -> StoreResult<()> {
+    // As for an attempt (`settle_attempt`): never ended before what was charged.
+    sqlx::query(
+        "UPDATE instances SET ended_at = accrued_until \
+         WHERE id = $1 AND accrued_until > ended_at",
+    )
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
     accrue_instance(tx, id, now, Some(min_billed_s), now).await?;
     Ok(())
 }
