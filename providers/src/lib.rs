@@ -23,8 +23,9 @@ pub use catalogue::{Catalogue, CatalogueEntry, CatalogueError};
 /// The tag every instance Switchyard launches carries, so the orphan reaper can find them.
 pub const INSTANCE_TAG: &str = "switchyard:instance";
 
-/// Everything a provider needs to start one node that joins the federation by itself.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Everything a provider needs to start one node that joins the federation by itself. Its
+/// `Debug` form leaves the enrolment token out, so logging a request never logs the secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchRequest {
     pub pool: PoolId,
     pub market: Market,
@@ -35,6 +36,18 @@ pub struct LaunchRequest {
     pub enrolment_token: String,
     /// Where the agent finds the broker.
     pub broker_url: String,
+}
+
+impl std::fmt::Debug for LaunchRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchRequest")
+            .field("pool", &self.pool)
+            .field("market", &self.market)
+            .field("instance_key", &self.instance_key)
+            .field("enrolment_token", &"<redacted>")
+            .field("broker_url", &self.broker_url)
+            .finish()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,4 +105,26 @@ pub trait Provider: Send + Sync {
     async fn terminate(&self, provider_id: &str) -> Result<(), ProviderError>;
     /// Every instance this provider has that carries Switchyard's tag.
     async fn list(&self) -> Result<Vec<InstanceInfo>, ProviderError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_launch_requests_debug_form_leaves_its_enrolment_token_out() {
+        let request = LaunchRequest {
+            pool: PoolId::new("aws:us-east-1/g5.xlarge"),
+            market: Market::Spot,
+            instance_key: "key-1".into(),
+            enrolment_token: "s3cr3t-enrolment-token".into(),
+            broker_url: "https://broker:8443".into(),
+        };
+        let shown = format!("{request:?} {request:#?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(
+            shown.contains("key-1") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+    }
 }

@@ -14,7 +14,7 @@ use aws_sdk_ec2::types::{InstanceAttributeName, InstanceLifecycleType, InstanceT
 use base64::Engine as _;
 use harness::{Fault, Moto, Proxy, client, config};
 use std::collections::BTreeSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use switchyard_core::{Market, Money, PoolId};
 use switchyard_providers::aws::{AwsProvider, CLUSTER_TAG, POOL_TAG};
 use switchyard_providers::{
@@ -463,5 +463,83 @@ async fn lost_answers_after_the_work_leave_no_hidden_instance() {
         listed.len(),
         proxy.attempts("TerminateInstances"),
         t0.elapsed().as_secs_f64()
+    );
+}
+
+/// Calls that hang past the request timeout and still take effect (EC2 carrying out a
+/// `RunInstances` or a `TerminateInstances` whose answer comes too late): the provider gives up
+/// on the call within its timeout, not the hang's length, and retries under the same key; a later
+/// launch of the key finds what exists by its tag instead of starting another; every machine
+/// under the key is listed, and all of them end.
+#[tokio::test]
+async fn calls_hanging_past_the_timeout_are_bounded_and_leave_no_hidden_instance() {
+    let moto = Moto::start().await;
+    let proxy = Proxy::start(&moto.url).await;
+    let mut cfg = config(&proxy.url, "hung");
+    cfg.request_timeout_s = 1;
+    let aws = AwsProvider::new(cfg).await.unwrap();
+    let hang = Duration::from_secs(4);
+    let under_key = |all: Vec<switchyard_providers::InstanceInfo>| -> Vec<String> {
+        all.into_iter()
+            .filter(|i| i.instance_key == "hung-1" && i.state != InstanceState::Terminated)
+            .map(|i| i.provider_id)
+            .collect()
+    };
+
+    proxy.hang("RunInstances", hang, 1);
+    let t0 = Instant::now();
+    let launched = aws
+        .launch(&request("hung-1", Market::OnDemand))
+        .await
+        .unwrap();
+    let launch_took = t0.elapsed();
+    assert!(
+        launch_took < hang,
+        "bounded by the 1 s request timeout, not the {hang:?} hang: {launch_took:?}"
+    );
+    let run_calls = proxy.attempts("RunInstances");
+    assert_eq!(run_calls, 2, "the hung call, then one retry");
+    // The hung call reaches moto after the hang, and it starts a machine too (moto ignores
+    // client tokens; EC2 would not).
+    tokio::time::sleep(hang).await;
+    let listed = under_key(aws.list().await.unwrap());
+    assert!(
+        listed.contains(&launched.provider_id),
+        "{listed:?} {launched:?}"
+    );
+    assert!(
+        (1..=2).contains(&listed.len()),
+        "{} instances under one key: {listed:?}",
+        listed.len()
+    );
+    // The broker retrying the key: found by tag, no new call.
+    let again = aws
+        .launch(&request("hung-1", Market::OnDemand))
+        .await
+        .unwrap();
+    assert!(listed.contains(&again.provider_id));
+    assert_eq!(proxy.attempts("RunInstances"), run_calls);
+
+    // A terminate that hangs is bounded the same way and retried.
+    let t1 = Instant::now();
+    for id in &listed {
+        proxy.hang("TerminateInstances", hang, 1);
+        aws.terminate(id).await.unwrap();
+    }
+    let terminate_took = t1.elapsed();
+    assert!(
+        terminate_took < hang * listed.len() as u32,
+        "{terminate_took:?}"
+    );
+    tokio::time::sleep(hang).await;
+    assert!(under_key(aws.list().await.unwrap()).is_empty());
+    println!(
+        "FIGURE moto-hung-calls: launch answered after {:.2} s ({run_calls} RunInstances calls, the first hung {} s), instances under the key {}, {} terminates in {:.2} s ({} calls), none left",
+        launch_took.as_secs_f64(),
+        hang.as_secs(),
+        listed.len(),
+        listed.len(),
+        terminate_took.as_secs_f64(),
+        proxy.attempts("TerminateInstances"),
     );
 }

@@ -145,6 +145,9 @@ struct ProxyState {
     /// Requests of an action to forward and then answer with a 500, as if the answer had
     /// been lost after EC2 did the work.
     lost: HashMap<String, u32>,
+    /// Requests of an action to hold this long before forwarding them (moto then does the work
+    /// whether or not the caller still waits), with how many are left.
+    hung: HashMap<String, (Duration, u32)>,
 }
 
 /// A fault-injecting proxy in front of moto.
@@ -187,6 +190,12 @@ impl Proxy {
         self.lock().lost.insert(action.to_owned(), times);
     }
 
+    /// Holds the next `times` requests of `action` for `delay`, then forwards them to moto,
+    /// which does the work: a call that hangs past the caller's timeout and still takes effect.
+    pub fn hang(&self, action: &str, delay: Duration, times: u32) {
+        self.lock().hung.insert(action.to_owned(), (delay, times));
+    }
+
     /// Forgets every fault and count.
     pub fn clear(&self) {
         *self.lock() = ProxyState::default();
@@ -211,8 +220,15 @@ async fn forward(State(shared): State<Shared>, request: Request) -> Response {
         return StatusCode::BAD_REQUEST.into_response();
     };
     let action = form_field(&body, "Action").unwrap_or_default();
-    let (fault, lose) = {
+    let (fault, lose, hang) = {
         let mut s = state.lock().expect("proxy state");
+        let hang = match s.hung.get_mut(&action) {
+            Some((delay, n)) if *n > 0 => {
+                *n -= 1;
+                Some(*delay)
+            }
+            _ => None,
+        };
         *s.attempts.entry(action.clone()).or_default() += 1;
         let lose = match s.lost.get_mut(&action) {
             Some(n) if *n > 0 => {
@@ -228,8 +244,20 @@ async fn forward(State(shared): State<Shared>, request: Request) -> Response {
             }
             _ => None,
         };
-        (fault, lose)
+        (fault, lose, hang)
     };
+    if let Some(delay) = hang {
+        // In a task of its own, so it is forwarded even when the caller gave up and dropped
+        // this request: the work happens regardless.
+        let (http, upstream) = (http.clone(), upstream.clone());
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            pass(&http, &upstream, parts, body, false).await
+        });
+        return task
+            .await
+            .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
+    }
     if let Some(f) = fault {
         let xml = format!(
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code>\
@@ -240,6 +268,17 @@ async fn forward(State(shared): State<Shared>, request: Request) -> Response {
         let status = StatusCode::from_u16(f.status).expect("status");
         return (status, [(header::CONTENT_TYPE, "text/xml")], xml).into_response();
     }
+    pass(http, upstream, parts, body, lose).await
+}
+
+/// Forwards a request to moto; with `lose`, answers a 500 in place of moto's answer.
+async fn pass(
+    http: &reqwest::Client,
+    upstream: &str,
+    parts: axum::http::request::Parts,
+    body: axum::body::Bytes,
+    lose: bool,
+) -> Response {
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut headers = HeaderMap::new();
     for (name, value) in &parts.headers {
