@@ -760,6 +760,136 @@ async fn lists_page_with_a_cursor() {
 }
 
 #[tokio::test]
+async fn lists_filter_by_priority_in_the_store() {
+    let app = TestApp::spawn().await;
+    let dev = app.token("developer", Some("ml")).await;
+    let cv = app.token("developer", Some("cv")).await;
+    let mut want: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    // More low-priority jobs than one page holds, so that a filter applied after the page
+    // (as the console once did) would miss the others.
+    for (i, prio) in ["low", "high", "low", "normal", "low", "high", "low"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut spec = job_spec("ml");
+        spec["name"] = json!(format!("job-{i}"));
+        spec["priority"] = json!(prio);
+        let r = app.submit(&dev, spec).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+        want.entry(prio)
+            .or_default()
+            .insert(0, r.body["id"].as_str().unwrap().to_string());
+    }
+    let mut spec = job_spec("cv");
+    spec["priority"] = json!("high");
+    assert_eq!(app.submit(&cv, spec).await.status, StatusCode::CREATED);
+
+    let ids = |body: &Value| -> Vec<String> {
+        body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for prio in ["low", "high", "normal"] {
+        let r = app
+            .call(
+                Method::GET,
+                &format!("/api/v1/jobs?priority={prio}"),
+                Some(&dev),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        assert_eq!(ids(&r.body), want[prio], "{prio}: {}", r.body);
+        assert!(
+            r.body["jobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|j| j["priority"] == prio && j["team"] == "ml"),
+            "{}",
+            r.body
+        );
+    }
+    // Nothing of a priority no job has.
+    let r = app
+        .call(
+            Method::GET,
+            "/api/v1/jobs?priority=critical",
+            Some(&dev),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(ids(&r.body).is_empty(), "{}", r.body);
+    // The filter pages like the others: two low-priority jobs a page, each once.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/api/v1/jobs?priority=low&limit=2&cursor={c}"),
+            None => "/api/v1/jobs?priority=low&limit=2".to_string(),
+        };
+        let r = app.call(Method::GET, &path, Some(&dev), None).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        seen.extend(ids(&r.body));
+        match r.body["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, want["low"]);
+    // With the team and state filters: an admin asks for high-priority queued jobs of cv.
+    let r = app
+        .call(
+            Method::GET,
+            "/api/v1/jobs?priority=high&team=cv&state=queued",
+            Some(&app.admin),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let jobs = r.body["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{}", r.body);
+    assert_eq!(jobs[0]["team"], "cv");
+    let r = app
+        .call(
+            Method::GET,
+            "/api/v1/jobs?priority=high",
+            Some(&app.admin),
+            None,
+        )
+        .await;
+    assert_eq!(ids(&r.body).len(), 3, "{}", r.body);
+    // An unknown priority is refused, naming the parameter.
+    for bad in ["urgent", "HIGH", ""] {
+        let r = app
+            .call(
+                Method::GET,
+                &format!("/api/v1/jobs?priority={bad}"),
+                Some(&dev),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad:?}: {}", r.body);
+        assert_eq!(r.error_field(), "priority", "{bad:?}");
+    }
+    // The parameter is in the API's description.
+    let doc = app.call(Method::GET, "/openapi.json", None, None).await;
+    let params = doc.body["paths"]["/jobs"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    assert!(
+        params
+            .iter()
+            .any(|p| p["name"] == "priority" && p["in"] == "query"),
+        "{params:?}"
+    );
+}
+
+#[tokio::test]
 async fn openapi_health_and_regions() {
     let app = TestApp::spawn().await;
     let doc = app.call(Method::GET, "/openapi.json", None, None).await;

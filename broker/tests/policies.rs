@@ -608,6 +608,128 @@ async fn submissions_the_policy_never_allows_are_refused_naming_the_rule() {
     );
 }
 
+/// A broker whose only 8-GPU pool is AWS p5.48xlarge in us-east-1 from the bundled catalogue:
+/// $55.04/h on demand ($6.88 per GPU-hour), $20.0775/h on spot (about $2.51 per GPU-hour).
+async fn with_spot_pool() -> TestApp {
+    TestApp::spawn_with(
+        |c| {
+            c.catalogue_regions
+                .push(switchyard_broker::config::CatalogueRegion {
+                    id: "aws:us-east-1".into(),
+                    instance_types: vec!["p5.48xlarge".into()],
+                    latency_ms: 40,
+                    egress_per_gb_usd: 0.09,
+                    node_limit: 2,
+                    boot_time_s: 60,
+                });
+        },
+        |_| switchyard_broker::app::ProviderSet::default(),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_spot_rule_that_leaves_only_spot_capacity_out_of_reach_is_refused_at_submit() {
+    let app = with_spot_pool().await;
+    let finance = app.token("finance", None).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let cv = app.token("developer", Some("cv")).await;
+    let pools = app
+        .call(Method::GET, "/api/v1/pools", Some(&finance), None)
+        .await;
+    let p5 = pools.body["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["gpus_per_node"] == 8)
+        .unwrap_or_else(|| panic!("no 8-GPU pool: {}", pools.body))
+        .clone();
+    assert!(
+        p5["spot_price_per_gpu_hour"].as_f64().unwrap() < 3.0
+            && p5["price_per_gpu_hour"].as_f64().unwrap() > 6.0,
+        "{p5}"
+    );
+    // Eight GPUs within $30 an hour: only p5 on spot ($20.08/h) can run it.
+    let job = |team: &str| {
+        json!({"name": "big", "team": team, "command": ["true"], "resources": {"gpus": 8},
+               "spot": "allowed", "max_price_per_hour": 30.0})
+    };
+    let (status, _, body) = put(&app, &finance, "ml", None, json!({"spot": "never"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let r = app.submit(&dev, job("ml")).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert_eq!(r.error_code(), "policy_violation", "{}", r.body);
+    assert_eq!(r.error_field(), "spot", "{}", r.body);
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("team ml") && msg.to_lowercase().contains("caps spot at never"),
+        "{msg}"
+    );
+    // Nothing was stored.
+    let list = app
+        .call(Method::GET, "/api/v1/jobs?team=ml", Some(&dev), None)
+        .await;
+    assert!(
+        list.body["jobs"].as_array().unwrap().is_empty(),
+        "{}",
+        list.body
+    );
+    // The same job for a team without that rule is accepted.
+    let r = app.submit(&cv, job("cv")).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+
+    // The policy's own price ceiling: $3 per GPU-hour is within reach on spot only, and the
+    // policy says never.
+    let (status, _, body) = put(
+        &app,
+        &finance,
+        "ml",
+        None,
+        json!({"spot": "never", "max_price_per_gpu_hour": 3.0}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let r = app
+        .submit(
+            &dev,
+            json!({"name": "big", "team": "ml", "command": ["true"], "resources": {"gpus": 8}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert_eq!(
+        (r.error_code(), r.error_field()),
+        ("policy_violation", "spot"),
+        "{}",
+        r.body
+    );
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("max_price_per_gpu_hour") && msg.contains("spot is never"),
+        "{msg}"
+    );
+
+    // Allowing spot lets both through.
+    let (status, _, body) = put(
+        &app,
+        &finance,
+        "ml",
+        None,
+        json!({"spot": "allowed", "max_price_per_gpu_hour": 3.0}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let r = app.submit(&dev, job("ml")).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let r = app
+        .submit(
+            &dev,
+            json!({"name": "big", "team": "ml", "command": ["true"], "resources": {"gpus": 8},
+                   "spot": "allowed"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+}
+
 #[tokio::test]
 async fn what_if_replays_the_team_jobs_under_the_draft() {
     let app = with_cloud().await;

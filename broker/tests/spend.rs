@@ -508,6 +508,88 @@ async fn concurrent_submissions_never_overspend_a_hard_budget_and_a_raise_releas
     assert!(reserved <= 21_000_000, "{reserved}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_held_by_a_custom_budget_window_is_released_when_the_window_ends() {
+    let app = TestApp::spawn_with(
+        |c| {
+            c.ledger_accrual_interval_ms = 100;
+            c.lease_ttl_s = 600;
+        },
+        |_| ProviderSet::default(),
+    )
+    .await;
+    app.agent(4).await;
+    let finance = app.token("finance", None).await;
+    let dev = app.token("developer", Some("ml")).await;
+    // A $1 hard budget whose custom window ends a few seconds from now. The broker reads the
+    // real clock (tests have no other): the window is placed around it.
+    let whole = |secs: i64| chrono::DateTime::from_timestamp(secs, 0).unwrap();
+    let now = chrono::Utc::now().timestamp();
+    let (from, to) = (whole(now - 3600), whole(now + 7));
+    let r = app
+        .call(
+            Method::PUT,
+            "/api/v1/policies/ml",
+            Some(&finance),
+            Some(json!({"budget": {"amount_usd": 1.0, "period": "custom",
+                                   "from": from.to_rfc3339(), "to": to.to_rfc3339(),
+                                   "enforcement": "hard", "alert_at": [0.5]}})),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.body);
+    let budgets = app
+        .call(Method::GET, "/api/v1/budgets", Some(&finance), None)
+        .await
+        .body;
+    let b = &budgets["budgets"][0];
+    assert_eq!(b["team"], "ml", "{budgets}");
+    assert_eq!(
+        normalise_time(b["period_end"].as_str().unwrap()),
+        normalise_time(&to.to_rfc3339()),
+        "{b}"
+    );
+
+    // One GPU for an hour at $2/GPU-hour: $2, beyond the $1 the window allows.
+    let spec = json!({"name": "w", "team": "ml", "command": ["true"], "resources": {"gpus": 1},
+                      "estimated_runtime_s": 3600});
+    let job = id_of(&app.submit(&dev, spec).await);
+    app.wait_for_job(&dev, &job, Duration::from_secs(10), |j| {
+        j["state"] == "held"
+    })
+    .await;
+    let held = app.job(&dev, &job).await.body;
+    assert_eq!(held["reason"], "budget_exhausted", "{held}");
+    // Still held a moment before the window ends: nothing but the window's end releases it.
+    let before_end = to - chrono::Duration::milliseconds(1500);
+    let wait = (before_end - chrono::Utc::now())
+        .to_std()
+        .unwrap_or_else(|_| {
+            panic!("the job was held only after the window had nearly ended; widen the window")
+        });
+    tokio::time::sleep(wait).await;
+    let j = app.job(&dev, &job).await.body;
+    assert_eq!(j["state"], "held", "released before the window ended: {j}");
+
+    // The window ends: no budget applies any more, and the job is placed.
+    let placed = app
+        .wait_for_job(&dev, &job, Duration::from_secs(20), |j| {
+            j["state"] == "placed"
+        })
+        .await;
+    assert!(
+        chrono::Utc::now() >= to,
+        "placed before the window ended: {placed}"
+    );
+    let budgets = app
+        .call(Method::GET, "/api/v1/budgets", Some(&finance), None)
+        .await
+        .body;
+    assert!(
+        budgets["budgets"].as_array().unwrap().is_empty(),
+        "no budget applies outside its window: {budgets}"
+    );
+}
+
 /// A broker on a data directory that outlives it.
 struct Broker {
     url: String,

@@ -1,8 +1,10 @@
 //! The web console in a real headless Chromium over WebDriver (chromedriver + fantoccini),
 //! against the real `switchyard` binary: sign in, set a hard budget on the policies page, see
 //! the change in the audit log, watch a job submitted over REST beyond the budget be held with
-//! `budget_exhausted`, raise the budget in the console and watch the job run; and every page at
-//! desktop (1280 px) and phone (390 px) width with no script errors.
+//! `budget_exhausted`, try an unsaved draft in the what-if, raise the budget in the console and
+//! watch the job run; and every page at desktop (1280 px) and phone (390 px) width, each with its
+//! data, with no script errors (the browser's console log is proven readable first), budget
+//! alerts in words, and the spend CSV download.
 //!
 //! Screenshots of each page land in `target/console-screenshots/` (or
 //! `SWITCHYARD_SCREENSHOT_DIR`). Chromium and chromedriver come from Debian's `chromium` and
@@ -222,7 +224,8 @@ impl Browser {
     }
 
     /// SEVERE entries of the browser's console (failed loads, uncaught errors, CSP reports)
-    /// since the last call; empty where chromedriver offers no log endpoint.
+    /// since the last call. Fails the test when chromedriver's log endpoint does not answer
+    /// with a list: a silent log channel would let every "no console errors" check pass.
     async fn console_errors(&self) -> Vec<String> {
         let session = self.client.session_id().await.unwrap().unwrap();
         let res = reqwest::Client::new()
@@ -231,17 +234,81 @@ impl Browser {
             .send()
             .await
             .unwrap();
-        if !res.status().is_success() {
-            return Vec::new();
-        }
+        let status = res.status();
         let body: Value = res.json().await.unwrap_or(Value::Null);
-        body["value"]
+        assert!(
+            status.is_success(),
+            "chromedriver's browser log cannot be read ({status}): {body}"
+        );
+        let entries = body["value"]
             .as_array()
-            .into_iter()
-            .flatten()
+            .unwrap_or_else(|| panic!("chromedriver's browser log is not a list: {body}"));
+        entries
+            .iter()
             .filter(|e| e["level"] == "SEVERE")
             .map(|e| e["message"].as_str().unwrap_or("").to_string())
             .collect()
+    }
+
+    /// Waits until the browser's console log shows an entry `expected` accepts, and fails on
+    /// any other SEVERE entry meanwhile. Proves the log channel works before a test relies on
+    /// it reading empty.
+    async fn expect_logged(&self, what: &str, expected: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (seen, other): (Vec<String>, Vec<String>) = self
+                .console_errors()
+                .await
+                .into_iter()
+                .partition(|e| expected(e));
+            assert!(other.is_empty(), "console errors besides {what}: {other:?}");
+            if !seen.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} never showed in the browser's console log within {WAIT:?}: the log \
+                 channel the error checks read does not work"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Provokes one known console error (a request the broker refuses with 400) and waits to
+    /// read it back: see [`Browser::expect_logged`].
+    async fn probe_console_log(&self) {
+        self.js(
+            "fetch('/api/v1/jobs?limit=0', { credentials: 'same-origin' }).catch(() => {});
+             return true;",
+            vec![],
+        )
+        .await;
+        self.expect_logged("the probe's refused request", |e| {
+            e.contains("/api/v1/jobs?limit=0") && e.contains("400")
+        })
+        .await;
+    }
+
+    /// How many elements match `css`.
+    async fn count(&self, css: &str) -> u64 {
+        self.js(
+            "return document.querySelectorAll(arguments[0]).length;",
+            vec![json!(css)],
+        )
+        .await
+        .as_u64()
+        .unwrap()
+    }
+
+    /// The text of the first element matching `css`, or None.
+    async fn text_of(&self, css: &str) -> Option<String> {
+        self.js(
+            "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;",
+            vec![json!(css)],
+        )
+        .await
+        .as_str()
+        .map(str::to_string)
     }
 
     async fn assert_no_errors(&self, context: &str) {
@@ -435,6 +502,134 @@ async fn job_row_state(
     )
 }
 
+/// Dollars as the API writes them (a JSON number), in micro-dollars.
+fn usd_micros(v: &Value) -> i64 {
+    (v.as_f64().unwrap() * 1e6).round() as i64
+}
+
+/// `12.500000` (the CSV's exact dollars) in micro-dollars.
+fn csv_micros(text: &str) -> i64 {
+    let (whole, frac) = text.split_once('.').unwrap_or((text, "0"));
+    let negative = whole.starts_with('-');
+    let whole: i64 = whole.trim_start_matches('-').parse().unwrap();
+    let frac: i64 = format!("{frac:0<6}")[..6].parse().unwrap();
+    let m = whole * 1_000_000 + frac;
+    if negative { -m } else { m }
+}
+
+/// The spend CSV grouped by `group` (`group,bucket_start?,amount_usd`): (key, micro-dollars)
+/// per row, after checking the header.
+fn parse_spend_csv(text: &str, group: &str) -> Vec<(String, i64)> {
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a CSV header").split(',').collect();
+    assert_eq!(header.first(), Some(&group), "{text}");
+    assert_eq!(header.last(), Some(&"amount_usd"), "{text}");
+    let rows: Vec<(String, i64)> = lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            assert_eq!(cells.len(), header.len(), "{l:?} in {text}");
+            (cells[0].to_string(), csv_micros(cells[cells.len() - 1]))
+        })
+        .collect();
+    assert!(!rows.is_empty(), "no rows: {text}");
+    rows
+}
+
+/// Each page shows its data, not just its frame: rows where the new user's broker has them,
+/// and the page's own words where it has none (no cloud instances after `switchyard up`).
+async fn assert_page_data(b: &Browser, name: &str, context: &str) {
+    let at_least = |css: &'static str, n: u64| async move {
+        let have = b.count(css).await;
+        assert!(have >= n, "{context}: {have} × {css}, want {n} or more");
+    };
+    match name {
+        "overview" => {
+            at_least("[data-test=budget-row]", 2).await;
+            at_least("[data-test=util-row]", 1).await;
+            at_least("[data-test=queue-row]", 4).await;
+        }
+        "catalogue" => at_least("[data-test=pool-row]", 4).await,
+        "jobs" => {
+            at_least("[data-test=job-row]", 3).await;
+            let states = b
+                .js(
+                    "return [...document.querySelectorAll('[data-test=job-row]')].map(r => r.getAttribute('data-state'));",
+                    vec![],
+                )
+                .await;
+            assert!(
+                states.as_array().unwrap().iter().all(|s| s == "succeeded"),
+                "{context}: {states}"
+            );
+        }
+        "job-detail" => {
+            let detail = b
+                .text_of("[data-test=job-detail]")
+                .await
+                .unwrap_or_default();
+            assert!(detail.contains("train-resnet"), "{context}: {detail}");
+            at_least("[data-test=candidate-row]", 1).await;
+            let cost = b
+                .text_of("[data-test=detail-cost]")
+                .await
+                .unwrap_or_default();
+            assert!(
+                cost.starts_with('$') && cost != "$0.00",
+                "{context}: cost {cost:?}"
+            );
+        }
+        "policies" => {
+            let amount = b
+                .js(
+                    "const e = document.querySelector('[data-test=policy-form][data-team=ml] [data-test=\"field-budget.amount_usd\"]');
+                     return e ? e.value : null;",
+                    vec![],
+                )
+                .await;
+            assert_eq!(amount, json!("500"), "{context}");
+            let version = b
+                .text_of("[data-test=policy-version]")
+                .await
+                .unwrap_or_default();
+            assert!(version.starts_with("version 1"), "{context}: {version:?}");
+        }
+        "spend" => {
+            at_least("[data-test=spend-table-team] [data-test=spend-row]", 2).await;
+            at_least("[data-test=spend-table-provider] [data-test=spend-row]", 1).await;
+            let total = b
+                .text_of("[data-test=spend-total] .value")
+                .await
+                .unwrap_or_default();
+            assert!(
+                total.starts_with('$')
+                    && !total.trim_start_matches(['$', '0', '.', ',']).is_empty(),
+                "{context}: total {total:?}"
+            );
+        }
+        "instances" => {
+            let rows = b.count("[data-test=instance-row]").await;
+            if rows == 0 {
+                let empty = b
+                    .text_of("[data-test=instances-table-empty]")
+                    .await
+                    .unwrap_or_default();
+                assert!(
+                    empty.starts_with("No cloud instances"),
+                    "{context}: neither instances nor the empty-state text: {empty:?}"
+                );
+            }
+            let summary = b.text_of("[data-test=instances-summary]").await;
+            assert!(summary.is_some(), "{context}");
+        }
+        "audit" => {
+            at_least("[data-test=audit-row]", 2).await;
+            at_least("[data-test=audit-row][data-action=\"policy.put\"]", 2).await;
+        }
+        other => panic!("no data check for page {other}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
     let mut broker = Broker::start().await;
@@ -462,14 +657,12 @@ async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
         .await;
     assert!(!error.as_str().unwrap().is_empty());
     b.screenshot("policies-validation", 1280, 900).await;
-    // The refused PUT is the one failed request the browser logged so far.
-    let logged = b.console_errors().await;
-    assert!(
-        logged
-            .iter()
-            .all(|e| e.contains("/api/v1/policies/ml") && e.contains("400")),
-        "{logged:?}"
-    );
+    // The refused PUT is the one failed request the browser logged so far, and it must show:
+    // that proves the console log the error checks read is working.
+    b.expect_logged("the refused PUT", |e| {
+        e.contains("/api/v1/policies/ml") && e.contains("400")
+    })
+    .await;
     b.assert_no_errors("after the refused save").await;
 
     // A $1 monthly hard budget for team ml.
@@ -554,18 +747,52 @@ async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
         vec![],
     )
     .await;
-    // What-if on the draft: the simulator's current-vs-draft table, before saving anything.
+    // What-if on an unsaved draft: a price ceiling ($1 per GPU-hour) below the only pool's
+    // $2 would leave the team's job unplaced. The simulator's current-vs-draft table shows it,
+    // and nothing is saved.
+    let max_price = b
+        .el("[data-test=policy-form][data-team=ml] [data-test=field-max_price_per_gpu_hour]")
+        .await;
+    max_price.clear().await.unwrap();
+    max_price.send_keys("1").await.unwrap();
     b.el("[data-test=whatif-run]").await.click().await.unwrap();
     let rows = b
         .until(
             "the what-if result",
             Duration::from_secs(60),
-            "return document.querySelectorAll('[data-test=whatif-table] [data-test=whatif-row]').length;",
+            "const rows = [...document.querySelectorAll('[data-test=whatif-table] [data-test=whatif-row]')];
+             return rows.length ? rows.map(r => [r.getAttribute('data-metric'),
+               r.querySelector('[data-test=whatif-current]').textContent,
+               r.querySelector('[data-test=whatif-draft]').textContent]) : null;",
             vec![],
         )
         .await;
-    assert_eq!(rows, json!(5));
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    let held = rows
+        .iter()
+        .find(|r| r[0] == "held_jobs")
+        .unwrap_or_else(|| panic!("no held-jobs row: {rows:?}"));
+    assert_eq!(
+        (held[1].as_str().unwrap(), held[2].as_str().unwrap()),
+        ("0", "1"),
+        "the draft's price ceiling holds the job, the current policy does not: {rows:?}"
+    );
+    let cost = rows.iter().find(|r| r[0] == "total_cost_usd").unwrap();
+    assert_ne!(cost[1], cost[2], "{rows:?}");
     b.screenshot("policies-whatif", 1280, 900).await;
+    let (_, policy) = broker
+        .call(reqwest::Method::GET, "/api/v1/policies/ml", None)
+        .await;
+    assert_eq!(
+        policy["version"],
+        json!(2),
+        "the what-if saved nothing: {policy}"
+    );
+    assert!(
+        policy["policy"]["max_price_per_gpu_hour"].is_null(),
+        "the what-if saved nothing: {policy}"
+    );
     b.open("#/jobs?team=ml", "jobs").await;
     let (state, _) = job_row_state(
         &b,
@@ -609,11 +836,14 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
                "windows": [{"priority": "low", "from": "20:00", "to": "08:00", "tz": "Asia/Shanghai"}]}),
     )
     .await;
+    // A soft budget of one cent at an internal rate of a cent per GPU-second: the sweep below
+    // crosses both of its alert thresholds within its first second.
     put_policy(
         &up.url,
         &up.token,
         "vision",
-        json!({"budget": {"amount_usd": 50, "period": "week", "enforcement": "soft", "alert_at": [0.8]}}),
+        json!({"budget": {"amount_usd": 0.01, "period": "week", "enforcement": "soft", "alert_at": [0.5, 0.9]},
+               "onprem_rates": {"H100": 36.0}}),
     )
     .await;
     let mut ids = Vec::new();
@@ -631,10 +861,30 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
             .await,
         );
     }
-    up.job_where(&ids[0], 30, |j| j["state"] == "succeeded")
-        .await;
+    for id in &ids {
+        up.job_where(id, 60, |j| j["state"] == "succeeded").await;
+    }
+    // Every job has finished: the ledger is settled and the pages' figures stay put.
+    let spend = eventually("the ledger to hold both teams' spend", WAIT, || async {
+        let s = up.get("/api/v1/spend?group_by=team").await;
+        let rows = s["rows"].as_array()?;
+        (rows.len() >= 2 && rows.iter().all(|r| r["amount_usd"].as_f64() > Some(0.0))).then_some(s)
+    })
+    .await;
+    eventually("vision's budget alerts", WAIT, || async {
+        let budgets = up.get("/api/v1/budgets").await;
+        let vision = budgets["budgets"]
+            .as_array()?
+            .iter()
+            .find(|b| b["team"] == "vision")?
+            .clone();
+        (vision["alerts_crossed"] == json!([0.5, 0.9])).then_some(())
+    })
+    .await;
 
     b.sign_in(&up.token).await;
+    // The console log the error checks below read must work: one known error shows in it.
+    b.probe_console_log().await;
     let pages = [
         ("overview", "#/overview"),
         ("catalogue", "#/catalogue"),
@@ -652,6 +902,7 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
             let root = b.open(route, page).await;
             let text = root.text().await.unwrap();
             assert!(!text.trim().is_empty(), "{name} at {label} is empty");
+            assert_page_data(&b, name, &format!("{name} at {label}")).await;
             b.assert_fits(&format!("{name} at {label}")).await;
             b.screenshot(&format!("{name}-{label}"), width, height)
                 .await;
@@ -687,9 +938,115 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
         )
         .await;
     assert!(util.as_u64() >= Some(1), "{util}");
+    // Budget alerts are spelled out, not only coloured: on the overview and the policy.
+    assert_eq!(
+        b.text_of("[data-test=budget-row][data-team=vision] [data-test=budget-alerts]")
+            .await
+            .as_deref(),
+        Some("50%, 90% alerts crossed")
+    );
+    assert_eq!(
+        b.count("[data-test=budget-row][data-team=ml] [data-test=budget-alerts]")
+            .await,
+        0,
+        "ml's budget crossed no threshold"
+    );
+    b.open("#/policies/vision", "policies").await;
+    let alerts = b
+        .text_of("[data-test=policy-budget-alerts]")
+        .await
+        .unwrap_or_default();
+    assert!(alerts.contains("50%, 90% alerts crossed"), "{alerts:?}");
     b.open("#/spend", "spend").await;
     b.el("[data-test=chart-team]").await;
     b.el("[data-test=chart-cumulative]").await;
+
+    // The CSV download: the button's link carries the file the API wrote for this session.
+    // The test keeps the blob the page makes and stops the download itself.
+    b.js(
+        "window.__syCsv = null;
+         const blobs = new Map();
+         const make = URL.createObjectURL;
+         URL.createObjectURL = function (obj) {
+           const url = make.call(URL, obj);
+           if (obj instanceof Blob) blobs.set(url, obj.text());
+           return url;
+         };
+         document.addEventListener('click', (ev) => {
+           const a = ev.target.closest && ev.target.closest('a[data-test=spend-csv-link]');
+           if (!a) return;
+           ev.preventDefault();
+           const got = { href: a.getAttribute('href'), download: a.getAttribute('download') };
+           Promise.resolve(blobs.get(got.href)).then((t) => { got.text = t === undefined ? null : t; window.__syCsv = got; });
+         }, true);
+         return true;",
+        vec![],
+    )
+    .await;
+    b.el("[data-test=spend-csv-group]")
+        .await
+        .select_by_value("team")
+        .await
+        .unwrap();
+    b.el("[data-test=spend-csv]").await.click().await.unwrap();
+    let got = b
+        .until("the CSV download", WAIT, "return window.__syCsv;", vec![])
+        .await;
+    assert!(got["href"].as_str().unwrap().starts_with("blob:"), "{got}");
+    assert_eq!(got["download"], "switchyard-spend-by-team.csv");
+    let downloaded = parse_spend_csv(got["text"].as_str().unwrap(), "team");
+    let total: i64 = downloaded.iter().map(|(_, m)| m).sum();
+    assert_eq!(
+        total,
+        usd_micros(&spend["total_usd"]),
+        "the CSV's rows add up to the spend API's total: {downloaded:?} {spend}"
+    );
+    for team in ["ml", "vision"] {
+        assert!(
+            downloaded.iter().any(|(k, m)| k == team && *m > 0),
+            "{team} in the CSV: {downloaded:?}"
+        );
+    }
+    // The same report over HTTP with the browser's session cookie (no bearer token).
+    let cookies = b.client.get_all_cookies().await.unwrap();
+    let session = cookies
+        .iter()
+        .find(|c| c.name() == "sy_session")
+        .expect("the session cookie");
+    assert_eq!(session.http_only(), Some(true), "{session:?}");
+    let res = reqwest::Client::new()
+        .get(format!("{}/api/v1/spend?group_by=team", up.url))
+        .header("cookie", format!("sy_session={}", session.value()))
+        .header("accept", "text/csv")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/csv"),
+        "{:?}",
+        res.headers()
+    );
+    let by_cookie = parse_spend_csv(&res.text().await.unwrap(), "team");
+    assert_eq!(
+        by_cookie.iter().map(|(_, m)| m).sum::<i64>(),
+        usd_micros(&spend["total_usd"]),
+        "{by_cookie:?}"
+    );
+    b.assert_no_errors("after downloading the CSV").await;
+
+    // The jobs page filters by priority (through the API's `priority` parameter).
+    b.open("#/jobs?priority=high", "jobs").await;
+    let shown = b
+        .js(
+            "return [...document.querySelectorAll('[data-test=job-row]')].map(r => r.getAttribute('data-job-id'));",
+            vec![],
+        )
+        .await;
+    assert_eq!(shown, json!([ids[1]]), "high-priority jobs");
 
     // Infra's (and admin's) pool editor: the on-prem internal rate, saved and audited.
     b.open("#/catalogue", "catalogue").await;

@@ -459,7 +459,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
             h('td', { class: 'num', 'data-test': 'budget-spent' }, usd(b.spent_usd)),
             h('td', { class: 'num', 'data-test': 'budget-amount' }, usd(amount)),
             h('td', null, bar(frac, { committed, cls, label: pct(frac) + ' spent' }),
-              h('div', { class: 'small muted' }, pct(frac) + ' spent, ' + usd(b.committed_usd) + ' committed')),
+              h('div', { class: 'small muted' }, pct(frac) + ' spent, ' + usd(b.committed_usd) + ' committed'),
+              alertText(b) ? h('div', { class: 'small alert-text', role: 'status', 'data-test': 'budget-alerts' }, alertText(b)) : null),
             h('td', null, badge(b.enforcement)));
         }),
         { test: 'budgets-table', empty: 'No budgets yet: set one on the Policies page.' }));
@@ -505,6 +506,14 @@ document.addEventListener('securitypolicyviolation', (e) => {
         h('a', { href: '#/jobs/' + j.id }, j.name), ' (' + j.team + '): ', h('span', { class: 'muted' }, j.reason || 'held')))));
     }
     grid.appendChild(qp);
+  }
+
+  /// The budget's `alert_at` thresholds its spend has crossed this period, as words
+  /// ("50%, 90% alerts crossed"); '' when none.
+  function alertText(b) {
+    const crossed = (b.alerts_crossed || []).map(Number).filter(Number.isFinite).sort((x, y) => x - y);
+    if (!crossed.length) return '';
+    return crossed.map(pct).join(', ') + (crossed.length === 1 ? ' alert' : ' alerts') + ' crossed';
   }
 
   function card(label, value, test) {
@@ -695,9 +704,9 @@ document.addEventListener('securitypolicyviolation', (e) => {
       if (busy) return;
       busy = true;
       try {
-        const data = await get('/api/v1/jobs' + qs({ state: stateSel.value, team: can.allTeams() ? teamIn.value.trim() : '', limit: 200 }));
+        const data = await get('/api/v1/jobs' + qs({ state: stateSel.value, team: can.allTeams() ? teamIn.value.trim() : '', priority: prioSel.value, limit: 200 }));
         if (!live(seq)) return;
-        const jobs = data.jobs.filter((j) => !prioSel.value || j.priority === prioSel.value);
+        const jobs = data.jobs;
         clear(holder);
         holder.appendChild(status);
         status.textContent = jobs.length + ' job' + (jobs.length === 1 ? '' : 's') + ' · updated ' + new Date().toISOString().slice(11, 19) + ' UTC';
@@ -983,6 +992,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
           ? 'version ' + view.version + ' · saved ' + dt(view.updated_at) + ' by ' + view.updated_by
           : 'no policy yet')),
       budgetNow ? h('p', { class: 'small', 'data-test': 'policy-budget-now' }, budgetLine(budgetNow)) : null,
+      budgetNow && alertText(budgetNow) ? h('p', { class: 'small alert-text', role: 'status', 'data-test': 'policy-budget-alerts' }, alertText(budgetNow) + ' this period.') : null,
       general,
       h('fieldset', { 'data-field': 'budget' },
         h('legend', null, h('label', { class: 'check' }, hasBudget, 'Budget')),
@@ -1121,12 +1131,19 @@ document.addEventListener('securitypolicyviolation', (e) => {
     if (budgets instanceof ApiError) return;
     const b = budgets.budgets.find((x) => x.team === team && (x.project || null) === (project || null));
     let line = $('[data-test=policy-budget-now]', form);
-    if (!b) { if (line) line.remove(); return; }
+    let alerts = $('[data-test=policy-budget-alerts]', form);
+    if (!b) { if (line) line.remove(); if (alerts) alerts.remove(); return; }
     if (!line) {
       line = h('p', { class: 'small', 'data-test': 'policy-budget-now' });
       $('[data-test=policy-error]', form).before(line);
     }
     line.textContent = budgetLine(b);
+    if (!alertText(b)) { if (alerts) alerts.remove(); return; }
+    if (!alerts) {
+      alerts = h('p', { class: 'small alert-text', role: 'status', 'data-test': 'policy-budget-alerts' });
+      $('[data-test=policy-error]', form).before(alerts);
+    }
+    alerts.textContent = alertText(b) + ' this period.';
   }
 
   function budgetLine(b) {
@@ -1135,23 +1152,23 @@ document.addEventListener('securitypolicyviolation', (e) => {
 
   function whatIfTable(r) {
     const rows = [
-      ['Total cost', (o) => o.total_cost_usd, usd, true],
-      ['Deadlines met', (o) => o.deadline_met_fraction, pct, false],
-      ['Queue delay p50', (o) => o.queue_delay_s && o.queue_delay_s.p50, duration, true],
-      ['Queue delay p99', (o) => o.queue_delay_s && o.queue_delay_s.p99, duration, true],
-      ['Jobs held', (o) => o.held_jobs, String, true],
+      ['Total cost', (o) => o.total_cost_usd, usd, true, 'total_cost_usd'],
+      ['Deadlines met', (o) => o.deadline_met_fraction, pct, false, 'deadline_met_fraction'],
+      ['Queue delay p50', (o) => o.queue_delay_s && o.queue_delay_s.p50, duration, true, 'queue_delay_p50'],
+      ['Queue delay p99', (o) => o.queue_delay_s && o.queue_delay_s.p99, duration, true, 'queue_delay_p99'],
+      ['Jobs held', (o) => o.held_jobs, String, true, 'held_jobs'],
     ];
     return h('div', { class: 'whatif' },
       h('h3', null, 'What-if: ' + r.jobs + ' recorded job' + (r.jobs === 1 ? '' : 's') + ' replayed'),
       table(['', ['Current policy', 'num'], ['Draft', 'num'], ['Change', 'num']],
-        rows.map(([label, pick, fmt, lowerIsBetter]) => {
+        rows.map(([label, pick, fmt, lowerIsBetter, metric]) => {
           const a = Number(pick(r.current));
           const b = Number(pick(r.draft));
           const d = b - a;
           const better = lowerIsBetter ? d < 0 : d > 0;
           const cls = Math.abs(d) < 1e-9 ? '' : (better ? 'better' : 'worse');
           const change = Math.abs(d) < 1e-9 ? 'same' : (d > 0 ? '+' : '−') + (fmt === pct ? pct(Math.abs(d)) : fmt === usd ? usd(Math.abs(d)) : fmt(Math.abs(d)));
-          return h('tr', { 'data-test': 'whatif-row' },
+          return h('tr', { 'data-test': 'whatif-row', 'data-metric': metric },
             h('td', null, label), h('td', { class: 'num', 'data-test': 'whatif-current' }, fmt(a)),
             h('td', { class: 'num', 'data-test': 'whatif-draft' }, fmt(b)), h('td', { class: 'num ' + cls }, change));
         }),
@@ -1352,6 +1369,10 @@ document.addEventListener('securitypolicyviolation', (e) => {
     root.appendChild(holder);
     const data = await get('/api/v1/instances');
     if (!live(seq)) return;
+    const emptyText = () => {
+      if (!data.instances.length) return 'No cloud instances: the broker has not launched any. Bursts to the cloud show here; on-prem nodes are on the Catalogue page.';
+      return 'No live cloud instance (tick “Show terminated” for past ones).';
+    };
     const draw = () => {
       const rows = data.instances.filter((i) => showEnded.checked || i.state !== 'terminated');
       const running = data.instances.filter((i) => i.state !== 'terminated');
@@ -1372,7 +1393,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
           h('td', { class: 'small' }, i.ready_at ? ago(i.ready_at) : '—'),
           h('td', { class: 'small' }, i.ended_at ? ago(i.ended_at) : '—'),
           h('td', { class: 'small' }, i.last_error || ''))),
-        { test: 'instances-table', stack: true, empty: showEnded.checked ? 'No instance launched yet.' : 'No live instance (tick “Show terminated” for past ones).' }));
+        { test: 'instances-table', stack: true, empty: emptyText() }));
     };
     showEnded.addEventListener('change', draw);
     draw();

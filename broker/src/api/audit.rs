@@ -14,6 +14,7 @@ use crate::error::ApiError;
 use crate::store::{AuditFilter, AuditRecord, NewAuditEntry};
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AuditParams {
     /// Page size, 1 to 500 (default 100).

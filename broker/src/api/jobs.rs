@@ -5,7 +5,7 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
-use switchyard_core::{JobId, JobState, check_satisfiable};
+use switchyard_core::{JobId, JobState, Priority, check_satisfiable};
 use switchyard_protocol::api::{
     ErrorBody, JobList, JobSpec, JobView, LogPage, PlacementExplanation, Role,
 };
@@ -98,12 +98,15 @@ pub async fn submit(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListParams {
     /// Only jobs in this state.
     state: Option<String>,
     /// Only this team's jobs (developers always see only their own team).
     team: Option<String>,
+    /// Only jobs of this priority: `critical`, `high`, `normal` or `low`.
+    priority: Option<String>,
     /// Only jobs with this exact name.
     name: Option<String>,
     /// Page size, 1 to 500 (default 50).
@@ -141,6 +144,15 @@ pub async fn list(
                 .ok_or_else(|| ApiError::invalid("state", format!("unknown state {s:?}")))?,
         ),
     };
+    let priority = match params.priority.as_deref() {
+        None => None,
+        Some(p) => Some(parse_priority(p).ok_or_else(|| {
+            ApiError::invalid(
+                "priority",
+                format!("unknown priority {p:?} (critical, high, normal or low)"),
+            )
+        })?),
+    };
     let before = match params.cursor.as_deref() {
         None | Some("") => None,
         Some(c) => Some(JobId(Uuid::parse_str(c).map_err(|_| {
@@ -161,6 +173,7 @@ pub async fn list(
     let filter = JobFilter {
         team,
         state,
+        priority,
         name: params.name,
         before,
         limit,
@@ -174,6 +187,16 @@ pub async fn list(
         .map(convert::job_view)
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(JobList { jobs, next_cursor }))
+}
+
+fn parse_priority(p: &str) -> Option<Priority> {
+    Some(match p {
+        "critical" => Priority::Critical,
+        "high" => Priority::High,
+        "normal" => Priority::Normal,
+        "low" => Priority::Low,
+        _ => return None,
+    })
 }
 
 fn parse_id(id: &str) -> Result<JobId, ApiError> {
@@ -255,6 +278,7 @@ pub async fn cancel(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct LogParams {
     /// Return entries after this offset (`next_after` of the previous page).

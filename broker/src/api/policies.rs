@@ -24,6 +24,7 @@ use crate::store::{JobFilter, PolicyRecord};
 const WRITERS: &[Role] = &[Role::Admin, Role::Finance];
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ProjectParams {
     /// The project's policy instead of the team-wide one.

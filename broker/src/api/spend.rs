@@ -19,6 +19,7 @@ use crate::error::ApiError;
 use crate::store::{SpendBucket, SpendGroup, SpendGroupRow, SpendQuery};
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct SpendParams {
     /// `team` (default), `project`, `region`, `provider` or `pool`.

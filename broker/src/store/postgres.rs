@@ -911,6 +911,9 @@ impl Store for PgStore {
         if filter.state.is_some() {
             cond(&mut sql, "j.state = ?");
         }
+        if filter.priority.is_some() {
+            cond(&mut sql, "j.priority = ?");
+        }
         if filter.name.is_some() {
             cond(&mut sql, "j.name = ?");
         }
@@ -925,6 +928,9 @@ impl Store for PgStore {
         }
         if let Some(state) = filter.state {
             q = q.bind(state.as_str());
+        }
+        if let Some(priority) = filter.priority {
+            q = q.bind(priority.as_str());
         }
         if let Some(name) = &filter.name {
             q = q.bind(name);

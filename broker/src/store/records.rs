@@ -2,7 +2,7 @@
 //! row is storage-only.
 
 use switchyard_core::{
-    AttemptId, JobId, JobSpec, JobState, Market, Money, NodeId, PoolId, Timestamp,
+    AttemptId, JobId, JobSpec, JobState, Market, Money, NodeId, PoolId, Priority, Timestamp,
 };
 use switchyard_protocol::api::Role;
 use uuid::Uuid;
@@ -125,6 +125,7 @@ pub struct JobFilter {
     /// Only this team's jobs (developers always get their own team here).
     pub team: Option<String>,
     pub state: Option<JobState>,
+    pub priority: Option<Priority>,
     pub name: Option<String>,
     /// Jobs with ids below this one (ids are time-ordered; lists are newest first).
     pub before: Option<JobId>,
