@@ -10,7 +10,7 @@
 //!
 //! GPU series use NVIDIA dcgm-exporter's names and labels (`DCGM_FI_DEV_GPU_UTIL`,
 //! `DCGM_FI_DEV_FB_USED`, `DCGM_FI_DEV_GPU_TEMP`, `DCGM_FI_DEV_POWER_USAGE` with `gpu`, `UUID`,
-//! `modelName`, `Hostname`) so that existing GPU dashboards work unchanged; a `node` and a
+//! `device` (`nvidia0`, …), `modelName`, `Hostname`) so that existing GPU dashboards work unchanged; a `node` and a
 //! `pool` label say where the GPU is in Switchyard's terms.
 
 use std::collections::BTreeMap;
@@ -230,6 +230,7 @@ impl Metrics {
                 let labels: Labels = vec![
                     ("gpu".into(), gpu.index.to_string()),
                     ("UUID".into(), gpu.uuid.clone()),
+                    ("device".into(), format!("nvidia{}", gpu.index)),
                     ("modelName".into(), gpu.model.clone()),
                     ("Hostname".into(), node.hostname.clone()),
                     ("node".into(), node.id.to_string()),

@@ -108,7 +108,7 @@ async fn metrics_show_the_queue_the_gpus_and_the_scheduler() {
         find(
             &m,
             "DCGM_FI_DEV_GPU_UTIL",
-            &["gpu=\"1\"", "UUID=\"GPU-real-1\""]
+            &["gpu=\"1\"", "UUID=\"GPU-real-1\"", "device=\"nvidia1\""]
         ),
         Some(41.0)
     );
