@@ -1,15 +1,16 @@
 //! Prometheus exposition at `/metrics` (OpenMetrics text).
 //!
-//! Two kinds of figures. Counters and histograms the broker updates as it works (placement
-//! latency, plan size, lease expiries, submissions) live in [`Metrics`], shared through the
-//! `App`. Levels that the database already knows (queue depth by state and priority, instances
+//! Two kinds of figures. Counters and histograms the broker updates as it works (planner
+//! round time, each job's wait from submission to placement, plan size, lease expiries,
+//! submissions) live in [`Metrics`], shared through the `App`. Levels that the database already
+//! knows (queue depth by state and priority, spend rate per team, budget remaining, instances
 //! by state and provider, nodes, and each GPU's utilisation, memory, temperature and power from
 //! the agents' last heartbeats) are read at scrape time, so they are never stale and never
 //! drift from the truth.
 //!
 //! GPU series use NVIDIA dcgm-exporter's names and labels (`DCGM_FI_DEV_GPU_UTIL`,
 //! `DCGM_FI_DEV_FB_USED`, `DCGM_FI_DEV_GPU_TEMP`, `DCGM_FI_DEV_POWER_USAGE` with `gpu`, `UUID`,
-//! `modelName`, `Hostname`) so that existing GPU dashboards work unchanged; a `node` and a
+//! `device` (`nvidia0`, …), `modelName`, `Hostname`) so that existing GPU dashboards work unchanged; a `node` and a
 //! `pool` label say where the GPU is in Switchyard's terms.
 
 use std::collections::BTreeMap;
@@ -24,6 +25,7 @@ use prometheus_client::registry::Registry;
 use switchyard_protocol::agent::Inventory;
 
 use crate::store::{Store, StoreError};
+use crate::{budget, clock};
 
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -31,6 +33,7 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 /// What the broker counts as it works. Cheap to update from any task.
 pub struct Metrics {
     placement_seconds: Histogram,
+    queue_wait_seconds: Histogram,
     plan_jobs: Histogram,
     lease_expiries: Counter,
     jobs_submitted: Counter,
@@ -45,6 +48,8 @@ impl Default for Metrics {
         Metrics {
             // 10 µs … ~5 s.
             placement_seconds: Histogram::new(exponential_buckets(1e-5, 3.0, 12)),
+            // 10 ms … ~2 days.
+            queue_wait_seconds: Histogram::new(exponential_buckets(0.01, 4.0, 14)),
             // 1 … ~60,000 queued jobs per plan.
             plan_jobs: Histogram::new(exponential_buckets(1.0, 3.0, 11)),
             lease_expiries: Counter::default(),
@@ -60,6 +65,12 @@ impl Metrics {
     pub fn observe_plan(&self, seconds: f64, queued: usize) {
         self.placement_seconds.observe(seconds);
         self.plan_jobs.observe(queued as f64);
+    }
+
+    /// A job's first placement: how long it waited from submission until its assignment was
+    /// committed.
+    pub fn observe_queue_wait(&self, seconds: f64) {
+        self.queue_wait_seconds.observe(seconds.max(0.0));
     }
 
     /// Nodes whose lease expired (lost: their work was requeued).
@@ -86,6 +97,11 @@ impl Metrics {
             "switchyard_placement_seconds",
             "Time one scheduler round spent in the planner",
             self.placement_seconds.clone(),
+        );
+        registry.register(
+            "switchyard_job_queue_wait_seconds",
+            "Time from a job's submission to the commit of its first placement",
+            self.queue_wait_seconds.clone(),
         );
         registry.register(
             "switchyard_plan_queued_jobs",
@@ -149,6 +165,38 @@ impl Metrics {
             instances,
         );
 
+        let spend_rate = Family::<Labels, FloatGauge>::default();
+        for (team, rate) in store.spend_rates().await? {
+            spend_rate
+                .get_or_create(&vec![("team".into(), team)])
+                .set(rate.as_dollars());
+        }
+        registry.register(
+            "switchyard_spend_rate_usd_per_hour",
+            "What the team's work live now (running attempts, live cloud instances) costs an hour, \
+             as the ledger accrues it",
+            spend_rate,
+        );
+
+        let remaining = Family::<Labels, FloatGauge>::default();
+        let policies = store.policies().await?;
+        if policies.iter().any(|p| p.body.budget.is_some()) {
+            for b in budget::statuses(store, &policies, clock::now()).await? {
+                remaining
+                    .get_or_create(&vec![
+                        ("team".into(), b.team),
+                        ("project".into(), b.project.unwrap_or_default()),
+                    ])
+                    .set(b.remaining.as_dollars());
+            }
+        }
+        registry.register(
+            "switchyard_budget_remaining_usd",
+            "Budget left this period: the amount less what was spent and what live work has \
+             reserved; negative when over (project is empty for a team-wide budget)",
+            remaining,
+        );
+
         let nodes = Family::<Labels, Gauge>::default();
         let util = Family::<Labels, Gauge>::default();
         let fb_used = Family::<Labels, Gauge>::default();
@@ -182,6 +230,7 @@ impl Metrics {
                 let labels: Labels = vec![
                     ("gpu".into(), gpu.index.to_string()),
                     ("UUID".into(), gpu.uuid.clone()),
+                    ("device".into(), format!("nvidia{}", gpu.index)),
                     ("modelName".into(), gpu.model.clone()),
                     ("Hostname".into(), node.hostname.clone()),
                     ("node".into(), node.id.to_string()),

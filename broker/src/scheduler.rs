@@ -108,6 +108,9 @@ struct Pending {
     version: i64,
     /// Held by a policy (budget, time window): the reason stored with the job.
     held: Option<String>,
+    /// Never placed before: its placement's wait since submission is a queue wait (a requeued
+    /// job's submission time would count its earlier runs too).
+    first_placement: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -205,6 +208,7 @@ impl State {
                     version: job.version,
                     held: (job.state == switchyard_core::JobState::Held)
                         .then(|| job.reason.clone().unwrap_or_default()),
+                    first_placement: job.attempts == 0,
                 },
             );
         }
@@ -609,6 +613,12 @@ impl Worker {
             };
             if let Some(node) = state.nodes.get_mut(&c.node) {
                 node.busy.extend(c.gpus.iter().copied());
+            }
+            if pending.first_placement {
+                let waited_ms = now
+                    .millis()
+                    .saturating_sub(pending.job.submitted_at.millis());
+                app.metrics.observe_queue_wait(waited_ms as f64 / 1000.0);
             }
             let span = tracing::info_span!("job.place", job.id = %c.job, node.id = %c.node, pool.id = %c.pool);
             crate::trace::join_job(app, &span, c.job).await;

@@ -108,7 +108,7 @@ async fn metrics_show_the_queue_the_gpus_and_the_scheduler() {
         find(
             &m,
             "DCGM_FI_DEV_GPU_UTIL",
-            &["gpu=\"1\"", "UUID=\"GPU-real-1\""]
+            &["gpu=\"1\"", "UUID=\"GPU-real-1\"", "device=\"nvidia1\""]
         ),
         Some(41.0)
     );
@@ -148,4 +148,281 @@ async fn metrics_show_the_queue_the_gpus_and_the_scheduler() {
     // The only replica leads, under the first epoch.
     assert_eq!(find(&m, "switchyard_leader", &[]), Some(1.0));
     assert_eq!(find(&m, "switchyard_leader_epoch", &[]), Some(1.0));
+}
+
+/// Waits for `job`'s lease on `agent` and reports it started; returns its attempt.
+async fn start(app: &TestApp, agent: &TestAgent, job: &str) -> serde_json::Value {
+    let attempt = eventually("the job's lease", 20, async || {
+        let w = work(app, agent, 2).await;
+        w["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["attempt"]["job_id"] == job)
+            .map(|l| l["attempt"].clone())
+    })
+    .await;
+    let r = events(
+        app,
+        agent,
+        json!([{"type": "started", "attempt": attempt, "pid": 1}]),
+    )
+    .await;
+    assert_eq!(r, ["accepted"]);
+    attempt
+}
+
+fn id_of(r: &Response) -> String {
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    r.body["id"].as_str().unwrap().to_string()
+}
+
+fn close(got: Option<f64>, want: f64) -> bool {
+    got.is_some_and(|g| (g - want).abs() < 1e-6)
+}
+
+/// A job of `team` on `gpus` H100s, estimated at an hour.
+fn hour_job(team: &str, gpus: u32) -> serde_json::Value {
+    json!({"name": "h", "team": team, "command": ["true"],
+           "resources": {"gpus": gpus, "gpu_models": ["H100"]}, "estimated_runtime_s": 3600})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spend_rates_budgets_and_queue_waits_follow_the_work() {
+    // No accrual pass while the test runs: what live work has accrued stays 0, so what it
+    // has reserved is exactly its estimate.
+    let app = TestApp::spawn_with(
+        |c| {
+            c.ledger_accrual_interval_ms = 3_600_000;
+            c.lease_ttl_s = 600;
+        },
+        |_| switchyard_broker::app::ProviderSet::default(),
+    )
+    .await;
+    let agent = app.agent(4).await;
+    let infra = app.token("infra", None).await;
+    let finance = app.token("finance", None).await;
+    let ml = app.token("developer", Some("ml")).await;
+    let cv = app.token("developer", Some("cv")).await;
+    // ml: $100 a month; cv: no budget, its own H100 rate ($1.50 instead of the pool's $2).
+    for (team, body) in [
+        (
+            "ml",
+            json!({"budget": {"amount_usd": 100.0, "period": "month", "enforcement": "hard",
+                               "alert_at": [0.9]}}),
+        ),
+        ("cv", json!({"onprem_rates": {"H100": 1.5}})),
+    ] {
+        let r = app
+            .call(
+                Method::PUT,
+                &format!("/api/v1/policies/{team}"),
+                Some(&finance),
+                Some(body),
+            )
+            .await;
+        assert!(r.status.is_success(), "{}", r.body);
+    }
+    let m = scrape(&app, &infra).await;
+    assert!(
+        close(
+            find(
+                &m,
+                "switchyard_budget_remaining_usd",
+                &["team=\"ml\"", "project=\"\""]
+            ),
+            100.0
+        ),
+        "{m:#?}"
+    );
+    assert_eq!(
+        find(&m, "switchyard_budget_remaining_usd", &["team=\"cv\""]),
+        None
+    );
+    assert_eq!(find(&m, "switchyard_spend_rate_usd_per_hour", &[]), None);
+    assert_eq!(
+        find(&m, "switchyard_job_queue_wait_seconds_count", &[]),
+        Some(0.0)
+    );
+
+    // a (ml, 3 GPUs) runs; c (cv, 2 GPUs) waits for it.
+    let t0 = std::time::Instant::now();
+    let a = id_of(&app.submit(&ml, hour_job("ml", 3)).await);
+    let a_attempt = start(&app, &agent, &a).await;
+    let c = id_of(&app.submit(&cv, hour_job("cv", 2)).await);
+    let m = scrape(&app, &infra).await;
+    assert!(
+        close(
+            find(&m, "switchyard_spend_rate_usd_per_hour", &["team=\"ml\""]),
+            3.0 * 2.0
+        ),
+        "{m:#?}"
+    );
+    let waited = Duration::from_millis(1500);
+    tokio::time::sleep(waited).await;
+    let r = events(
+        &app,
+        &agent,
+        json!([{"type": "finished", "attempt": a_attempt, "exit_code": 0,
+                "signal": null, "error": null, "stopped": false}]),
+    )
+    .await;
+    assert_eq!(r, ["accepted"]);
+    start(&app, &agent, &c).await;
+    // d (ml, 2 GPUs) is placed at once.
+    let d = id_of(&app.submit(&ml, hour_job("ml", 2)).await);
+    start(&app, &agent, &d).await;
+
+    let m = scrape(&app, &infra).await;
+    let elapsed = t0.elapsed().as_secs_f64();
+    // Running now: d, 2 GPUs at the pool's $2; c, 2 GPUs at cv's own $1.50.
+    assert!(
+        close(
+            find(&m, "switchyard_spend_rate_usd_per_hour", &["team=\"ml\""]),
+            2.0 * 2.0
+        ),
+        "{m:#?}"
+    );
+    assert!(
+        close(
+            find(&m, "switchyard_spend_rate_usd_per_hour", &["team=\"cv\""]),
+            2.0 * 1.5
+        ),
+        "{m:#?}"
+    );
+    // ml's budget: less what a cost (settled in the ledger when it finished) and what d
+    // reserved (its estimate, 2 GPUs × $2 × 1 h, nothing accrued yet).
+    let spent: i64 = app
+        .app
+        .store
+        .ledger_entries(None)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.team.as_deref() == Some("ml"))
+        .map(|e| e.amount.micros())
+        .sum();
+    assert!(spent > 0, "a's run is in the ledger");
+    let want = 100.0 - spent as f64 / 1e6 - 2.0 * 2.0;
+    assert!(
+        close(
+            find(&m, "switchyard_budget_remaining_usd", &["team=\"ml\""]),
+            want
+        ),
+        "want {want}: {m:#?}"
+    );
+    // Three first placements; c waited at least as long as a ran, none longer than the test.
+    assert_eq!(
+        find(&m, "switchyard_job_queue_wait_seconds_count", &[]),
+        Some(3.0)
+    );
+    let sum = find(&m, "switchyard_job_queue_wait_seconds_sum", &[]).unwrap();
+    assert!(
+        sum >= waited.as_secs_f64() && sum <= 3.0 * elapsed,
+        "sum {sum}, elapsed {elapsed}"
+    );
+    // The widest bucket under c's wait holds a and d only.
+    let (le, under) = m
+        .iter()
+        .filter_map(|(k, v)| {
+            let le: f64 = k
+                .strip_prefix("switchyard_job_queue_wait_seconds_bucket{le=\"")?
+                .strip_suffix("\"}")?
+                .parse()
+                .ok()?;
+            (le < waited.as_secs_f64()).then_some((le, *v))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap();
+    assert_eq!(under, 2.0, "le {le}: {m:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_by_state_and_provider_and_their_spend() {
+    let (app, fake) = spawn_two_clouds(|c| c.ledger_accrual_interval_ms = 3_600_000).await;
+    fake.script(
+        &switchyard_core::PoolId(CHEAP.into()),
+        [switchyard_providers::fake::FakeOutcome::Capacity],
+    );
+    let infra = app.token("infra", None).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let id = id_of(&app.submit(&dev, urgent("burst")).await);
+    let launched = eventually("a launch in the dearer region", 20, async || {
+        fake.launches()
+            .into_iter()
+            .find(|l| l.pool.as_str() == DEAR)
+    })
+    .await;
+
+    // What the API lists, counted by state and provider (ended instances left out).
+    let by_state = |all: &[serde_json::Value]| {
+        let mut counts: std::collections::BTreeMap<(String, String), f64> = Default::default();
+        for i in all.iter().filter(|i| i["state"] != "terminated") {
+            let key = (
+                i["state"].as_str().unwrap().to_string(),
+                i["provider"].as_str().unwrap().to_string(),
+            );
+            *counts.entry(key).or_default() += 1.0;
+        }
+        counts
+    };
+    let scraped = |m: &HashMap<String, f64>| {
+        let mut counts: std::collections::BTreeMap<(String, String), f64> = Default::default();
+        for (k, v) in m
+            .iter()
+            .filter(|(k, _)| k.starts_with("switchyard_instances{"))
+        {
+            let label = |name: &str| {
+                let from = k.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+                k[from..from + k[from..].find('"').unwrap()].to_string()
+            };
+            counts.insert((label("state"), label("provider")), *v);
+        }
+        counts
+    };
+    let all = eventually("the launch to be recorded", 10, async || {
+        let all = instances(&app).await;
+        all.iter()
+            .any(|i| i["pool"] == DEAR && i["state"] == "booting")
+            .then_some(all)
+    })
+    .await;
+    assert!(all.iter().any(|i| i["state"] == "terminated"), "{all:?}");
+    let want = by_state(&all);
+    assert_eq!(
+        want,
+        [(("booting".to_string(), "fake".to_string()), 1.0)].into(),
+        "{all:?}"
+    );
+    let m = scrape(&app, &infra).await;
+    assert_eq!(scraped(&m), want, "{m:#?}");
+    // The booting instance is billed from its launch: 8 GPUs at $5, to the job's team.
+    assert!(
+        close(
+            find(&m, "switchyard_spend_rate_usd_per_hour", &["team=\"ml\""]),
+            8.0 * 5.0
+        ),
+        "{m:#?}"
+    );
+
+    // Its agent enrols, the job runs on it: ready, and its price is counted once, not again
+    // for the attempt.
+    let agent = app.agent_with_token(&launched.enrolment_token, 8).await;
+    start(&app, &agent, &id).await;
+    let all = instances(&app).await;
+    let want = by_state(&all);
+    assert_eq!(
+        want,
+        [(("ready".to_string(), "fake".to_string()), 1.0)].into(),
+        "{all:?}"
+    );
+    let m = scrape(&app, &infra).await;
+    assert_eq!(scraped(&m), want, "{m:#?}");
+    assert!(
+        close(
+            find(&m, "switchyard_spend_rate_usd_per_hour", &["team=\"ml\""]),
+            8.0 * 5.0
+        ),
+        "{m:#?}"
+    );
 }

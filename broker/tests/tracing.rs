@@ -1,6 +1,7 @@
 //! One job, one trace: with an OTLP endpoint configured, the spans of a job's submit,
-//! placement, run (in the agent, joined through the lease's `traceparent`) and report all
-//! reach the collector in one trace, each a child of the submit span. The collector is a real
+//! placement, launch and run (in the agent, joined through the lease's `traceparent`) and
+//! report all reach the collector in one trace, each a child of the submit span; the agent's
+//! launch ends before its run starts, and the report follows the run. The collector is a real
 //! OTLP/HTTP endpoint in this process that decodes the exporter's protobuf.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -26,6 +27,8 @@ struct SeenSpan {
     span_id: Vec<u8>,
     parent_span_id: Vec<u8>,
     job_id: Option<String>,
+    start_ns: u64,
+    end_ns: u64,
 }
 
 type Seen = Arc<Mutex<Vec<SeenSpan>>>;
@@ -67,6 +70,8 @@ fn collector(seen: Seen) -> String {
                                 span_id: span.span_id,
                                 parent_span_id: span.parent_span_id,
                                 job_id,
+                                start_ns: span.start_time_unix_nano,
+                                end_ns: span.end_time_unix_nano,
                             });
                         }
                     }
@@ -171,7 +176,7 @@ fn a_jobs_spans_from_submit_to_report_form_one_trace() {
     let submit = find("job.submit");
     assert_eq!(submit.service, "switchyard");
     assert_eq!(submit.trace_id.len(), 16);
-    for name in ["job.place", "job.run", "job.report"] {
+    for name in ["job.place", "job.launch", "job.run", "job.report"] {
         let span = find(name);
         assert_eq!(span.trace_id, submit.trace_id, "{name} is in another trace");
         assert_eq!(
@@ -179,4 +184,23 @@ fn a_jobs_spans_from_submit_to_report_form_one_trace() {
             "{name} is not a child of the submit span"
         );
     }
+    // In order: the lease taken and the process spawned, then the run, then its report. (The
+    // placement and the launch are not compared: an agent's poll may take the committed lease
+    // before the scheduler opens the placement's span.)
+    let (place, launch, run, report) = (
+        find("job.place"),
+        find("job.launch"),
+        find("job.run"),
+        find("job.report"),
+    );
+    assert!(submit.start_ns <= place.start_ns, "placed before submitted");
+    assert!(
+        submit.start_ns <= launch.start_ns,
+        "launched before submitted"
+    );
+    assert!(
+        launch.end_ns <= run.start_ns,
+        "the run began before the launch ended: {launch:?} {run:?}"
+    );
+    assert!(run.start_ns <= report.start_ns, "reported before it ran");
 }

@@ -234,8 +234,9 @@ mod tests {
         assert_eq!(mem_total_mb("nothing"), None);
     }
 
-    /// Runs where an NVIDIA driver is present (`SWITCHYARD_TEST_NVML=1`); elsewhere checks the
-    /// error says what to do.
+    /// Runs where an NVIDIA driver is present (`SWITCHYARD_TEST_NVML=1`: then every GPU must
+    /// report utilisation, memory used, temperature and power); elsewhere checks the error
+    /// says what to do.
     #[test]
     fn nvml_probe_reads_gpus_or_explains() {
         match NvmlProbe::new() {
@@ -243,6 +244,16 @@ mod tests {
                 let gpus = probe.gpus().unwrap();
                 assert!(!gpus.is_empty());
                 assert!(gpus.iter().all(|g| g.memory_mb > 0 && !g.model.is_empty()));
+                if std::env::var_os("SWITCHYARD_TEST_NVML").is_some() {
+                    // What heartbeats report and `/metrics` exports as DCGM_FI_DEV_*.
+                    for g in &gpus {
+                        assert!(g.utilization_pct.is_some_and(|u| u <= 100), "{g:?}");
+                        assert!(g.memory_used_mb.is_some_and(|m| m <= g.memory_mb), "{g:?}");
+                        assert!(g.temperature_c.is_some_and(|t| t > 0), "{g:?}");
+                        assert!(g.power_w.is_some_and(|p| p > 0.0), "{g:?}");
+                    }
+                    eprintln!("NVML reported: {gpus:#?}");
+                }
             }
             Err(e) => {
                 assert!(

@@ -8,6 +8,9 @@ use switchyard_agent::AgentArgs;
 #[derive(Parser, Debug)]
 #[command(name = "switchyard-agent", version, about)]
 struct Cli {
+    /// Log as JSON lines (as `switchyard --json-logs` does).
+    #[arg(long)]
+    json_logs: bool,
     #[command(flatten)]
     agent: AgentArgs,
 }
@@ -15,7 +18,7 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Outside the runtime, so that the trace exporter's flush at exit runs outside it too.
-    let telemetry = switchyard_agent::telemetry::init("switchyard-agent", false, "info");
+    let telemetry = switchyard_agent::telemetry::init("switchyard-agent", cli.json_logs, "info");
     let result = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt.block_on(switchyard_agent::run(cli.agent)),
         Err(e) => Err(anyhow::anyhow!("starting the async runtime: {e}")),

@@ -46,122 +46,192 @@ pub fn grace_of(lease: &Lease, opts: RunOptions) -> Duration {
 
 /// Runs the attempt to its end and reports it on `sink`. Never fails: every problem becomes a
 /// `Finished` event (unless the lease was lost, when nothing more is reported).
+///
+/// Two spans, each a child of the job's trace (the lease's `traceparent`): `job.launch` from
+/// taking the lease to the process spawned (or refused), then `job.run` until it is reported.
 pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, opts: RunOptions) {
-    let span = tracing::info_span!("job.run", job.id = %lease.attempt.job_id, attempt.id = %lease.attempt.attempt_id);
+    let attempt = lease.attempt.clone();
+    let report = Reporter {
+        sink: &sink,
+        attempt: &attempt,
+    };
+    let launch = tracing::info_span!("job.launch", job.id = %attempt.job_id, attempt.id = %attempt.attempt_id);
+    crate::telemetry::set_parent(&launch, lease.traceparent.as_deref());
+    let Some(child) = launch_attempt(&lease, &report, &mut stop)
+        .instrument(launch)
+        .await
+    else {
+        return;
+    };
+    let span =
+        tracing::info_span!("job.run", job.id = %attempt.job_id, attempt.id = %attempt.attempt_id);
     crate::telemetry::set_parent(&span, lease.traceparent.as_deref());
-    async move {
-        let attempt = lease.attempt.clone();
-        let grace = grace_of(&lease, opts);
-        let report = Reporter { sink: &sink, attempt: &attempt };
+    supervise(child, &lease, &report, &sink, stop, grace_of(&lease, opts))
+        .instrument(span)
+        .await;
+}
 
-        let stopped_early = *stop.borrow_and_update();
-        if let Some(reason) = stopped_early {
-            if reason != StopReason::LeaseLost {
-                let message = stop_message(reason, "before it started");
-                let fenced = matches!(reason, StopReason::Fenced { .. });
-                report
-                    .finished(None, None, Some(message), reason == StopReason::Broker, fenced)
-                    .await;
-            }
-            return;
+/// Spawns the lease's process, unless a stop came first; either way reports what kept it from
+/// starting. The child when it started.
+async fn launch_attempt(
+    lease: &Lease,
+    report: &Reporter<'_>,
+    stop: &mut StopSignal,
+) -> Option<Child> {
+    tracing::info!(gpus = ?lease.gpus, "lease taken");
+    let stopped_early = *stop.borrow_and_update();
+    if let Some(reason) = stopped_early {
+        if reason != StopReason::LeaseLost {
+            let message = stop_message(reason, "before it started");
+            let fenced = matches!(reason, StopReason::Fenced { .. });
+            report
+                .finished(
+                    None,
+                    None,
+                    Some(message),
+                    reason == StopReason::Broker,
+                    fenced,
+                )
+                .await;
         }
-
-        let mut child = match spawn(&lease) {
-            Ok(child) => child,
-            Err(reason) => {
-                tracing::warn!(error = %reason, "job could not be started");
-                report.log(0, Stream::System, format!("{reason}\n")).await;
-                report.finished(None, None, Some(reason), false, false).await;
-                return;
-            }
-        };
-        // The id is known until the child is reaped, which has not happened yet.
-        let pid = child.id().unwrap_or_default();
-        tracing::info!(pid, command = ?lease.command, "job started");
-
-        let (pieces_tx, pieces_rx) = mpsc::channel(PIECE_QUEUE);
-        let (ended_tx, ended_rx) = watch::channel(false);
-        let mut readers = Vec::new();
-        if let Some(pipe) = child.stdout.take() {
-            readers.push(tokio::spawn(logs::read_stream(pipe, Stream::Stdout, pieces_tx.clone(), ended_rx.clone())));
+        return None;
+    }
+    match spawn(lease) {
+        Ok(child) => {
+            tracing::info!(pid = child.id().unwrap_or_default(), command = ?lease.command, "job started");
+            Some(child)
         }
-        if let Some(pipe) = child.stderr.take() {
-            readers.push(tokio::spawn(logs::read_stream(pipe, Stream::Stderr, pieces_tx.clone(), ended_rx)));
-        }
-        drop(pieces_tx);
-        // `Started` goes first through the same task as the output, so that a full outbox never
-        // keeps this task from watching for a stop.
-        let pump = tokio::spawn({
-            let (sink, attempt) = (sink.clone(), attempt.clone());
-            async move {
-                sink.send(AgentEvent::Started { attempt: attempt.clone(), pid }).await;
-                logs::pump(pieces_rx, sink, attempt, 0, COALESCE_WINDOW).await
-            }
-        });
-
-        let started = Instant::now();
-        let (status, stopped) = tokio::select! {
-            status = child.wait() => {
-                // The job is over when its leader is; anything it left in its group would hold
-                // GPUs the broker now counts as free (a fence meanwhile shortens their grace).
-                let _ = stop_group(pid, grace, &mut stop).await;
-                (status, None)
-            }
-            reason = stop_requested(&mut stop) => {
-                let grace = match reason {
-                    StopReason::Fenced { grace: fence } => fence.min(grace),
-                    _ => grace,
-                };
-                tracing::info!(?reason, grace_ms = grace.as_millis() as u64, "stopping job");
-                let (status, how) = tokio::join!(wait_for(&mut child), stop_group(pid, grace, &mut stop));
-                (status, Some((reason, how)))
-            }
-        };
-
-        // Output already written is read to the end, however slow the outbox is.
-        let _ = ended_tx.send(true);
-        for reader in readers {
-            let _ = reader.await;
-        }
-        let seq = pump.await.unwrap_or_default();
-
-        let (exit_code, signal) = match &status {
-            Ok(s) => (s.code(), s.signal()),
-            Err(_) => (None, None),
-        };
-        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        tracing::info!(?exit_code, ?signal, duration_ms, "job ended");
-        match stopped {
-            // Not ours any more: the broker would reject anything we say.
-            Some((StopReason::LeaseLost, _)) => {}
-            Some((reason, (how, grace))) => {
-                let how = match how {
-                    Termination::Killed if grace.is_zero() => "sent SIGKILL".to_string(),
-                    Termination::Killed if grace.subsec_millis() == 0 => format!(
-                        "sent SIGTERM, then SIGKILL after the {} s grace period",
-                        grace.as_secs()
-                    ),
-                    Termination::Killed => format!(
-                        "sent SIGTERM, then SIGKILL after the {:.1} s grace period",
-                        grace.as_secs_f64()
-                    ),
-                    Termination::Terminated | Termination::AlreadyGone => "sent SIGTERM".to_string(),
-                };
-                let message = stop_message(reason, &how);
-                report.log(seq, Stream::System, format!("{message}\n")).await;
-                let fenced = matches!(reason, StopReason::Fenced { .. });
-                report
-                    .finished(exit_code, signal, Some(message), reason == StopReason::Broker, fenced)
-                    .await;
-            }
-            None => {
-                let error = status.err().map(|e| format!("waiting for the job failed: {e}"));
-                report.finished(exit_code, signal, error, false, false).await;
-            }
+        Err(reason) => {
+            tracing::warn!(error = %reason, "job could not be started");
+            report.log(0, Stream::System, format!("{reason}\n")).await;
+            report
+                .finished(None, None, Some(reason), false, false)
+                .await;
+            None
         }
     }
-    .instrument(span)
-    .await;
+}
+
+/// Watches a started attempt to its end (or stops it on request) and reports its output and
+/// how it ended.
+async fn supervise(
+    mut child: Child,
+    lease: &Lease,
+    report: &Reporter<'_>,
+    sink: &EventSink,
+    mut stop: StopSignal,
+    grace: Duration,
+) {
+    let attempt = &lease.attempt;
+    // The id is known until the child is reaped, which has not happened yet.
+    let pid = child.id().unwrap_or_default();
+
+    let (pieces_tx, pieces_rx) = mpsc::channel(PIECE_QUEUE);
+    let (ended_tx, ended_rx) = watch::channel(false);
+    let mut readers = Vec::new();
+    if let Some(pipe) = child.stdout.take() {
+        readers.push(tokio::spawn(logs::read_stream(
+            pipe,
+            Stream::Stdout,
+            pieces_tx.clone(),
+            ended_rx.clone(),
+        )));
+    }
+    if let Some(pipe) = child.stderr.take() {
+        readers.push(tokio::spawn(logs::read_stream(
+            pipe,
+            Stream::Stderr,
+            pieces_tx.clone(),
+            ended_rx,
+        )));
+    }
+    drop(pieces_tx);
+    // `Started` goes first through the same task as the output, so that a full outbox never
+    // keeps this task from watching for a stop.
+    let pump = tokio::spawn({
+        let (sink, attempt) = (sink.clone(), attempt.clone());
+        async move {
+            sink.send(AgentEvent::Started {
+                attempt: attempt.clone(),
+                pid,
+            })
+            .await;
+            logs::pump(pieces_rx, sink, attempt, 0, COALESCE_WINDOW).await
+        }
+    });
+
+    let started = Instant::now();
+    let (status, stopped) = tokio::select! {
+        status = child.wait() => {
+            // The job is over when its leader is; anything it left in its group would hold
+            // GPUs the broker now counts as free (a fence meanwhile shortens their grace).
+            let _ = stop_group(pid, grace, &mut stop).await;
+            (status, None)
+        }
+        reason = stop_requested(&mut stop) => {
+            let grace = match reason {
+                StopReason::Fenced { grace: fence } => fence.min(grace),
+                _ => grace,
+            };
+            tracing::info!(?reason, grace_ms = grace.as_millis() as u64, "stopping job");
+            let (status, how) = tokio::join!(wait_for(&mut child), stop_group(pid, grace, &mut stop));
+            (status, Some((reason, how)))
+        }
+    };
+
+    // Output already written is read to the end, however slow the outbox is.
+    let _ = ended_tx.send(true);
+    for reader in readers {
+        let _ = reader.await;
+    }
+    let seq = pump.await.unwrap_or_default();
+
+    let (exit_code, signal) = match &status {
+        Ok(s) => (s.code(), s.signal()),
+        Err(_) => (None, None),
+    };
+    let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    tracing::info!(?exit_code, ?signal, duration_ms, "job ended");
+    match stopped {
+        // Not ours any more: the broker would reject anything we say.
+        Some((StopReason::LeaseLost, _)) => {}
+        Some((reason, (how, grace))) => {
+            let how = match how {
+                Termination::Killed if grace.is_zero() => "sent SIGKILL".to_string(),
+                Termination::Killed if grace.subsec_millis() == 0 => format!(
+                    "sent SIGTERM, then SIGKILL after the {} s grace period",
+                    grace.as_secs()
+                ),
+                Termination::Killed => format!(
+                    "sent SIGTERM, then SIGKILL after the {:.1} s grace period",
+                    grace.as_secs_f64()
+                ),
+                Termination::Terminated | Termination::AlreadyGone => "sent SIGTERM".to_string(),
+            };
+            let message = stop_message(reason, &how);
+            report
+                .log(seq, Stream::System, format!("{message}\n"))
+                .await;
+            let fenced = matches!(reason, StopReason::Fenced { .. });
+            report
+                .finished(
+                    exit_code,
+                    signal,
+                    Some(message),
+                    reason == StopReason::Broker,
+                    fenced,
+                )
+                .await;
+        }
+        None => {
+            let error = status
+                .err()
+                .map(|e| format!("waiting for the job failed: {e}"));
+            report
+                .finished(exit_code, signal, error, false, false)
+                .await;
+        }
+    }
 }
 
 async fn wait_for(child: &mut Child) -> std::io::Result<ExitStatus> {

@@ -1,7 +1,8 @@
 //! Two broker replicas on one PostgreSQL database, with real processes: `kill -9` the leader
 //! while jobs are being submitted and run; the follower leads within 10 s, every acknowledged
 //! job is kept and completes, and no job runs twice at once (each job writes its start and end
-//! to a file, and the intervals are checked).
+//! to a file, and the intervals are checked). One replica names the database in its config
+//! file, the other with `--database-url` on the command line.
 //!
 //! Needs a PostgreSQL server: `SWITCHYARD_TEST_PG_URL=postgres://user@host:port`, which
 //! `scripts/test.sh` sets for its PostgreSQL step (a throwaway cluster). Without it the test
@@ -24,8 +25,18 @@ struct Replica {
     proc: Proc,
 }
 
-fn write_config(dir: &Path, name: &str, port: u16, database_url: &str) -> std::path::PathBuf {
-    let extra = format!("database_url = \"{database_url}\"\nreplica_name = \"{name}\"\n");
+/// The replica's config file; the database URL in it, or (`database_url: None`) left to the
+/// command line.
+fn write_config(
+    dir: &Path,
+    name: &str,
+    port: u16,
+    database_url: Option<&str>,
+) -> std::path::PathBuf {
+    let mut extra = format!("replica_name = \"{name}\"\n");
+    if let Some(url) = database_url {
+        extra.push_str(&format!("database_url = \"{url}\"\n"));
+    }
     let config = broker_config(port, &dir.join(format!("data-{name}")), &extra);
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, config).unwrap();
@@ -40,17 +51,29 @@ async fn ready(http: &reqwest::Client, url: &str) -> Option<Value> {
     r.json().await.ok()
 }
 
+/// Where a replica is told its database: in its config file or with `--database-url`.
+#[derive(Clone, Copy)]
+enum DbFrom {
+    Config,
+    CommandLine,
+}
+
 async fn start_replica(
     dir: &Path,
     http: &reqwest::Client,
     name: &'static str,
     database_url: &str,
+    from: DbFrom,
 ) -> Replica {
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
-    let config = write_config(dir, name, port, database_url);
+    let in_config = matches!(from, DbFrom::Config).then_some(database_url);
+    let config = write_config(dir, name, port, in_config);
     let mut cmd = Command::new(bin("switchyard"));
     cmd.arg("serve").arg("--config").arg(config);
+    if let DbFrom::CommandLine = from {
+        cmd.arg("--database-url").arg(database_url);
+    }
     let proc = Proc::spawn(name, cmd, &dir.join(format!("{name}.log"))).unwrap();
     eventually(
         &format!("replica {name} to be ready"),
@@ -126,12 +149,14 @@ async fn killing_the_leader_hands_over_within_10s_and_loses_nothing() {
         .unwrap();
     let database_url = fresh_pg_database(&server, "sy_failover");
 
-    let mut a = start_replica(dir.path(), &http, "a", &database_url).await;
+    let mut a = start_replica(dir.path(), &http, "a", &database_url, DbFrom::Config).await;
     eventually("replica a to lead", Duration::from_secs(20), || async {
         leads(&http, &a).await.then_some(())
     })
     .await;
-    let b = start_replica(dir.path(), &http, "b", &database_url).await;
+    // b is given the database on the command line only: were `--database-url` ignored, b would
+    // start on SQLite in its data directory and lead there alone.
+    let b = start_replica(dir.path(), &http, "b", &database_url, DbFrom::CommandLine).await;
     assert!(!leads(&http, &b).await, "two leaders");
     let admin = std::fs::read_to_string(dir.path().join("data-a/admin.token"))
         .unwrap()

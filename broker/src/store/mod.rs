@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use switchyard_core::{
-    AttemptId, JobId, JobState, NodeId, Pool, PoolId, Priority, Region, Timestamp,
+    AttemptId, JobId, JobState, Money, NodeId, Pool, PoolId, Priority, Region, Timestamp,
 };
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventResult, Inventory};
 use uuid::Uuid;
@@ -144,6 +144,31 @@ pub(crate) const LEASE_EPOCH: &str = "SELECT epoch FROM leader_lease WHERE id = 
 pub(crate) const NODE_LIVE_ATTEMPTS: &str = "SELECT a.id, a.job_id, a.epoch, a.state, \
      j.cancel_requested FROM attempts a JOIN jobs j ON j.id = a.job_id \
      WHERE a.node_id = $1 AND a.state IN ('assigned', 'running', 'preempting')";
+
+/// Each live cloud instance's hourly price and the team it is charged to now: the job running
+/// on its node (the earliest started, as the ledger's stretches pick), else the job it was
+/// launched for. Live: launched and not terminated, as the ledger accrues them.
+pub(crate) const LIVE_INSTANCE_PAYERS: &str = "SELECT i.hourly_price_micros, \
+     COALESCE((SELECT oj.team FROM attempts a JOIN jobs oj ON oj.id = a.job_id \
+     WHERE a.node_id = i.node_id AND a.started_at IS NOT NULL AND a.finished_at IS NULL \
+     ORDER BY a.started_at, a.id LIMIT 1), j.team) AS team \
+     FROM instances i LEFT JOIN jobs j ON j.id = i.for_job \
+     WHERE i.launched_at IS NOT NULL AND i.state <> 'terminated'";
+
+/// Adds up hourly rates per team (work no team pays for is left out), ordered by team: the
+/// one fold both stores' `spend_rates` apply.
+pub(crate) fn rates_by_team(
+    rates: impl IntoIterator<Item = (Option<String>, Money)>,
+) -> Vec<(String, Money)> {
+    let mut by_team: std::collections::BTreeMap<String, Money> = Default::default();
+    for (team, rate) in rates {
+        if let Some(team) = team {
+            let sum = by_team.entry(team).or_insert(Money::ZERO);
+            *sum = sum.saturating_add(rate);
+        }
+    }
+    by_team.into_iter().collect()
+}
 
 /// What an attempt's `finished` report makes of its job, and the reason shown to users: the
 /// one rule both stores apply.
@@ -451,6 +476,11 @@ pub trait Store: Send + Sync + 'static {
         from: Timestamp,
         to: Timestamp,
     ) -> StoreResult<BudgetUsage>;
+    /// What the work live now costs an hour, per team, by the ledger's own rules: running and
+    /// preempting attempts on nodes the broker did not launch at their recorded rate, and live
+    /// cloud instances at their hourly price, charged to the job on the node (else the job they
+    /// were launched for). What the ledger accrues per hour if nothing changes.
+    async fn spend_rates(&self) -> StoreResult<Vec<(String, Money)>>;
     /// Records that a budget's spend reached a threshold this period; false if it already was.
     async fn record_budget_alert(
         &self,

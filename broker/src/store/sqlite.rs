@@ -1721,6 +1721,10 @@ impl Store for SqliteStore {
         ledger::budget_usage(&self.pool, team, project, from, to).await
     }
 
+    async fn spend_rates(&self) -> StoreResult<Vec<(String, Money)>> {
+        ledger::spend_rates(&self.pool).await
+    }
+
     async fn record_budget_alert(
         &self,
         team: &str,

@@ -75,6 +75,29 @@ async fn insert(tx: &mut Tx, e: &Entry<'_>, now: Timestamp) -> StoreResult<usize
     Ok(done.rows_affected() as usize)
 }
 
+/// What an attempt row (from [`ATTEMPT_SELECT`]) accrues an hour: the rate recorded when it was
+/// placed, else its pool's price for its market.
+fn attempt_row_rate(r: &SqliteRow) -> StoreResult<Money> {
+    Ok(match r.try_get::<Option<i64>, _>("hourly_rate_micros")? {
+        Some(rate) => Money(rate),
+        None => {
+            // Placed before rates were recorded: the pool's price for its market.
+            let market = parse_market(&r.try_get::<String, _>("market")?)?;
+            let on_demand: i64 = r.try_get("on_demand_micros")?;
+            let node = match market {
+                Market::Spot => r
+                    .try_get::<Option<i64>, _>("spot_micros")?
+                    .unwrap_or(on_demand),
+                Market::OnDemand => on_demand,
+            };
+            let gpus = parse_gpus(&r.try_get::<String, _>("gpus_json")?)?.len() as i64;
+            Money(node)
+                .div_ceil(r.try_get::<i64, _>("gpus_per_node")?.max(1))
+                .saturating_mul(gpus)
+        }
+    })
+}
+
 /// Accrues one attempt row (from [`ATTEMPT_SELECT`]) up to now, or to its end once it ended.
 async fn accrue_attempt_row(tx: &mut Tx, r: &SqliteRow, now: Timestamp) -> StoreResult<usize> {
     let id: String = r.try_get("id")?;
@@ -93,24 +116,7 @@ async fn accrue_attempt_row(tx: &mut Tx, r: &SqliteRow, now: Timestamp) -> Store
     if until <= from {
         return Ok(0);
     }
-    let rate = match r.try_get::<Option<i64>, _>("hourly_rate_micros")? {
-        Some(rate) => Money(rate),
-        None => {
-            // Placed before rates were recorded: the pool's price for its market.
-            let market = parse_market(&r.try_get::<String, _>("market")?)?;
-            let on_demand: i64 = r.try_get("on_demand_micros")?;
-            let node = match market {
-                Market::Spot => r
-                    .try_get::<Option<i64>, _>("spot_micros")?
-                    .unwrap_or(on_demand),
-                Market::OnDemand => on_demand,
-            };
-            let gpus = parse_gpus(&r.try_get::<String, _>("gpus_json")?)?.len() as i64;
-            Money(node)
-                .div_ceil(r.try_get::<i64, _>("gpus_per_node")?.max(1))
-                .saturating_mul(gpus)
-        }
-    };
+    let rate = attempt_row_rate(r)?;
     let amount = cost_to(rate, origin, until) - cost_to(rate, origin, from);
     if amount == 0 && live {
         // Less than a billed second so far: the next pass takes this stretch too, so a
@@ -470,6 +476,24 @@ pub(super) async fn budget_usage(
         spent: Money(spent.unwrap_or(0)),
         committed: Money(attempts.unwrap_or(0).saturating_add(launches.unwrap_or(0))),
     })
+}
+
+pub(super) async fn spend_rates(pool: &SqlitePool) -> StoreResult<Vec<(String, Money)>> {
+    let mut rates = Vec::new();
+    // Constant text only.
+    let attempts = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{ATTEMPT_SELECT} AND a.state IN ('running', 'preempting')"
+    )))
+    .fetch_all(pool)
+    .await?;
+    for r in &attempts {
+        rates.push((r.try_get("team")?, attempt_row_rate(r)?));
+    }
+    let instances = sqlx::query(LIVE_INSTANCE_PAYERS).fetch_all(pool).await?;
+    for r in &instances {
+        rates.push((r.try_get("team")?, Money(r.try_get("hourly_price_micros")?)));
+    }
+    Ok(rates_by_team(rates))
 }
 
 pub(super) async fn ledger_entries(
