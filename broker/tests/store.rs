@@ -341,6 +341,59 @@ async fn racing_plan_commits_place_a_job_once() {
     assert_eq!(store.live_attempts().await.unwrap().len(), 1);
 }
 
+/// Many submissions at once (PostgreSQL writes them in batches): every one is answered after
+/// its row committed and reads back whole; a submission that repeats an id already stored fails
+/// alone, the rows submitted beside it are written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_submissions_each_commit_and_a_bad_one_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path()).await;
+    let first = new_job("batch");
+    store.insert_job(&first).await.unwrap();
+    let mut tasks = Vec::new();
+    for n in 0..300 {
+        let store = store.clone();
+        let job = if n == 150 {
+            // The same id again, in the middle of the crowd.
+            NewJob {
+                id: first.id,
+                ..new_job("service")
+            }
+        } else {
+            new_job(if n % 2 == 0 { "batch" } else { "service" })
+        };
+        tasks.push(tokio::spawn(async move {
+            let r = store.insert_job(&job).await;
+            (job, r)
+        }));
+    }
+    let mut written = Vec::new();
+    let mut refused = 0;
+    for t in tasks {
+        let (job, r) = t.await.unwrap();
+        match r {
+            Ok(()) => written.push(job),
+            Err(_) => {
+                assert_eq!(job.id, first.id, "only the repeated id fails");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((written.len(), refused), (299, 1));
+    for job in &written {
+        let rec = store
+            .job(job.id)
+            .await
+            .unwrap()
+            .expect("acknowledged, so stored");
+        assert_eq!(rec.state, JobState::Queued);
+        assert_eq!(rec.spec, job.spec);
+    }
+    // The first job is untouched by the repeat.
+    let rec = store.job(first.id).await.unwrap().unwrap();
+    assert_eq!(rec.spec, first.spec);
+}
+
 /// Cancels racing with a start report: the job ends up in one consistent state either way —
 /// cancelled at once (the start is then rejected) or stopping (cancel requested while running).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

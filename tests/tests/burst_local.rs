@@ -1,7 +1,7 @@
 //! Bursting end to end on one machine: `switchyard up` with one on-prem agent; when it is full
 //! and a deadline cannot wait, the local provider launches an agent process as a cloud
 //! instance, the job runs there, the idle instance is terminated and billed; an instance killed
-//! mid-job has its job requeued onto a new instance.
+//! mid-job has its job requeued onto a new instance; and no token of the run reaches a log.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -84,6 +84,7 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
     .await;
 
     // A burst instance killed mid-job: its job is requeued onto a new instance and completes.
+    let mut secrets = enrolment_tokens();
     let second = up
         .submit(json!({"name": "doomed", "team": "ml", "command": ["sh", "-c", "sleep 2; echo survived"],
                        "resources": {"gpus": 1}, "estimated_runtime_s": 60, "deadline": in_secs(900)}))
@@ -96,6 +97,7 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
         .find(|i| i["for_job"] == second.as_str())
         .unwrap();
     let key = first_instance["id"].as_str().unwrap().to_string();
+    secrets.extend(enrolment_tokens());
     let agents = processes_matching(&key);
     assert!(!agents.is_empty(), "the instance's agent runs");
     for (pid, _) in agents {
@@ -135,4 +137,81 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
         },
     )
     .await;
+
+    // No secret of the run reached a log: the admin token, every enrolment token an agent was
+    // started with (on-prem and instance agents), every agent token the agents saved.
+    secrets.push(up.token.clone());
+    secrets.extend(agent_tokens(&up.data));
+    secrets.sort();
+    secrets.dedup();
+    let enrolments = secrets.len();
+    assert!(
+        enrolments >= 4,
+        "the admin token, 2+ enrolment tokens and 1+ agent token: {enrolments}"
+    );
+    let mut lines = 0;
+    let mut files = 0;
+    for log in files_named(up.dir.path(), ".log") {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        files += 1;
+        lines += text.lines().count();
+        for secret in &secrets {
+            assert!(
+                !text.contains(secret.as_str()),
+                "{} holds a secret ({}…)",
+                log.display(),
+                &secret[..6.min(secret.len())]
+            );
+        }
+    }
+    assert!(files >= 3 && lines > 0, "{files} log files, {lines} lines");
+    eprintln!(
+        "secrets scan: {} secrets, none in {lines} lines of {files} log files",
+        secrets.len()
+    );
+}
+
+/// The `--enrol-token` of every agent process running now.
+fn enrolment_tokens() -> Vec<String> {
+    processes_matching("--enrol-token")
+        .into_iter()
+        .filter_map(|(_, cmdline)| {
+            let mut words = cmdline.split_whitespace();
+            words.find(|w| *w == "--enrol-token")?;
+            words.next().map(str::to_string)
+        })
+        .collect()
+}
+
+/// The agent tokens the agents saved under `dir` (`agent.json`).
+fn agent_tokens(dir: &std::path::Path) -> Vec<String> {
+    files_named(dir, "agent.json")
+        .into_iter()
+        .filter_map(|p| {
+            let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(p).ok()?).ok()?;
+            saved["registration"]["agent_token"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// Every file under `dir` whose name ends with `suffix`.
+fn files_named(dir: &std::path::Path, suffix: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.to_string_lossy().ends_with(suffix) {
+                found.push(path);
+            }
+        }
+    }
+    found
 }

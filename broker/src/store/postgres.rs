@@ -36,6 +36,7 @@ use switchyard_core::{AttemptId, JobState, Money, NodeId, PoolId, Priority, Regi
 use uuid::Uuid;
 
 mod ledger;
+mod submits;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
@@ -51,6 +52,8 @@ type Tz = chrono::DateTime<chrono::Utc>;
 pub struct PgStore {
     pool: PgPool,
     fence: Fence,
+    /// Submissions, written in batches (`submits.rs`).
+    submits: submits::Submits,
 }
 
 impl PgStore {
@@ -64,6 +67,7 @@ impl PgStore {
             .await?;
         MIGRATOR.run(&pool).await?;
         Ok(PgStore {
+            submits: submits::Submits::start(pool.clone()),
             pool,
             fence: Fence::off(),
         })
@@ -860,30 +864,8 @@ impl Store for PgStore {
     }
 
     async fn insert_job(&self, job: &NewJob) -> StoreResult<()> {
-        let core_spec =
-            serde_json::to_string(&job.spec).map_err(|e| corrupt(format!("spec: {e}")))?;
-        sqlx::query(
-            "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
-             core_spec_json, submitted_at, deadline, trace_parent) \
-             VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(job.id.0)
-        .bind(&job.spec.team)
-        .bind(&job.spec.project)
-        .bind(&job.spec.name)
-        .bind(job.spec.priority.as_str())
-        .bind(match job.spec.kind {
-            switchyard_core::JobKind::Batch => "batch",
-            switchyard_core::JobKind::Service => "service",
-        })
-        .bind(&job.spec_json)
-        .bind(&core_spec)
-        .bind(tz(job.submitted_at))
-        .bind(tz_opt(job.spec.deadline))
-        .bind(&job.trace_parent)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        // Batched with the submissions arriving meanwhile; answered after its commit.
+        self.submits.insert(job).await
     }
 
     async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>> {

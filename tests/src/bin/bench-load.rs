@@ -10,7 +10,8 @@
 //! ```
 //!
 //! `SWITCHYARD_BENCH_DATABASE_URL=postgres://…/db` runs the broker on PostgreSQL instead (the
-//! `list` phase fills SQLite directly and runs on SQLite only).
+//! `list` phase then fills PostgreSQL directly). `scripts/bench-pg.sh` starts a throwaway,
+//! durable PostgreSQL cluster and runs the phases on it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -316,36 +317,74 @@ async fn list_phase(jobs: u64) {
     broker.proc.signal_group(nix::sys::signal::Signal::SIGTERM);
     broker.proc.wait_exit(Duration::from_secs(20)).unwrap();
 
-    let db = broker.dir.path().join("data/switchyard.db");
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .unwrap();
     let filled = Instant::now();
     // UUIDv7-shaped ids in time order (48-bit milliseconds first), 100 teams, nine in ten
     // succeeded and one in seven failed, all finished: history the scheduler does not load.
     let base_ms: i64 = 1_767_225_600_000; // 2026-01-01
-    sqlx::query(
-        "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
-         core_spec_json, submitted_at, finished_at, exit_code, attempts, version) \
-         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
-         SELECT printf('%08x-%04x-7000-8000-%012x', ($2 + i * 30) >> 16, ($2 + i * 30) & 65535, i), \
-                'team-' || (i % 100), t.project, 'hist-' || i, \
-                CASE WHEN i % 7 = 0 THEN 'failed' ELSE 'succeeded' END, t.priority, t.kind, \
-                replace(t.spec_json, '\"team-7\"', '\"team-' || (i % 100) || '\"'), \
-                replace(t.core_spec_json, '\"team-7\"', '\"team-' || (i % 100) || '\"'), \
-                $2 + i * 30, $2 + i * 30 + 600000, CASE WHEN i % 7 = 0 THEN 1 ELSE 0 END, 1, 2 \
-         FROM n, (SELECT * FROM jobs WHERE name = 'template') t",
-    )
-    .bind(jobs as i64)
-    .bind(base_ms)
-    .execute(&pool)
-    .await
-    .unwrap();
-    let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
+    let total: i64 = match std::env::var("SWITCHYARD_BENCH_DATABASE_URL") {
+        Ok(url) => {
+            let pool = sqlx::PgPool::connect(&url).await.unwrap();
+            sqlx::query(
+                "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
+                 core_spec_json, submitted_at, finished_at, exit_code, attempts, version) \
+                 SELECT (lpad(to_hex(($2 + i * 30) >> 16), 8, '0') || '-' || \
+                         lpad(to_hex(($2 + i * 30) & 65535), 4, '0') || '-7000-8000-' || \
+                         lpad(to_hex(i), 12, '0'))::uuid, \
+                        'team-' || (i % 100), t.project, 'hist-' || i, \
+                        CASE WHEN i % 7 = 0 THEN 'failed' ELSE 'succeeded' END, t.priority, \
+                        t.kind, \
+                        replace(t.spec_json, '\"team-7\"', '\"team-' || (i % 100) || '\"'), \
+                        replace(t.core_spec_json, '\"team-7\"', '\"team-' || (i % 100) || '\"'), \
+                        to_timestamp(($2 + i * 30) / 1000.0), \
+                        to_timestamp(($2 + i * 30 + 600000) / 1000.0), \
+                        CASE WHEN i % 7 = 0 THEN 1 ELSE 0 END, 1, 2 \
+                 FROM generate_series(1::bigint, $1) AS i, \
+                      (SELECT * FROM jobs WHERE name = 'template') t",
+            )
+            .bind(jobs as i64)
+            .bind(base_ms)
+            .execute(&pool)
+            .await
+            .unwrap();
+            // What autovacuum would do minutes later: fresh planner statistics.
+            sqlx::query("ANALYZE jobs").execute(&pool).await.unwrap();
+            let total = sqlx::query_scalar("SELECT COUNT(*) FROM jobs")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            total
+        }
+        Err(_) => {
+            let db = broker.dir.path().join("data/switchyard.db");
+            let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+                .await
+                .unwrap();
+            sqlx::query(
+                "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
+                 core_spec_json, submitted_at, finished_at, exit_code, attempts, version) \
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
+                 SELECT printf('%08x-%04x-7000-8000-%012x', ($2 + i * 30) >> 16, ($2 + i * 30) & 65535, i), \
+                        'team-' || (i % 100), t.project, 'hist-' || i, \
+                        CASE WHEN i % 7 = 0 THEN 'failed' ELSE 'succeeded' END, t.priority, t.kind, \
+                        replace(t.spec_json, '\"team-7\"', '\"team-' || (i % 100) || '\"'), \
+                        replace(t.core_spec_json, '\"team-7\"', '\"team-' || (i % 100) || '\"'), \
+                        $2 + i * 30, $2 + i * 30 + 600000, CASE WHEN i % 7 = 0 THEN 1 ELSE 0 END, 1, 2 \
+                 FROM n, (SELECT * FROM jobs WHERE name = 'template') t",
+            )
+            .bind(jobs as i64)
+            .bind(base_ms)
+            .execute(&pool)
+            .await
+            .unwrap();
+            let total = sqlx::query_scalar("SELECT COUNT(*) FROM jobs")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            total
+        }
+    };
     println!(
         "list: {total} jobs in the database (filled in {:.1} s)",
         filled.elapsed().as_secs_f64()
