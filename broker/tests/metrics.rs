@@ -150,26 +150,8 @@ async fn metrics_show_the_queue_the_gpus_and_the_scheduler() {
     assert_eq!(find(&m, "switchyard_leader_epoch", &[]), Some(1.0));
 }
 
-/// Waits for `job`'s lease on `agent` and reports it started; returns its attempt.
 async fn start(app: &TestApp, agent: &TestAgent, job: &str) -> serde_json::Value {
-    let attempt = eventually("the job's lease", 20, async || {
-        let w = work(app, agent, 2).await;
-        w["leases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["attempt"]["job_id"] == job)
-            .map(|l| l["attempt"].clone())
-    })
-    .await;
-    let r = events(
-        app,
-        agent,
-        json!([{"type": "started", "attempt": attempt, "pid": 1}]),
-    )
-    .await;
-    assert_eq!(r, ["accepted"]);
-    attempt
+    start_leased(app, agent, job, 2).await
 }
 
 fn id_of(r: &Response) -> String {

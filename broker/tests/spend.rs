@@ -19,26 +19,8 @@ use switchyard_core::{Money, Timestamp};
 
 const CLOUD: &str = "aws:test-east/gpu8";
 
-/// Waits for the lease of `job` on `agent` and reports it started; returns its attempt.
 async fn start(app: &TestApp, agent: &TestAgent, job: &str) -> Value {
-    let attempt = eventually("the job's lease", 20, async || {
-        let w = work(app, agent, 5).await;
-        w["leases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|l| l["attempt"]["job_id"] == job)
-            .map(|l| l["attempt"].clone())
-    })
-    .await;
-    let r = events(
-        app,
-        agent,
-        json!([{"type": "started", "attempt": attempt, "pid": 1}]),
-    )
-    .await;
-    assert_eq!(r, ["accepted"]);
-    attempt
+    start_leased(app, agent, job, 5).await
 }
 
 async fn finish(app: &TestApp, agent: &TestAgent, attempt: &Value) {
@@ -851,7 +833,7 @@ async fn a_soft_budget_alerts_once_per_threshold_at_the_teams_onprem_rate_and_ne
 #[tokio::test]
 async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
     use switchyard_broker::store::*;
-    use switchyard_core::{AttemptId, JobId, Market, NodeId, Pool, PoolId, Region, RegionId};
+    use switchyard_core::{AttemptId, JobId, Market, Pool, PoolId, Region, RegionId};
     use switchyard_protocol::agent::{AgentEvent, AttemptRef};
 
     let dir = tempfile::tempdir().unwrap();
@@ -945,32 +927,7 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
     assert_eq!((ml.spent, ml.committed), (Money(10_000), Money(4_990_000)));
 
     // Its agent enrols; j1 is placed, starts, runs and finishes on it.
-    store
-        .insert_enrolment_token(&EnrolmentTokenRecord {
-            token_hash: "enrol".into(),
-            pool: pool.id.clone(),
-            instance: Some("i-1".into()),
-            created_at: t0,
-            expires_at: at(3600),
-        })
-        .await
-        .unwrap();
-    let node = NodeId("n1".into());
-    store
-        .register_node(
-            "enrol",
-            NewNode {
-                id: node.clone(),
-                token_hash: "agent".into(),
-                hostname: "h".into(),
-                gpus_total: 8,
-                inventory_json: "{}".into(),
-            },
-            at(20),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let node = enrol_node(store.as_ref(), &pool.id, Some("i-1"), 8, t0, at(20)).await;
     let place = |job: &NewJob, version: i64, now: Timestamp| {
         let attempt = AttemptId(uuid::Uuid::now_v7());
         let new = NewAttempt {
@@ -1101,7 +1058,7 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
 #[tokio::test]
 async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() {
     use switchyard_broker::store::*;
-    use switchyard_core::{AttemptId, JobId, JobState, Market, NodeId, Pool, PoolId, Region};
+    use switchyard_core::{AttemptId, JobId, JobState, Market, Pool, PoolId, Region};
     use switchyard_protocol::agent::{AgentEvent, AttemptRef};
 
     let dir = tempfile::tempdir().unwrap();
@@ -1151,32 +1108,7 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
         trace_parent: None,
     };
     store.insert_job(&job).await.unwrap();
-    store
-        .insert_enrolment_token(&EnrolmentTokenRecord {
-            token_hash: "enrol".into(),
-            pool: pool.id.clone(),
-            instance: None,
-            created_at: t0,
-            expires_at: at_ms(3_600_000),
-        })
-        .await
-        .unwrap();
-    let node = NodeId("n1".into());
-    store
-        .register_node(
-            "enrol",
-            NewNode {
-                id: node.clone(),
-                token_hash: "agent".into(),
-                hostname: "h".into(),
-                gpus_total: 4,
-                inventory_json: "{}".into(),
-            },
-            t0,
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let node = enrol_node(store.as_ref(), &pool.id, None, 4, t0, t0).await;
     let attempt = AttemptId(uuid::Uuid::now_v7());
     // $3.6 an hour: a micro-dollar a millisecond, a thousand a billed second.
     let new = NewAttempt {
@@ -1246,4 +1178,44 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
     // 10.004 s run, 10 whole seconds billed.
     assert_eq!(spans, vec![(1_000, 11_004, 10_000)]);
     assert_eq!(store.ledger_total().await.unwrap(), 10_000);
+}
+
+/// Enrols node `n1` of `pool` at `at` (for `instance`, when given) with a token made at
+/// `issued`, straight through the store.
+async fn enrol_node(
+    store: &dyn switchyard_broker::store::Store,
+    pool: &switchyard_core::PoolId,
+    instance: Option<&str>,
+    gpus: u32,
+    issued: Timestamp,
+    at: Timestamp,
+) -> switchyard_core::NodeId {
+    use switchyard_broker::store::{EnrolmentTokenRecord, NewNode};
+    store
+        .insert_enrolment_token(&EnrolmentTokenRecord {
+            token_hash: "enrol".into(),
+            pool: pool.clone(),
+            instance: instance.map(str::to_string),
+            created_at: issued,
+            expires_at: issued.plus_secs(3600),
+        })
+        .await
+        .unwrap();
+    let node = switchyard_core::NodeId("n1".into());
+    store
+        .register_node(
+            "enrol",
+            NewNode {
+                id: node.clone(),
+                token_hash: "agent".into(),
+                hostname: "h".into(),
+                gpus_total: gpus,
+                inventory_json: "{}".into(),
+            },
+            at,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    node
 }

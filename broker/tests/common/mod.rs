@@ -557,3 +557,26 @@ pub async fn events(app: &TestApp, agent: &TestAgent, events: Value) -> Vec<Stri
         .map(|r| r["status"].as_str().unwrap().to_string())
         .collect()
 }
+
+/// Waits (long-polling `wait_s` at a time, 20 s in all) for the lease of `job` on `agent` and
+/// reports it started; returns its attempt.
+pub async fn start_leased(app: &TestApp, agent: &TestAgent, job: &str, wait_s: u64) -> Value {
+    let attempt = eventually("the job's lease", 20, async || {
+        let w = work(app, agent, wait_s).await;
+        w["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["attempt"]["job_id"] == job)
+            .map(|l| l["attempt"].clone())
+    })
+    .await;
+    let r = events(
+        app,
+        agent,
+        json!([{"type": "started", "attempt": attempt, "pid": 1}]),
+    )
+    .await;
+    assert_eq!(r, ["accepted"]);
+    attempt
+}
