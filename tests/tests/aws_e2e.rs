@@ -248,15 +248,19 @@ agent = {{ install_command = "true" }}
         },
     )
     .await;
-    let (_, list) = broker
-        .call(reqwest::Method::GET, "/api/v1/instances", None)
-        .await;
-    let instances = list["instances"].as_array().unwrap();
-    let ended = instances
-        .iter()
-        .find(|i| i["provider_id"] == ec2_id.as_str())
-        .unwrap();
-    assert_eq!(ended["state"], "terminated");
+    // The broker records the end once the terminate call has answered, a moment after EC2
+    // shows it.
+    let ended = eventually(
+        "the broker to record the first instance terminated",
+        Duration::from_secs(10),
+        || async {
+            instances(&broker)
+                .await
+                .into_iter()
+                .find(|i| i["provider_id"] == ec2_id.as_str() && i["state"] == "terminated")
+        },
+    )
+    .await;
     assert!(
         ended["last_error"]
             .as_str()
