@@ -196,6 +196,18 @@ impl Priority {
             Priority::Critical => "critical",
         }
     }
+
+    /// The priority [`Priority::as_str`] names, if `s` is one.
+    pub fn parse(s: &str) -> Option<Priority> {
+        [
+            Priority::Low,
+            Priority::Normal,
+            Priority::High,
+            Priority::Critical,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -31,6 +31,14 @@ fn request(key: &str, market: Market) -> LaunchRequest {
     }
 }
 
+/// The provider ids of the machines listed under `key` that are not terminated.
+fn machines_under(all: Vec<switchyard_providers::InstanceInfo>, key: &str) -> Vec<String> {
+    all.into_iter()
+        .filter(|i| i.instance_key == key && i.state != InstanceState::Terminated)
+        .map(|i| i.provider_id)
+        .collect()
+}
+
 async fn provider(endpoint: &str, cluster: &str) -> AwsProvider {
     AwsProvider::new(config(endpoint, cluster)).await.unwrap()
 }
@@ -419,12 +427,7 @@ async fn lost_answers_after_the_work_leave_no_hidden_instance() {
         .unwrap();
     let run_calls = proxy.attempts("RunInstances");
     assert_eq!(run_calls, 2, "the lost answer, then one retry");
-    let under_key = |all: Vec<switchyard_providers::InstanceInfo>| -> Vec<String> {
-        all.into_iter()
-            .filter(|i| i.instance_key == "lost-1" && i.state != InstanceState::Terminated)
-            .map(|i| i.provider_id)
-            .collect()
-    };
+    let under_key = |all| machines_under(all, "lost-1");
     let listed = under_key(aws.list().await.unwrap());
     assert!(
         listed.contains(&launched.provider_id),
@@ -479,12 +482,7 @@ async fn calls_hanging_past_the_timeout_are_bounded_and_leave_no_hidden_instance
     cfg.request_timeout_s = 1;
     let aws = AwsProvider::new(cfg).await.unwrap();
     let hang = Duration::from_secs(4);
-    let under_key = |all: Vec<switchyard_providers::InstanceInfo>| -> Vec<String> {
-        all.into_iter()
-            .filter(|i| i.instance_key == "hung-1" && i.state != InstanceState::Terminated)
-            .map(|i| i.provider_id)
-            .collect()
-    };
+    let under_key = |all| machines_under(all, "hung-1");
 
     proxy.hang("RunInstances", hang, 1);
     let t0 = Instant::now();

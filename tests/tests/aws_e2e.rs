@@ -41,6 +41,28 @@ async fn moto() -> Moto {
 }
 
 impl Moto {
+    /// A broker config that bursts into this moto as `cluster` (p5.48xlarge in us-east-1),
+    /// giving an instance `boot_timeout_s` to enrol.
+    fn burst_config(&self, cluster: &str, boot_timeout_s: u32) -> String {
+        format!(
+            r#"
+burst_enabled = true
+boot_timeout_s = {boot_timeout_s}
+
+[aws]
+cluster = "{cluster}"
+regions = ["us-east-1"]
+instance_types = ["p5.48xlarge"]
+endpoint_url = "{}"
+credentials = {{ access_key_id = "testing", secret_access_key = "testing" }}
+image = {{ id = "ami-12345678" }}
+boot_time_s = 120
+agent = {{ install_command = "true" }}
+"#,
+            self.url
+        )
+    }
+
     async fn ec2(&self, params: &[(&str, &str)]) -> String {
         let mut form: Vec<(&str, &str)> = vec![("Version", "2016-11-15")];
         form.extend_from_slice(params);
@@ -151,24 +173,7 @@ async fn bursting_into_ec2_launches_times_out_and_reaps_against_moto() {
         .unwrap()
         .to_string();
 
-    let broker = Broker::start_with(&format!(
-        r#"
-burst_enabled = true
-boot_timeout_s = 3
-
-[aws]
-cluster = "e2e"
-regions = ["us-east-1"]
-instance_types = ["p5.48xlarge"]
-endpoint_url = "{}"
-credentials = {{ access_key_id = "testing", secret_access_key = "testing" }}
-image = {{ id = "ami-12345678" }}
-boot_time_s = 120
-agent = {{ install_command = "true" }}
-"#,
-        moto.url
-    ))
-    .await;
+    let broker = Broker::start_with(&moto.burst_config("e2e", 3)).await;
 
     let (_, pools) = broker
         .call(reqwest::Method::GET, "/api/v1/pools", None)
@@ -330,26 +335,7 @@ enum KillAt {
 
 async fn killed_mid_burst(kill_at: KillAt) {
     let moto = moto().await;
-    let config = |boot_timeout_s: u32| {
-        format!(
-            r#"
-burst_enabled = true
-boot_timeout_s = {boot_timeout_s}
-
-[aws]
-cluster = "crash"
-regions = ["us-east-1"]
-instance_types = ["p5.48xlarge"]
-endpoint_url = "{}"
-credentials = {{ access_key_id = "testing", secret_access_key = "testing" }}
-image = {{ id = "ami-12345678" }}
-boot_time_s = 120
-agent = {{ install_command = "true" }}
-"#,
-            moto.url
-        )
-    };
-    let mut broker = Broker::start_with(&config(600)).await;
+    let mut broker = Broker::start_with(&moto.burst_config("crash", 600)).await;
     let deadline = chrono::DateTime::<chrono::Utc>::from(
         std::time::SystemTime::now() + Duration::from_secs(3600),
     )

@@ -146,7 +146,7 @@ pub async fn list(
     };
     let priority = match params.priority.as_deref() {
         None => None,
-        Some(p) => Some(parse_priority(p).ok_or_else(|| {
+        Some(p) => Some(Priority::parse(p).ok_or_else(|| {
             ApiError::invalid(
                 "priority",
                 format!("unknown priority {p:?} (critical, high, normal or low)"),
@@ -187,16 +187,6 @@ pub async fn list(
         .map(convert::job_view)
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(JobList { jobs, next_cursor }))
-}
-
-fn parse_priority(p: &str) -> Option<Priority> {
-    Some(match p {
-        "critical" => Priority::Critical,
-        "high" => Priority::High,
-        "normal" => Priority::Normal,
-        "low" => Priority::Low,
-        _ => return None,
-    })
 }
 
 fn parse_id(id: &str) -> Result<JobId, ApiError> {

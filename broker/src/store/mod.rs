@@ -140,6 +140,13 @@ pub(crate) const LEASE_TAKE: &str = "INSERT INTO leader_lease \
      holder_instance = excluded.holder_instance, epoch = excluded.epoch, \
      acquired_at = excluded.acquired_at, expires_at = excluded.expires_at";
 pub(crate) const LEASE_EPOCH: &str = "SELECT epoch FROM leader_lease WHERE id = 1";
+/// Settling an attempt that an accrual pass already charged past the end its transaction read
+/// (the pass took the write lock first): it ends where it was charged to. Returns the moved end.
+pub(crate) const ATTEMPT_END_TO_CHARGED: &str = "UPDATE attempts SET finished_at = accrued_until \
+     WHERE id = $1 AND accrued_until > finished_at RETURNING finished_at";
+/// The same for an instance being terminated.
+pub(crate) const INSTANCE_END_TO_CHARGED: &str = "UPDATE instances SET ended_at = accrued_until \
+     WHERE id = $1 AND accrued_until > ended_at";
 /// A node's attempts a heartbeat answers about (see [`heartbeat_stops`]); binds the node id.
 pub(crate) const NODE_LIVE_ATTEMPTS: &str = "SELECT a.id, a.job_id, a.epoch, a.state, \
      j.cancel_requested FROM attempts a JOIN jobs j ON j.id = a.job_id \

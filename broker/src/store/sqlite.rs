@@ -256,13 +256,7 @@ fn job_from_row(r: &SqliteRow) -> StoreResult<JobRecord> {
 }
 
 pub(crate) fn parse_priority(s: &str) -> StoreResult<Priority> {
-    Ok(match s {
-        "low" => Priority::Low,
-        "normal" => Priority::Normal,
-        "high" => Priority::High,
-        "critical" => Priority::Critical,
-        other => return Err(corrupt(format!("bad priority {other:?}"))),
-    })
+    Priority::parse(s).ok_or_else(|| corrupt(format!("bad priority {s:?}")))
 }
 
 #[async_trait]

@@ -299,13 +299,10 @@ pub(super) async fn settle_attempt(
     // An accrual pass that read the clock after the caller did but took the write lock first
     // may have charged the attempt past `now`: it then ends where it was charged to, as that
     // pass ran while it was still live. Its entries end at its end, never past it.
-    let end: Option<Tz> = sqlx::query_scalar(
-        "UPDATE attempts SET finished_at = accrued_until \
-         WHERE id = $1 AND accrued_until > finished_at RETURNING finished_at",
-    )
-    .bind(attempt)
-    .fetch_optional(&mut **tx)
-    .await?;
+    let end: Option<Tz> = sqlx::query_scalar(crate::store::ATTEMPT_END_TO_CHARGED)
+        .bind(attempt)
+        .fetch_optional(&mut **tx)
+        .await?;
     let end = end.map_or(now, ts_of);
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "{ATTEMPT_SELECT} AND a.id = $1"
@@ -327,13 +324,10 @@ pub(super) async fn settle_instance(
     now: Timestamp,
 ) -> StoreResult<()> {
     // As for an attempt (`settle_attempt`): never ended before what was charged.
-    sqlx::query(
-        "UPDATE instances SET ended_at = accrued_until \
-         WHERE id = $1 AND accrued_until > ended_at",
-    )
-    .bind(id)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(crate::store::INSTANCE_END_TO_CHARGED)
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
     accrue_instance(tx, id, now, Some(min_billed_s), now).await?;
     Ok(())
 }
