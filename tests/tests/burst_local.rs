@@ -25,6 +25,9 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
         4,
     )
     .await;
+    // Every agent's enrolment token, sampled all through the run: instances live for seconds,
+    // so one look at the end would miss the ones already terminated.
+    let tokens = TokenWatch::start();
     // Fill on-prem for two hours (as far as the planner knows).
     let filler = up
         .submit(json!({"name": "filler", "team": "ml", "command": ["sleep", "3031"], "resources": {"gpus": 4},
@@ -84,7 +87,6 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
     .await;
 
     // A burst instance killed mid-job: its job is requeued onto a new instance and completes.
-    let mut secrets = enrolment_tokens();
     let second = up
         .submit(json!({"name": "doomed", "team": "ml", "command": ["sh", "-c", "sleep 2; echo survived"],
                        "resources": {"gpus": 1}, "estimated_runtime_s": 60, "deadline": in_secs(900)}))
@@ -97,7 +99,6 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
         .find(|i| i["for_job"] == second.as_str())
         .unwrap();
     let key = first_instance["id"].as_str().unwrap().to_string();
-    secrets.extend(enrolment_tokens());
     let agents = processes_matching(&key);
     assert!(!agents.is_empty(), "the instance's agent runs");
     for (pid, _) in agents {
@@ -141,12 +142,13 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
     // No secret of the run reached a log: the admin token and every enrolment token an agent
     // was started with (the on-prem agent and the instances'). The local agents keep their
     // agent tokens in memory only; `broker/tests/hostile.rs` scans for those in-process.
+    let mut secrets = tokens.stop();
     secrets.push(up.token.clone());
     secrets.sort();
     secrets.dedup();
     assert!(
-        secrets.len() >= 4,
-        "the admin token and 3 enrolment tokens (on-prem, two instances): {}",
+        secrets.len() >= 5,
+        "the admin token and 4 enrolment tokens (on-prem, three instances): {}",
         secrets.len()
     );
     let mut lines = 0;
@@ -171,16 +173,39 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
     );
 }
 
-/// The `--enrol-token` of every agent process running now.
-fn enrolment_tokens() -> Vec<String> {
-    processes_matching("--enrol-token")
-        .into_iter()
-        .filter_map(|(_, cmdline)| {
-            let mut words = cmdline.split_whitespace();
-            words.find(|w| *w == "--enrol-token")?;
-            words.next().map(str::to_string)
-        })
-        .collect()
+/// Collects the `--enrol-token` of every agent process seen, looking every 50 ms until stopped.
+struct TokenWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<std::collections::BTreeSet<String>>,
+}
+
+impl TokenWatch {
+    fn start() -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            loop {
+                let done = flag.load(std::sync::atomic::Ordering::Relaxed);
+                for (_, cmdline) in processes_matching("--enrol-token") {
+                    let mut words = cmdline.split_whitespace();
+                    if words.any(|w| w == "--enrol-token") {
+                        seen.extend(words.next().map(str::to_string));
+                    }
+                }
+                if done {
+                    return seen;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Self { stop, thread }
+    }
+
+    fn stop(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap().into_iter().collect()
+    }
 }
 
 /// Every file under `dir` whose name ends with `suffix`.
