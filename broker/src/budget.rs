@@ -8,7 +8,7 @@
 //! The functions at the top are pure; [`statuses`] and [`round_policies`] read the store.
 
 use chrono::{Datelike, Duration as ChronoDuration, NaiveDate, NaiveTime, TimeZone, Utc};
-use switchyard_core::{Launch, Money, Plan, TeamPolicy, Timestamp};
+use switchyard_core::{Money, TeamPolicy, Timestamp};
 use switchyard_protocol::api::{BudgetPeriod, BudgetRule, Enforcement};
 
 use crate::clock::{from_datetime, to_datetime};
@@ -116,20 +116,6 @@ pub fn status(
             .filter(|&f| crossed(amount, usage.spent, f))
             .collect(),
     }
-}
-
-/// The planner's estimate for the job a launch is for: the launch candidate it chose.
-pub fn launch_estimate(plan: &Plan, launch: &Launch) -> Money {
-    plan.explanation(&launch.for_job)
-        .and_then(|e| {
-            e.candidates.into_iter().find(|c| {
-                c.rejected.is_none()
-                    && c.kind == switchyard_core::CandidateKind::Launch
-                    && c.pool == launch.pool
-                    && c.market == launch.market
-            })
-        })
-        .map_or(Money::ZERO, |c| c.cost)
 }
 
 /// Every policy with a budget that applies now, with where it stands.

@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use switchyard_core::{
     AttemptId, Explanation, JobId, Node, NodeId, Plan, Pool, Priority, QueuedJob, Region,
-    RunningAttempt, Snapshot, Timestamp, plan,
+    RunningAttempt, Snapshot, Timestamp, plan_shared,
 };
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -488,11 +488,14 @@ impl Worker {
         let round = crate::budget::round_policies(app.store.as_ref(), now).await?;
         snapshot.policies = round.policies;
         let rates = round.rates;
+        let queued = snapshot.queued.len();
         let started = std::time::Instant::now();
-        let plan = plan(&snapshot, now);
+        // The plan keeps the snapshot to work out its explanations when first asked for:
+        // after the commit, off this loop (see `explain_committed`).
+        let plan = plan_shared(Arc::new(snapshot), now);
         let plan_us = started.elapsed().as_micros() as u64;
         app.metrics
-            .observe_plan(started.elapsed().as_secs_f64(), snapshot.queued.len());
+            .observe_plan(started.elapsed().as_secs_f64(), queued);
 
         let mut commits = Vec::with_capacity(plan.assignments.len());
         let mut taken: HashMap<NodeId, BTreeSet<u32>> = HashMap::new();
@@ -524,10 +527,6 @@ impl Worker {
                 continue;
             }
             round.extend(gpus.iter().copied());
-            let explanation_json = plan
-                .explanation(&a.job)
-                .and_then(|e| serde_json::to_string(&e).ok())
-                .unwrap_or_else(|| "null".into());
             let runtime = pending.job.spec.runtime_s();
             let expected_end = match pending.job.spec.kind {
                 switchyard_core::JobKind::Service => Timestamp::MAX,
@@ -552,7 +551,6 @@ impl Worker {
                 estimated_cost: a.estimated_cost,
                 hourly_rate,
                 expected_end,
-                explanation_json,
             });
         }
         let mut launches = Vec::new();
@@ -576,7 +574,7 @@ impl Worker {
                 hourly_price,
                 for_job: l.for_job,
                 job_version: pending.version,
-                estimated_cost: crate::budget::launch_estimate(&plan, l),
+                estimated_cost: l.estimated_cost,
             });
         }
         if !commits.is_empty() || !launches.is_empty() {
@@ -603,9 +601,10 @@ impl Worker {
             for id in plan.explanations.keys() {
                 explanations.insert(*id, plan.clone());
             }
-            for c in &commits {
-                explanations.remove(&c.job);
-            }
+        }
+        if !commits.is_empty() {
+            let placed = commits.iter().map(|c| (c.job, c.id)).collect();
+            self.explain_committed(app, plan.clone(), placed);
         }
         for c in commits {
             let Some(pending) = state.pending.remove(&c.job) else {
@@ -646,6 +645,39 @@ impl Worker {
             );
         }
         self.apply_holds(app, state, &plan.holds).await
+    }
+
+    /// Stores the explanations of the jobs a committed plan placed, worked out in the
+    /// background (the first `Plan::explanation` plans the round again with candidate lists),
+    /// so the scheduler loop does not wait for them. Until they are stored the plan stays in
+    /// the mirror, so `GET /api/v1/jobs/{id}/placement` answers from it either way. Lost in a
+    /// crash before they are stored: the job's placement then has no explanation to show.
+    fn explain_committed(&self, app: &App, plan: Arc<Plan>, placed: Vec<(JobId, AttemptId)>) {
+        let store = app.store.clone();
+        let mirror = self.explanations.clone();
+        tokio::spawn(async move {
+            let work = plan.clone();
+            let jobs = placed.clone();
+            let rows = tokio::task::spawn_blocking(move || {
+                jobs.into_iter()
+                    .filter_map(|(job, attempt)| {
+                        let e = work.explanation(&job)?;
+                        Some((job, attempt, serde_json::to_string(&e).ok()?))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            if let Err(e) = store.set_explanations(&rows).await {
+                tracing::warn!(error = %e, jobs = rows.len(), "storing placement explanations failed");
+            }
+            let mut mirror = mirror.write().unwrap_or_else(|e| e.into_inner());
+            for (job, _) in placed {
+                if mirror.get(&job).is_some_and(|p| Arc::ptr_eq(p, &plan)) {
+                    mirror.remove(&job);
+                }
+            }
+        });
     }
 
     /// Jobs a policy holds (a hard budget their estimate does not fit, a time window) become

@@ -432,6 +432,23 @@ async fn job_lifecycle_over_the_agent_protocol() {
             .unwrap()
             .is_empty()
     );
+    // The plan works its explanations out after the commit and stores the placed job's, for
+    // this attempt: the same one the API gave.
+    let job_id = switchyard_core::JobId(uuid::Uuid::parse_str(&id).unwrap());
+    let stored = eventually("the explanation to be stored", 10, async || {
+        let rec = app.app.store.job(job_id).await.unwrap()?;
+        rec.explanation_json
+    })
+    .await;
+    let stored: switchyard_core::Explanation = serde_json::from_str(&stored).unwrap();
+    assert_eq!(
+        stored.candidates.len(),
+        explanation.body["candidates"].as_array().unwrap().len()
+    );
+    assert_eq!(
+        stored.candidates[0].pool.as_str(),
+        explanation.body["candidates"][0]["pool"]
+    );
 
     // Started, two log chunks (one retried), finished with 0.
     let events = json!({"events": [

@@ -105,7 +105,6 @@ fn attempt_for(job: &NewJob, expected_end: Timestamp) -> NewAttempt {
         estimated_cost: Money(1_000_000),
         hourly_rate: Money(2_000_000),
         expected_end,
-        explanation_json: "{\"b\": 1, \"a\": [2]}".into(),
     }
 }
 
@@ -124,6 +123,20 @@ async fn times_ids_and_documents_round_trip_exactly() {
     let a = attempt_for(&job, Timestamp::MAX);
     store
         .commit_plan(std::slice::from_ref(&a), &[], T0.plus_secs(1))
+        .await
+        .unwrap();
+    // The explanation comes after the commit, for the attempt it explains: one for another
+    // attempt of the job (placed again since) changes nothing.
+    assert_eq!(
+        store.job(job.id).await.unwrap().unwrap().explanation_json,
+        None
+    );
+    let stale = AttemptId(uuid::Uuid::now_v7());
+    store
+        .set_explanations(&[
+            (job.id, stale, "{\"stale\": true}".into()),
+            (job.id, a.id, "{\"b\": 1, \"a\": [2]}".into()),
+        ])
         .await
         .unwrap();
     let rec = store.job(job.id).await.unwrap().unwrap();

@@ -326,7 +326,13 @@ pub async fn placement(
     Path(id): Path<String>,
 ) -> Result<Json<PlacementExplanation>, ApiError> {
     let job = visible_job(&app, &caller, &id).await?;
-    if let Some(e) = app.scheduler.explanation(job.id) {
+    // The plan may work its candidate lists out on this first request: off the runtime.
+    let scheduler = app.scheduler.clone();
+    let job_id = job.id;
+    let planned = tokio::task::spawn_blocking(move || scheduler.explanation(job_id))
+        .await
+        .map_err(|e| ApiError::Internal(format!("explaining the placement failed: {e}")))?;
+    if let Some(e) = planned {
         return Ok(Json(convert::explanation_view(&e)));
     }
     match job.explanation_json.as_deref() {

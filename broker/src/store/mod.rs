@@ -419,7 +419,9 @@ pub trait Store: Send + Sync + 'static {
     async fn job_trace_parent(&self, job: JobId) -> StoreResult<Option<String>>;
     /// Jobs not yet finished, counted by state and priority (for `/metrics`).
     async fn queue_depth(&self) -> StoreResult<Vec<(JobState, Priority, i64)>>;
-    async fn set_explanation(&self, id: JobId, explanation_json: &str) -> StoreResult<()>;
+    /// Records placement explanations worked out after their plan was committed: each for
+    /// the attempt it explains, so a job placed again since keeps its newer one.
+    async fn set_explanations(&self, rows: &[(JobId, AttemptId, String)]) -> StoreResult<()>;
 
     // Scheduler.
     async fn pending_jobs(&self) -> StoreResult<Vec<JobRecord>>;

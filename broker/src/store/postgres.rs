@@ -1002,12 +1002,22 @@ impl Store for PgStore {
         Ok(outcome)
     }
 
-    async fn set_explanation(&self, id: JobId, explanation_json: &str) -> StoreResult<()> {
-        sqlx::query("UPDATE jobs SET explanation_json = $1 WHERE id = $2")
-            .bind(explanation_json)
+    async fn set_explanations(&self, rows: &[(JobId, AttemptId, String)]) -> StoreResult<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for (id, attempt, json) in rows {
+            sqlx::query(
+                "UPDATE jobs SET explanation_json = $1 WHERE id = $2 AND current_attempt = $3",
+            )
+            .bind(json)
             .bind(id.0)
-            .execute(&self.pool)
+            .bind(attempt.0)
+            .execute(&mut *tx)
             .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -1084,12 +1094,11 @@ impl Store for PgStore {
         for a in assignments {
             let attempt_no: Option<i64> = sqlx::query_scalar(
                 "UPDATE jobs SET state = 'placed', attempts = attempts + 1, current_attempt = $1, \
-                 explanation_json = $2, reason = NULL, version = version + 1 \
-                 WHERE id = $3 AND version = $4 AND state IN ('queued', 'provisioning', 'held') \
+                 explanation_json = NULL, reason = NULL, version = version + 1 \
+                 WHERE id = $2 AND version = $3 AND state IN ('queued', 'provisioning', 'held') \
                  RETURNING attempts",
             )
             .bind(a.id.0)
-            .bind(&a.explanation_json)
             .bind(a.job.0)
             .bind(a.job_version)
             .fetch_optional(&mut *tx)

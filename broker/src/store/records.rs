@@ -160,7 +160,6 @@ pub struct NewAttempt {
     /// (GPUs × the pool's per-GPU rate, or the team's on-prem rate): what the ledger accrues.
     pub hourly_rate: Money,
     pub expected_end: Timestamp,
-    pub explanation_json: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]

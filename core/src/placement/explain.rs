@@ -14,11 +14,92 @@ use super::constraints::Reject;
 use super::estimate::{Blocked, Estimate, JobCtx};
 use super::index::{IdMap, Index};
 use super::{Candidate, CandidateKind, Rejection};
-use crate::domain::{JobId, Market, NodeId, PoolId, RegionId};
+use crate::domain::{JobId, Market, NodeId, PoolId, RegionId, Snapshot};
 use crate::money::Money;
 use crate::time::Timestamp;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+/// Where a plan's candidate lists come from.
+#[derive(Clone, Default)]
+pub(crate) enum Explained {
+    /// None kept: a plan made for its outcomes only, or read back.
+    #[default]
+    Nothing,
+    /// Recorded as the round went ([`super::Detail::Full`]).
+    Recorded(Details),
+    /// Worked out on the first request by planning the same snapshot again with candidate
+    /// lists (`plan` is deterministic, so the replay decides exactly as the round did), then
+    /// kept: what [`super::plan`] gives, so that a round's decisions do not wait for
+    /// explanations nobody may read.
+    OnDemand(Arc<Replay>),
+}
+
+/// A round's input, kept to explain it later.
+pub(crate) struct Replay {
+    snapshot: Arc<Snapshot>,
+    now: Timestamp,
+    details: OnceLock<Details>,
+}
+
+impl Replay {
+    pub(crate) fn new(snapshot: Arc<Snapshot>, now: Timestamp) -> Replay {
+        Replay {
+            snapshot,
+            now,
+            details: OnceLock::new(),
+        }
+    }
+}
+
+impl Explained {
+    /// The candidate lists, worked out first if they are kept on demand.
+    pub(crate) fn details(&self) -> Option<&Details> {
+        match self {
+            Explained::Nothing => None,
+            Explained::Recorded(d) => Some(d),
+            Explained::OnDemand(r) => Some(r.details.get_or_init(|| {
+                let full = super::greedy::plan(
+                    &r.snapshot,
+                    r.now,
+                    super::greedy::Scan::Pruned,
+                    super::Detail::Full,
+                );
+                match full.details {
+                    Explained::Recorded(d) => d,
+                    _ => Details::default(),
+                }
+            })),
+        }
+    }
+
+    /// The candidates of `job`; empty when none are kept.
+    pub(crate) fn candidates(&self, job: &JobId) -> Vec<Candidate> {
+        self.details()
+            .map(|d| d.candidates(job))
+            .unwrap_or_default()
+    }
+}
+
+/// Plans are equal when their candidate lists are (worked out if need be).
+impl PartialEq for Explained {
+    fn eq(&self, other: &Self) -> bool {
+        self.details() == other.details()
+    }
+}
+
+impl std::fmt::Debug for Explained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Explained::Nothing => f.write_str("Nothing"),
+            Explained::Recorded(d) => f.debug_tuple("Recorded").field(d).finish(),
+            Explained::OnDemand(r) => match r.details.get() {
+                Some(d) => f.debug_tuple("OnDemand").field(d).finish(),
+                None => f.write_str("OnDemand(not yet asked for)"),
+            },
+        }
+    }
+}
 
 /// Keeps the `limit` smallest items by `key`, sorted. Keys must be distinct (they end in ids),
 /// so the unstable sort and selection give one answer whatever the input order.

@@ -8,7 +8,7 @@ use super::batch::Pin;
 use super::capacity::Capacity;
 use super::constraints::Reject;
 use super::estimate::{Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, evaluate};
-use super::explain::{Details, hold_reason, keep_best};
+use super::explain::{Details, Explained, hold_reason, keep_best};
 use super::index::{IdMap, Index, PoolMask, PriceOrder};
 use super::policy::{Budgets, JobPolicy};
 use super::preempt::best_preemption;
@@ -194,8 +194,8 @@ impl<'a> Round<'a> {
     pub(crate) fn new(index: Index<'a>, scan: Scan, detail: Detail) -> Round<'a> {
         let plan = Plan {
             details: match detail {
-                Detail::Full => Details::new(&index),
-                Detail::Outcomes => Details::default(),
+                Detail::Full => Explained::Recorded(Details::new(&index)),
+                Detail::Outcomes => Explained::Nothing,
             },
             ..Plan::default()
         };
@@ -221,7 +221,10 @@ impl<'a> Round<'a> {
         self.budgets = Budgets::new(&self.index.policies);
         self.pins.clear();
         self.objective = Objective::default();
-        let details = self.plan.details.emptied();
+        let details = match &self.plan.details {
+            Explained::Recorded(d) => Explained::Recorded(d.emptied()),
+            _ => Explained::Nothing,
+        };
         std::mem::replace(
             &mut self.plan,
             Plan {
@@ -293,9 +296,9 @@ impl<'a> Round<'a> {
                     b.order_key()
                 });
                 let (index, viable, blocked) = (&self.index, &self.viable, &self.blocked);
-                self.plan
-                    .details
-                    .record(index, &ctx, job.id, viable, 0, blocked);
+                if let Explained::Recorded(d) = &mut self.plan.details {
+                    d.record(index, &ctx, job.id, viable, 0, blocked);
+                }
             }
             return self.hold(job, code, reason);
         };
@@ -303,9 +306,9 @@ impl<'a> Round<'a> {
             let room = MAX_EXPLAINED_CANDIDATES - self.viable.len();
             keep_best(&mut self.blocked, room, |b| b.order_key());
             let (index, viable, blocked) = (&self.index, &self.viable, &self.blocked);
-            self.plan
-                .details
-                .record(index, &ctx, job.id, viable, displaced, blocked);
+            if let Explained::Recorded(d) = &mut self.plan.details {
+                d.record(index, &ctx, job.id, viable, displaced, blocked);
+            }
         }
         self.objective.misses += u32::from(winner.score.misses_deadline);
         self.objective.cost += winner.score.cost;
@@ -515,6 +518,7 @@ impl<'a> Round<'a> {
                         pool: pool.id.clone(),
                         market: winner.market,
                         for_job: job.id,
+                        estimated_cost: s.cost,
                     });
                 }
                 self.budgets.spend(&ctx.policy, s.cost);

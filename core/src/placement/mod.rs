@@ -67,11 +67,12 @@ pub struct Plan {
     /// an urgent job can have their GPUs. The job's assignment to the node is in `assignments`.
     #[serde(default)]
     pub preemptions: Vec<Preemption>,
-    /// The candidates of each explanation, by position in the round's index: turned into
-    /// public [`Candidate`]s (ids cloned) only for the jobs whose explanation is asked for.
-    /// Not serialised: a plan read back explains outcomes only.
+    /// The candidates of each explanation, by position in the round's index (or the round's
+    /// input, to work them out on the first request): turned into public [`Candidate`]s (ids
+    /// cloned) only for the jobs whose explanation is asked for. Not serialised: a plan read
+    /// back explains outcomes only.
     #[serde(skip)]
-    pub(crate) details: explain::Details,
+    pub(crate) details: explain::Explained,
 }
 
 impl Plan {
@@ -79,6 +80,10 @@ impl Plan {
     /// the winner first, then the other workable ones by score, then the blocked ones
     /// closest-to-feasible first. A plan made with [`Detail::Outcomes`] (or deserialised)
     /// has no candidates to give: the list is then empty. `None` for a job not in the plan.
+    ///
+    /// A plan from [`plan`] works out every job's candidates on the first call (the round
+    /// planned again with candidate lists, about what [`Detail::Full`] costs), then answers
+    /// from them; call it off latency-sensitive paths.
     pub fn explanation(&self, job: &JobId) -> Option<Explanation> {
         let e = self.explanations.get(job)?;
         Some(Explanation {
@@ -150,6 +155,10 @@ pub struct Launch {
     pub market: Market,
     /// The job this node is launched for.
     pub for_job: JobId,
+    /// Estimated cost of the whole run on the launched node (boot included); a multi-node
+    /// job's launches each carry the whole job's cost.
+    #[serde(default)]
+    pub estimated_cost: Money,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -299,14 +308,28 @@ pub struct Explanation {
 /// deadline, then submission, then id); each takes the best-scoring candidate given what earlier
 /// jobs took this round, except where the joint assignment (`batch`) gave contended free
 /// capacity to the jobs it saves most for.
+///
+/// The decisions need only each job's winner, so the round finds those; the candidate lists
+/// are worked out on the first [`Plan::explanation`] call, from a copy of `snapshot` the plan
+/// keeps, and are the same as [`Detail::Full`] records. [`plan_shared`] takes the snapshot
+/// without copying it.
 pub fn plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
-    greedy::plan(snapshot, now, greedy::Scan::Pruned, Detail::Full)
+    plan_shared(std::sync::Arc::new(snapshot.clone()), now)
+}
+
+/// [`plan`] for a snapshot the caller hands over: the plan keeps it to explain itself.
+pub fn plan_shared(snapshot: std::sync::Arc<Snapshot>, now: Timestamp) -> Plan {
+    let mut plan = greedy::plan(&snapshot, now, greedy::Scan::Pruned, Detail::Outcomes);
+    plan.details =
+        explain::Explained::OnDemand(std::sync::Arc::new(explain::Replay::new(snapshot, now)));
+    plan
 }
 
 /// How much of each job's explanation a plan keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Detail {
-    /// Every explanation with its candidates ([`Plan::explanation`]), as [`plan`] gives.
+    /// Every explanation with its candidates ([`Plan::explanation`]), recorded as the round
+    /// goes: the round scans past each job's winner for its runners-up.
     #[default]
     Full,
     /// Explanations with their outcomes only (no candidates): for callers that act on the
@@ -326,8 +349,16 @@ pub fn plan_with(snapshot: &Snapshot, now: Timestamp, detail: Detail) -> Plan {
 /// indexed once, then each [`Planner::place`] decides one job against what is left, as `plan`
 /// would for a job at that point of its queue (without the joint assignment). Decisions add up
 /// in [`Planner::plan`]. Place each job once.
+///
+/// Like [`plan`], placing finds the winner only; [`Planner::explanation`] works out the
+/// candidate lists by placing the same jobs again, in the same order, from the same snapshot.
 pub struct Planner<'a> {
     round: greedy::Round<'a>,
+    snapshot: &'a Snapshot,
+    /// The jobs placed so far, in order, for the replay.
+    placed: Vec<QueuedJob>,
+    /// The replay's candidate lists, until the next placement.
+    replayed: std::cell::OnceCell<explain::Explained>,
 }
 
 impl<'a> Planner<'a> {
@@ -336,19 +367,39 @@ impl<'a> Planner<'a> {
     pub fn new(snapshot: &'a Snapshot, now: Timestamp) -> Planner<'a> {
         let index = index::Index::new(snapshot, now);
         Planner {
-            round: greedy::Round::new(index, greedy::Scan::Pruned, Detail::Full),
+            round: greedy::Round::new(index, greedy::Scan::Pruned, Detail::Outcomes),
+            snapshot,
+            placed: Vec::new(),
+            replayed: std::cell::OnceCell::new(),
         }
     }
 
     /// Decides `job` now, takes what it takes from the warm state, and returns its outcome
     /// (an explanation without candidates: [`Planner::explanation`] has them).
     pub fn place(&mut self, job: &QueuedJob) -> &Explanation {
+        self.placed.push(job.clone());
+        self.replayed.take();
         self.round.place(job)
     }
 
-    /// The explanation of a job placed so far, with its candidates.
+    /// The explanation of a job placed so far, with its candidates. The first call after a
+    /// placement places every job so far again, recording candidates.
     pub fn explanation(&self, job: &JobId) -> Option<Explanation> {
-        self.round.plan.explanation(job)
+        let e = self.round.plan.explanations.get(job)?;
+        let details = self.replayed.get_or_init(|| {
+            let index = index::Index::new(self.snapshot, self.round.index.now);
+            let mut replay = greedy::Round::new(index, greedy::Scan::Pruned, Detail::Full);
+            for job in &self.placed {
+                replay.place(job);
+            }
+            replay.plan.details
+        });
+        Some(Explanation {
+            job: e.job,
+            at: e.at,
+            outcome: e.outcome.clone(),
+            candidates: details.candidates(job),
+        })
     }
 
     /// The decisions so far.

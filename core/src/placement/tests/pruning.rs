@@ -1,6 +1,7 @@
 //! The pruned pool scan must plan exactly as the exhaustive one — the same decisions and the
 //! same explanations — on fleets large enough that pruning cuts most scans short; a plan
-//! without candidate lists (`Detail::Outcomes`) must decide exactly as a full one; and skipping
+//! without candidate lists (`Detail::Outcomes`) must decide exactly as a full one, and one that
+//! works them out on demand (`plan`) must end up with the same ones; and skipping
 //! the joint assignment when nothing was contended must change nothing.
 
 use super::fleet::{NOW, fleet};
@@ -27,6 +28,11 @@ proptest! {
         let lean = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Outcomes);
         let batched = greedy::plan_always_batched(&snapshot, NOW, Scan::Pruned);
         prop_assert_eq!(&batched, &pruned);
+        // `plan` decides with outcomes only and works the candidate lists out on the first
+        // request: the same plan, explanations and all.
+        let on_demand = super::plan(&snapshot, NOW);
+        prop_assert!(matches!(on_demand.details, super::explain::Explained::OnDemand(_)));
+        prop_assert_eq!(&on_demand, &pruned);
         prop_assert_eq!(without_candidates(pruned), lean);
     }
 }
@@ -35,4 +41,35 @@ proptest! {
 fn without_candidates(mut plan: Plan) -> Plan {
     plan.details = Default::default();
     plan
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// `Planner` places with outcomes only; its explanations, worked out by placing the same
+    /// jobs again with candidate lists, are those a placement that recorded them gives.
+    #[test]
+    fn the_planner_explains_what_it_placed(
+        seed in any::<u64>(),
+        jobs in 1usize..40,
+        pools in 1usize..100,
+        nodes in 0usize..150,
+    ) {
+        let snapshot = fleet(seed, jobs, pools, nodes);
+        let mut planner = super::Planner::new(&snapshot, NOW);
+        let index = super::index::Index::new(&snapshot, NOW);
+        let mut recorded = greedy::Round::new(index, Scan::Pruned, Detail::Full);
+        for (i, job) in snapshot.queued.iter().enumerate() {
+            let outcome = planner.place(job).outcome.clone();
+            prop_assert_eq!(&recorded.place(job).outcome, &outcome);
+            // Asked for between placements too: the next placement starts a new replay.
+            if i % 3 == 0 {
+                let first = &snapshot.queued[0].id;
+                prop_assert_eq!(planner.explanation(first), recorded.plan.explanation(first));
+            }
+        }
+        for job in &snapshot.queued {
+            prop_assert_eq!(planner.explanation(&job.id), recorded.plan.explanation(&job.id));
+        }
+    }
 }
