@@ -402,29 +402,50 @@ impl<'a> JobCtx<'a> {
         self.estimate(index, blocked.pool, None, blocked.kind, market, ready)
     }
 
-    /// The least any candidate in a pool can cost this job, given the GPU-hour price `gpu_price`
-    /// it pays there at best (see [`Index::pools_by_price`]) and, if the pool is launchable, a
-    /// boot time no longer than its own. On existing nodes the job pays its GPUs' share at that
-    /// price at least; a launch pays the whole node for the runtime and the boot, and the node
-    /// costs at least the job's GPUs' share, the per-GPU price being rounded up (hence the
-    /// micro-dollar off). `None` (no bound) for prices that are not positive.
-    pub(crate) fn floor_cost(&self, gpu_price: Money, boot_s: Option<u32>) -> Option<Money> {
-        if gpu_price <= Money::ZERO {
-            return None;
-        }
+    /// The least any candidate in the pools from position `at` of `order` on can cost this
+    /// job. On existing nodes (free now, a wait, a preemption) it pays its GPUs' share of a
+    /// node at the GPU-hour price of the first pool from `at` on that has nodes, at least
+    /// (the order is by that price); a launch pays a whole node for the runtime and the boot,
+    /// at least the lowest node price of a launchable pool from `at` on whose nodes are large
+    /// enough for the job (and at least its GPUs' share at `at`'s price), and the shortest
+    /// boot of a launchable pool from `at` on.
+    /// `None` (no bound) for prices that are not positive; `Money::MAX` when no pool from
+    /// `at` on has nodes or can launch, so none has a candidate to offer.
+    pub(crate) fn floor_cost(&self, order: &PriceOrder, at: usize) -> Option<Money> {
         let gpus = i64::from(self.gpus.max(1));
         let nodes = i64::from(self.nodes);
-        let shared = gpu_price
-            .saturating_mul(gpus)
-            .per_hour_for_secs(self.runtime_s)
-            .saturating_mul(nodes);
-        Some(match boot_s {
-            None => shared,
-            Some(boot) => Money::from_micros(gpu_price.micros() - 1)
-                .saturating_mul(gpus)
-                .per_hour_for_secs(self.runtime_s.saturating_add(i64::from(boot)))
-                .saturating_mul(nodes)
-                .min(shared),
+        let with_nodes = order.next_with_nodes[at];
+        let shared = match order.pools.get(with_nodes) {
+            Some(&(price, _)) if price <= Money::ZERO => return None,
+            Some(&(price, _)) => Some(
+                price
+                    .saturating_mul(gpus)
+                    .per_hour_for_secs(self.runtime_s)
+                    .saturating_mul(nodes),
+            ),
+            None => None,
+        };
+        // The smallest node size that fits the job (none: no pool's nodes are large enough).
+        let class = order
+            .gpus_at_least
+            .partition_point(|&(g, _)| g < self.gpus.max(1));
+        let node_price = order.min_node_price_from.get(class).and_then(|p| p[at]);
+        let launched = match (node_price, order.min_boot_from[at]) {
+            (Some(price), _) if price <= Money::ZERO => return None,
+            (Some(price), Some(boot)) => {
+                let share = Money::from_micros(order.pools[at].0.micros() - 1).saturating_mul(gpus);
+                Some(
+                    price
+                        .max(share)
+                        .per_hour_for_secs(self.runtime_s.saturating_add(i64::from(boot)))
+                        .saturating_mul(nodes),
+                )
+            }
+            _ => None,
+        };
+        Some(match (shared, launched) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(Money::MAX),
         })
     }
 
@@ -590,7 +611,7 @@ impl ScanBound {
             return false;
         };
         let floor = |at: usize, pool: usize, kind: CandidateKind| -> Option<Score> {
-            let cost = job.floor_cost(order.pools[at].0, order.min_boot_from[at])?;
+            let cost = job.floor_cost(order, at)?;
             let cost = cost.saturating_add(self.extra_cost);
             Some(Score {
                 misses_deadline: hopeless,

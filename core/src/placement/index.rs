@@ -215,7 +215,7 @@ impl<'a> Index<'a> {
                 })
                 .collect();
             order.sort_unstable();
-            PriceOrder::new(order, &pools, regions_n, models_n)
+            PriceOrder::new(order, &pools, rule, regions_n, models_n)
         });
 
         let max_ingress_gbps = pools
@@ -290,6 +290,13 @@ pub(crate) struct PriceOrder {
     pub tier_min_pool: Vec<usize>,
     /// Per position, the shortest boot time of a launchable pool from it on (`None`: none).
     pub min_boot_from: Vec<Option<u32>>,
+    /// Per entry of `gpus_at_least` (pools with nodes of at least that many GPUs), per
+    /// position, the lowest node-hour price (in the cheapest market the order's jobs may use)
+    /// of such a launchable pool from it on: what a launch there pays at least per node.
+    pub min_node_price_from: Vec<Vec<Option<Money>>>,
+    /// Per position, the first position from it on of a pool with nodes (`len`: none): only
+    /// those offer a share of a node (free now, a wait, a preemption); the others only launch.
+    pub next_with_nodes: Vec<usize>,
     /// Per pool, its position.
     pub position: Vec<usize>,
     /// Bitsets over positions ([`PoolMask`]) of the pools in each region key, in each model
@@ -395,6 +402,7 @@ impl PriceOrder {
     fn new(
         pools: Vec<(Money, usize)>,
         info: &[PoolInfo],
+        spot: SpotRule,
         regions: usize,
         models: usize,
     ) -> PriceOrder {
@@ -420,6 +428,8 @@ impl PriceOrder {
         let mut tier_min_pool = vec![usize::MAX; n];
         let mut min_boot_from = vec![None; n];
         let mut boot: Option<u32> = None;
+        let mut min_node_price_from = vec![vec![None; n + 1]; gpus_at_least.len()];
+        let mut next_with_nodes = vec![n; n + 1];
         for i in (0..n).rev() {
             let (price, pool) = pools[i];
             let same_tier = i + 1 < n && pools[i + 1].0 == price;
@@ -435,6 +445,20 @@ impl PriceOrder {
                 boot = Some(boot.map_or(p.boot_time_s, |b| b.min(p.boot_time_s)));
             }
             min_boot_from[i] = boot;
+            let node_price = p
+                .launchable
+                .then(|| p.price_per_hour(p.cheapest_market(spot)));
+            for (class, &(g, _)) in gpus_at_least.iter().enumerate() {
+                let from = &mut min_node_price_from[class];
+                from[i] = match (node_price.filter(|_| p.gpus_per_node >= g), from[i + 1]) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            next_with_nodes[i] = match info[pool].nodes.is_empty() {
+                true => next_with_nodes[i + 1],
+                false => i,
+            };
         }
         let mut position = vec![0; n];
         for (pos, &(_, pool)) in pools.iter().enumerate() {
@@ -446,6 +470,8 @@ impl PriceOrder {
             tier_end,
             tier_min_pool,
             min_boot_from,
+            min_node_price_from,
+            next_with_nodes,
             in_region,
             of_model,
             gpus_at_least,
