@@ -1,5 +1,7 @@
 //! `plan` over synthetic fleets (see `support/fleet.rs`): 1,000 queued jobs / 100 pools /
-//! 1,000 nodes, and 10,000 / 1,000 / 10,000 (the target: under 50 ms); and [`Planner::place`],
+//! 1,000 nodes, and 10,000 / 1,000 / 10,000 (the target: under 50 ms), as the broker runs it
+//! (`plan_shared`), with a snapshot copy (`plan`), decisions only, and with every candidate
+//! list recorded (what the first explanation asked of a plan costs); and [`Planner::place`],
 //! one new job into a warm 1,000-pool / 10,000-node state (the target: under 20 µs at p99).
 //! Criterion gives the mean per placement; the p50/p99 over 10,000 single placements are
 //! measured directly and printed, since criterion reports no percentiles. Plans keep each job's
@@ -21,7 +23,14 @@ fn bench_plan(c: &mut Criterion) {
         let snapshot = fleet::fleet(42, jobs, pools, nodes);
         group.throughput(Throughput::Elements(jobs as u64));
         let name = format!("{jobs}j_{pools}p_{nodes}n");
-        group.bench_with_input(BenchmarkId::from_parameter(&name), &snapshot, |b, s| {
+        // What the broker's scheduler runs: `plan_shared` takes the round's snapshot (no copy)
+        // and keeps it to explain the plan on demand.
+        let shared = std::sync::Arc::new(snapshot.clone());
+        group.bench_with_input(BenchmarkId::from_parameter(&name), &shared, |b, s| {
+            b.iter(|| plan_shared(black_box(s.clone()), fleet::NOW))
+        });
+        // `plan(&snapshot)`: the same, with a copy of the snapshot for the plan to keep.
+        group.bench_with_input(BenchmarkId::new("copying", &name), &snapshot, |b, s| {
             b.iter(|| plan(black_box(s), fleet::NOW))
         });
         // The same decisions without candidate lists (what the simulator asks for).
@@ -30,13 +39,20 @@ fn bench_plan(c: &mut Criterion) {
             &snapshot,
             |b, s| b.iter(|| placement::plan_with(black_box(s), fleet::NOW, Detail::Outcomes)),
         );
+        // Every job's candidates recorded as the round goes (what `plan` did before it
+        // explained on demand): about what the first `Plan::explanation` call costs.
+        group.bench_with_input(BenchmarkId::new("recorded", &name), &snapshot, |b, s| {
+            b.iter(|| placement::plan_with(black_box(s), fleet::NOW, Detail::Full))
+        });
     }
     group.finish();
 
-    // What asking for one job's explanation costs once the plan is made (the broker's
-    // `GET /api/v1/jobs/{id}/placement`): its candidates made public, ids cloned.
+    // What asking for one job's explanation costs once the plan has worked its candidate
+    // lists out (the broker's `GET /api/v1/jobs/{id}/placement`): its candidates made public,
+    // ids cloned.
     let snapshot = fleet::fleet(42, 10_000, 1_000, 10_000);
     let made = plan(&snapshot, fleet::NOW);
+    let _ = made.explanation(&snapshot.queued[0].id);
     let mut jobs = snapshot.queued.iter().cycle();
     c.bench_function("explanation/one_job_of_10000j_1000p_10000n", |b| {
         b.iter(|| {

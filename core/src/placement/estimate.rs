@@ -93,6 +93,9 @@ pub(crate) struct JobCtx<'a> {
     /// The job's priority, capped by its policies.
     pub priority: Priority,
     margin_ms: i64,
+    /// The entry of the price orders' `gpus_at_least` for the smallest node size that fits
+    /// the job (their length when none does).
+    node_class: usize,
     data: Option<DataCtx>,
     /// Per region key, whether the job's region list allows it (`None`: any region).
     region_ok: Option<Vec<bool>>,
@@ -132,6 +135,9 @@ impl<'a> JobCtx<'a> {
             policy,
             // max(60 s, 5% of the runtime), in milliseconds: 5% of a second is 50 ms.
             margin_ms: (MIN_DEADLINE_MARGIN_S * 1000).max(runtime_s.saturating_mul(50)),
+            node_class: index.price_orders()[0]
+                .gpus_at_least
+                .partition_point(|&(g, _)| g < spec.resources.gpus.max(1)),
             data,
             region_ok: (!spec.regions.is_empty()).then(|| {
                 index
@@ -425,11 +431,10 @@ impl<'a> JobCtx<'a> {
             ),
             None => None,
         };
-        // The smallest node size that fits the job (none: no pool's nodes are large enough).
-        let class = order
-            .gpus_at_least
-            .partition_point(|&(g, _)| g < self.gpus.max(1));
-        let node_price = order.min_node_price_from.get(class).and_then(|p| p[at]);
+        let node_price = order
+            .min_node_price_from
+            .get(self.node_class)
+            .and_then(|p| p[at]);
         let launched = match (node_price, order.min_boot_from[at]) {
             (Some(price), _) if price <= Money::ZERO => return None,
             (Some(price), Some(boot)) => {
