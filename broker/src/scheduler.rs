@@ -86,6 +86,8 @@ impl SchedulerHandle {
 pub struct Worker {
     rx: mpsc::UnboundedReceiver<SchedulerEvent>,
     explanations: Explained,
+    /// One committed plan's explanations worked out at a time (`explain_committed`).
+    explaining: Arc<tokio::sync::Semaphore>,
 }
 
 pub fn channel(bus: Bus) -> (SchedulerHandle, Worker) {
@@ -97,7 +99,11 @@ pub fn channel(bus: Bus) -> (SchedulerHandle, Worker) {
             explanations: explanations.clone(),
             bus,
         },
-        Worker { rx, explanations },
+        Worker {
+            rx,
+            explanations,
+            explaining: Arc::new(tokio::sync::Semaphore::new(1)),
+        },
     )
 }
 
@@ -648,21 +654,30 @@ impl Worker {
     }
 
     /// Stores the explanations of the jobs a committed plan placed, worked out in the
-    /// background (the first `Plan::explanation` plans the round again with candidate lists),
-    /// so the scheduler loop does not wait for them. Until they are stored the plan stays in
-    /// the mirror, so `GET /api/v1/jobs/{id}/placement` answers from it either way. Lost in a
-    /// crash before they are stored: the job's placement then has no explanation to show.
+    /// background (`Plan::explanations_of` plans the round again recording those jobs' lists,
+    /// about the cost of the decisions), so the scheduler loop does not wait for them. One
+    /// plan at a time, in commit order, so a busy broker spends at most about a core on them.
+    /// Until they are stored the plan stays in the mirror, so `GET
+    /// /api/v1/jobs/{id}/placement` answers from it either way. Lost in a crash before they
+    /// are stored: the job's placement then has no explanation to show.
     fn explain_committed(&self, app: &App, plan: Arc<Plan>, placed: Vec<(JobId, AttemptId)>) {
         let store = app.store.clone();
         let mirror = self.explanations.clone();
+        let turn = self.explaining.clone();
         tokio::spawn(async move {
+            let Ok(_turn) = turn.acquire_owned().await else {
+                return;
+            };
             let work = plan.clone();
             let jobs = placed.clone();
             let rows = tokio::task::spawn_blocking(move || {
-                jobs.into_iter()
-                    .filter_map(|(job, attempt)| {
-                        let e = work.explanation(&job)?;
-                        Some((job, attempt, serde_json::to_string(&e).ok()?))
+                let ids: Vec<JobId> = jobs.iter().map(|(job, _)| *job).collect();
+                let attempts: HashMap<JobId, AttemptId> = jobs.into_iter().collect();
+                work.explanations_of(&ids)
+                    .into_iter()
+                    .filter_map(|e| {
+                        let attempt = *attempts.get(&e.job)?;
+                        Some((e.job, attempt, serde_json::to_string(&e).ok()?))
                     })
                     .collect::<Vec<_>>()
             })

@@ -53,6 +53,14 @@ fn bench_plan(c: &mut Criterion) {
     let snapshot = fleet::fleet(42, 10_000, 1_000, 10_000);
     let made = plan(&snapshot, fleet::NOW);
     let _ = made.explanation(&snapshot.queued[0].id);
+    // What the broker does after committing a round: the explanations of the jobs it placed,
+    // worked out by a replay that records only theirs.
+    let fresh = plan(&snapshot, fleet::NOW);
+    let placed: Vec<JobId> = fresh.assignments.iter().map(|a| a.job).collect();
+    eprintln!("explanations_of: {} placed jobs of 10,000", placed.len());
+    c.bench_function("explanations_of/placed_of_10000j_1000p_10000n", |b| {
+        b.iter(|| fresh.explanations_of(black_box(&placed)))
+    });
     let mut jobs = snapshot.queued.iter().cycle();
     c.bench_function("explanation/one_job_of_10000j_1000p_10000n", |b| {
         b.iter(|| {

@@ -341,6 +341,11 @@ pub async fn placement(
                 .map_err(|e| ApiError::Internal(format!("stored explanation unreadable: {e}")))?;
             Ok(Json(convert::explanation_view(&e)))
         }
+        // Placed, but the broker stopped before it stored the explanation (it is worked out
+        // just after the commit).
+        None if job.placement.is_some() => Err(ApiError::NotFound(format!(
+            "explanation of job {id}'s placement (not recorded)"
+        ))),
         None => Err(ApiError::NotFound(format!(
             "placement of job {id} (not planned yet)"
         ))),

@@ -79,6 +79,25 @@ impl Explained {
             .map(|d| d.candidates(job))
             .unwrap_or_default()
     }
+
+    /// The candidates of each of `jobs`, in order. Kept on demand and not worked out yet: by
+    /// planning the round again recording those jobs' lists alone (cheaper than all of them),
+    /// without keeping them.
+    pub(crate) fn candidates_of(&self, jobs: &[JobId]) -> Vec<Vec<Candidate>> {
+        let replay = match self {
+            Explained::OnDemand(r) if r.details.get().is_none() => r,
+            _ => return jobs.iter().map(|j| self.candidates(j)).collect(),
+        };
+        let only = jobs.iter().map(|&j| (j, ())).collect();
+        let plan = super::greedy::plan_recording(
+            &replay.snapshot,
+            replay.now,
+            super::greedy::Scan::Pruned,
+            super::Detail::Full,
+            Some(only),
+        );
+        jobs.iter().map(|j| plan.details.candidates(j)).collect()
+    }
 }
 
 /// Plans are equal when their candidate lists are (worked out if need be).

@@ -63,7 +63,20 @@ pub(crate) fn queue<'s>(index: &Index, snapshot: &'s Snapshot) -> Vec<&'s Queued
 /// see that a displaced job could have waited for a job placed this round, so it is checked
 /// against the per-job plan rather than trusted.)
 pub(crate) fn plan(snapshot: &Snapshot, now: Timestamp, scan: Scan, detail: Detail) -> Plan {
+    plan_recording(snapshot, now, scan, detail, None)
+}
+
+/// [`plan`] recording candidate lists for the jobs in `only` alone (with [`Detail::Full`]):
+/// the same decisions, at about the cost of outcomes only when `only` is small.
+pub(crate) fn plan_recording(
+    snapshot: &Snapshot,
+    now: Timestamp,
+    scan: Scan,
+    detail: Detail,
+    only: Option<IdMap<crate::domain::JobId, ()>>,
+) -> Plan {
     let mut round = Round::new(Index::new(snapshot, now), scan, detail);
+    round.only = only;
     let queue = queue(&round.index, snapshot);
     let start_free: Vec<u32> = (0..round.index.pools.len())
         .map(|p| round.capacity.most_free(p))
@@ -188,6 +201,8 @@ pub(crate) struct Round<'a> {
     mask: PoolMask,
     phase: PoolMask,
     objective: Objective,
+    /// With [`Detail::Full`], the jobs whose candidates are recorded (`None`: every job).
+    only: Option<IdMap<crate::domain::JobId, ()>>,
 }
 
 impl<'a> Round<'a> {
@@ -212,7 +227,13 @@ impl<'a> Round<'a> {
             mask: PoolMask::default(),
             phase: PoolMask::default(),
             objective: Objective::default(),
+            only: None,
         }
+    }
+
+    /// Whether the round records `job`'s candidates.
+    fn records(&self, job: crate::domain::JobId) -> bool {
+        self.detail == Detail::Full && self.only.as_ref().is_none_or(|o| o.contains_key(&job))
     }
 
     /// Back to the start of the round, pins dropped; returns the plan made so far.
@@ -250,7 +271,7 @@ impl<'a> Round<'a> {
     fn decide(&mut self, job: &QueuedJob) -> Explanation {
         let ctx = JobCtx::new(&self.index, &job.spec);
         let remaining = self.budgets.remaining(&ctx.policy);
-        let full = self.detail == Detail::Full;
+        let full = self.records(job.id);
         // Without candidate lists only the winner matters, unless the joint assignment pinned
         // the job to a pool: the winner is then looked for among the best few.
         let keep = if full || matches!(self.pins.get(&job.id), Some(Pin::Pool(_))) {
@@ -393,7 +414,8 @@ impl<'a> Round<'a> {
         }
         // Blocked candidates are shown only when fewer than `keep` are workable (the scan then
         // went through every wanted pool), and their count only for a hold.
-        if restricted && completed && (self.detail == Detail::Full || self.viable.is_empty()) {
+        let full = job.map_or(self.detail == Detail::Full, |j| self.records(j));
+        if restricted && completed && (full || self.viable.is_empty()) {
             for (pos, &(_, pool)) in order.pools.iter().enumerate() {
                 if !self.mask.contains(pos) {
                     let (index, capacity) = (&self.index, &mut self.capacity);

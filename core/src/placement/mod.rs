@@ -95,6 +95,34 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The explanations of `jobs` (those in the plan), as [`Plan::explanation`] gives them.
+    /// When the candidate lists are kept on demand and nobody has asked for one yet, the
+    /// round is planned again recording these jobs' lists alone, at about the cost of the
+    /// decisions (rather than of every job's list), and nothing is kept: what the broker does
+    /// for the jobs a round placed.
+    pub fn explanations_of(&self, jobs: &[JobId]) -> Vec<Explanation> {
+        let jobs: Vec<JobId> = jobs
+            .iter()
+            .copied()
+            .filter(|j| self.explanations.contains_key(j))
+            .collect();
+        let lists = self.details.candidates_of(&jobs);
+        jobs.iter()
+            .zip(lists)
+            .filter_map(|(job, candidates)| {
+                let e = self.explanations.get(job)?;
+                Some(Explanation {
+                    job: e.job,
+                    at: e.at,
+                    outcome: e.outcome.clone(),
+                    candidates,
+                })
+            })
+            .collect()
+    }
+}
+
 /// A running attempt the plan takes GPUs from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Preemption {

@@ -32,6 +32,13 @@ proptest! {
         // request: the same plan, explanations and all.
         let on_demand = super::plan(&snapshot, NOW);
         prop_assert!(matches!(on_demand.details, super::explain::Explained::OnDemand(_)));
+        // A few jobs' lists worked out alone are theirs in the full replay.
+        let some: Vec<_> = snapshot.queued.iter().step_by(3).map(|j| j.id).collect();
+        let alone = on_demand.explanations_of(&some);
+        prop_assert_eq!(alone.len(), some.len());
+        for e in &alone {
+            prop_assert_eq!(Some(e.clone()), pruned.explanation(&e.job));
+        }
         prop_assert_eq!(&on_demand, &pruned);
         prop_assert_eq!(without_candidates(pruned), lean);
     }
