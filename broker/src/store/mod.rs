@@ -147,6 +147,10 @@ pub(crate) const ATTEMPT_END_TO_CHARGED: &str = "UPDATE attempts SET finished_at
 /// The same for an instance being terminated.
 pub(crate) const INSTANCE_END_TO_CHARGED: &str = "UPDATE instances SET ended_at = accrued_until \
      WHERE id = $1 AND accrued_until > ended_at";
+/// Stores the explanation of a job's placement, only while that attempt is still its current
+/// one (a job placed again since keeps its newer explanation); binds json, job, attempt.
+pub(crate) const SET_EXPLANATION: &str =
+    "UPDATE jobs SET explanation_json = $1 WHERE id = $2 AND current_attempt = $3";
 /// A node's attempts a heartbeat answers about (see [`heartbeat_stops`]); binds the node id.
 pub(crate) const NODE_LIVE_ATTEMPTS: &str = "SELECT a.id, a.job_id, a.epoch, a.state, \
      j.cancel_requested FROM attempts a JOIN jobs j ON j.id = a.job_id \

@@ -1008,14 +1008,12 @@ impl Store for PgStore {
         }
         let mut tx = self.pool.begin().await?;
         for (id, attempt, json) in rows {
-            sqlx::query(
-                "UPDATE jobs SET explanation_json = $1 WHERE id = $2 AND current_attempt = $3",
-            )
-            .bind(json)
-            .bind(id.0)
-            .bind(attempt.0)
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(SET_EXPLANATION)
+                .bind(json)
+                .bind(id.0)
+                .bind(attempt.0)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())

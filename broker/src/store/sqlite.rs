@@ -937,14 +937,12 @@ impl Store for SqliteStore {
         }
         let mut tx = self.pool.begin().await?;
         for (id, attempt, json) in rows {
-            sqlx::query(
-                "UPDATE jobs SET explanation_json = $1 WHERE id = $2 AND current_attempt = $3",
-            )
-            .bind(json)
-            .bind(id.to_string())
-            .bind(attempt.to_string())
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(SET_EXPLANATION)
+                .bind(json)
+                .bind(id.to_string())
+                .bind(attempt.to_string())
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())

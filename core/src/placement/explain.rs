@@ -50,6 +50,21 @@ impl Replay {
             details: OnceLock::new(),
         }
     }
+
+    /// Plans the round again recording the candidate lists of `only` (`None`: every job's).
+    fn run(&self, only: Option<IdMap<JobId, ()>>) -> Details {
+        let plan = super::greedy::plan_recording(
+            &self.snapshot,
+            self.now,
+            super::greedy::Scan::Pruned,
+            super::Detail::Full,
+            only,
+        );
+        match plan.details {
+            Explained::Recorded(d) => d,
+            _ => Details::default(),
+        }
+    }
 }
 
 impl Explained {
@@ -58,18 +73,7 @@ impl Explained {
         match self {
             Explained::Nothing => None,
             Explained::Recorded(d) => Some(d),
-            Explained::OnDemand(r) => Some(r.details.get_or_init(|| {
-                let full = super::greedy::plan(
-                    &r.snapshot,
-                    r.now,
-                    super::greedy::Scan::Pruned,
-                    super::Detail::Full,
-                );
-                match full.details {
-                    Explained::Recorded(d) => d,
-                    _ => Details::default(),
-                }
-            })),
+            Explained::OnDemand(r) => Some(r.details.get_or_init(|| r.run(None))),
         }
     }
 
@@ -88,15 +92,8 @@ impl Explained {
             Explained::OnDemand(r) if r.details.get().is_none() => r,
             _ => return jobs.iter().map(|j| self.candidates(j)).collect(),
         };
-        let only = jobs.iter().map(|&j| (j, ())).collect();
-        let plan = super::greedy::plan_recording(
-            &replay.snapshot,
-            replay.now,
-            super::greedy::Scan::Pruned,
-            super::Detail::Full,
-            Some(only),
-        );
-        jobs.iter().map(|j| plan.details.candidates(j)).collect()
+        let details = replay.run(Some(jobs.iter().map(|&j| (j, ())).collect()));
+        jobs.iter().map(|j| details.candidates(j)).collect()
     }
 }
 

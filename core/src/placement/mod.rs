@@ -86,16 +86,9 @@ impl Plan {
     /// from them; call it off latency-sensitive paths.
     pub fn explanation(&self, job: &JobId) -> Option<Explanation> {
         let e = self.explanations.get(job)?;
-        Some(Explanation {
-            job: e.job,
-            at: e.at,
-            outcome: e.outcome.clone(),
-            candidates: self.details.candidates(job),
-        })
+        Some(e.with_candidates(self.details.candidates(job)))
     }
-}
 
-impl Plan {
     /// The explanations of `jobs` (those in the plan), as [`Plan::explanation`] gives them.
     /// When the candidate lists are kept on demand and nobody has asked for one yet, the
     /// round is planned again recording these jobs' lists alone, at about the cost of the
@@ -111,13 +104,7 @@ impl Plan {
         jobs.iter()
             .zip(lists)
             .filter_map(|(job, candidates)| {
-                let e = self.explanations.get(job)?;
-                Some(Explanation {
-                    job: e.job,
-                    at: e.at,
-                    outcome: e.outcome.clone(),
-                    candidates,
-                })
+                Some(self.explanations.get(job)?.with_candidates(candidates))
             })
             .collect()
     }
@@ -330,6 +317,18 @@ pub struct Explanation {
     pub candidates: Vec<Candidate>,
 }
 
+impl Explanation {
+    /// This outcome with `candidates` (an outcome in [`Plan::explanations`] has none).
+    fn with_candidates(&self, candidates: Vec<Candidate>) -> Explanation {
+        Explanation {
+            job: self.job,
+            at: self.at,
+            outcome: self.outcome.clone(),
+            candidates,
+        }
+    }
+}
+
 /// Plans one round. See the module docs for the rules.
 ///
 /// Jobs are decided one at a time in queue order (priority after policy ceilings, then
@@ -422,12 +421,7 @@ impl<'a> Planner<'a> {
             }
             replay.plan.details
         });
-        Some(Explanation {
-            job: e.job,
-            at: e.at,
-            outcome: e.outcome.clone(),
-            candidates: details.candidates(job),
-        })
+        Some(e.with_candidates(details.candidates(job)))
     }
 
     /// The decisions so far.
