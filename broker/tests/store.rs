@@ -407,6 +407,34 @@ async fn concurrent_submissions_each_commit_and_a_bad_one_fails_alone() {
     assert_eq!(rec.spec, first.spec);
 }
 
+/// More submissions at once than PostgreSQL's batch writer lets wait (4,096): the ones past
+/// that wait for room rather than fail, and every one is acknowledged only once stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crowd_larger_than_the_submit_queue_waits_and_is_all_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path()).await;
+    let jobs: Vec<NewJob> = (0..4_500).map(|_| new_job("batch")).collect();
+    let tasks: Vec<_> = jobs
+        .iter()
+        .cloned()
+        .map(|job| {
+            let store = store.clone();
+            tokio::spawn(async move { store.insert_job(&job).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().expect("every submission is stored");
+    }
+    for job in jobs.iter().step_by(97) {
+        let rec = store
+            .job(job.id)
+            .await
+            .unwrap()
+            .expect("acknowledged, so stored");
+        assert_eq!(rec.spec, job.spec);
+    }
+}
+
 /// Cancels racing with a start report: the job ends up in one consistent state either way —
 /// cancelled at once (the start is then rejected) or stopping (cancel requested while running).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

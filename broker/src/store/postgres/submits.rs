@@ -18,6 +18,11 @@ use uuid::Uuid;
 /// The most rows one batch writes.
 const MAX_BATCH: usize = 512;
 
+/// The most submissions that wait for a batch: beyond it a submission waits for room before it
+/// queues, so a database slower than the submitters holds them back (each still holds its HTTP
+/// request) rather than growing the queue without end.
+const MAX_WAITING: usize = 8 * MAX_BATCH;
+
 /// One job row as stored, owned so it can wait in the queue.
 struct Row {
     id: Uuid,
@@ -41,13 +46,13 @@ struct Pending {
 /// The handle the store keeps: queues a row and waits for its commit.
 #[derive(Clone, Debug)]
 pub(super) struct Submits {
-    queue: mpsc::UnboundedSender<Pending>,
+    queue: mpsc::Sender<Pending>,
 }
 
 impl Submits {
     /// Starts the writer task on the current runtime.
     pub(super) fn start(pool: PgPool) -> Submits {
-        let (queue, rx) = mpsc::unbounded_channel();
+        let (queue, rx) = mpsc::channel(MAX_WAITING);
         tokio::spawn(write_batches(pool, rx));
         Submits { queue }
     }
@@ -74,12 +79,15 @@ impl Submits {
         };
         let (done, answer) = oneshot::channel();
         let gone = || StoreError::Corrupt("the submission writer has stopped".into());
-        self.queue.send(Pending { row, done }).map_err(|_| gone())?;
+        self.queue
+            .send(Pending { row, done })
+            .await
+            .map_err(|_| gone())?;
         answer.await.map_err(|_| gone())?
     }
 }
 
-async fn write_batches(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Pending>) {
+async fn write_batches(pool: PgPool, mut rx: mpsc::Receiver<Pending>) {
     let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let rows: Vec<&Row> = batch.iter().map(|p| &p.row).collect();
