@@ -95,17 +95,15 @@ impl Plan {
     /// decisions (rather than of every job's list), and nothing is kept: what the broker does
     /// for the jobs a round placed.
     pub fn explanations_of(&self, jobs: &[JobId]) -> Vec<Explanation> {
-        let jobs: Vec<JobId> = jobs
+        let outcomes: Vec<&Explanation> = jobs
             .iter()
-            .copied()
-            .filter(|j| self.explanations.contains_key(j))
+            .filter_map(|j| self.explanations.get(j))
             .collect();
-        let lists = self.details.candidates_of(&jobs);
-        jobs.iter()
-            .zip(lists)
-            .filter_map(|(job, candidates)| {
-                Some(self.explanations.get(job)?.with_candidates(candidates))
-            })
+        let ids: Vec<JobId> = outcomes.iter().map(|e| e.job).collect();
+        outcomes
+            .iter()
+            .zip(self.details.candidates_of(&ids))
+            .map(|(e, candidates)| e.with_candidates(candidates))
             .collect()
     }
 }
