@@ -603,6 +603,7 @@ struct WithPolicies<'a> {
     /// and the run is reported as given up.
     deadline: Instant,
     gave_up: bool,
+    inner: Switchyard,
 }
 
 impl Scheduler for WithPolicies<'_> {
@@ -625,13 +626,13 @@ impl Scheduler for WithPolicies<'_> {
                 .collect();
         }
         if self.policies.is_empty() {
-            return Switchyard.decide(view);
+            return self.inner.decide(view);
         }
         let snapshot = Snapshot {
             policies: self.policies.clone(),
             ..view.snapshot.clone()
         };
-        Switchyard.decide(&View {
+        self.inner.decide(&View {
             now: view.now,
             snapshot: &snapshot,
             markets: view.markets,
@@ -713,6 +714,7 @@ pub fn what_if(
             policies: Vec::new(),
             deadline,
             gave_up: false,
+            inner: Switchyard::default(),
         };
         let result = sim::run(&world.sim_world(records), &sim_jobs, &cfg, &mut scheduler);
         (!scheduler.gave_up).then(|| outcome(&result))

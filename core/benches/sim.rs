@@ -103,7 +103,7 @@ fn bench_sim(c: &mut Criterion) {
     let mut group = c.benchmark_group("sim_2000_jobs");
     group.sample_size(10);
     let makers: [(&str, MakeScheduler); 3] = [
-        ("switchyard", || Box::new(Switchyard)),
+        ("switchyard", || Box::new(Switchyard::default())),
         ("cheapest", || Box::new(Cheapest)),
         ("fifo-burst", || Box::new(FifoBurst::default())),
     ];

@@ -138,7 +138,7 @@ fn fifo_burst_waits_ten_minutes_then_bursts() {
 fn switchyard_waits_for_on_prem_when_the_deadline_allows() {
     // Deadline 3 h: the third job waits for the on-prem node (free at 3,600 s), ends at
     // 7,200 s ≤ 10,800 s, and costs $1 like the others.
-    let r = run(&mut Switchyard, &three_jobs(3.0));
+    let r = run(&mut Switchyard::default(), &three_jobs(3.0));
     assert_eq!(r.total_cost(), Money(3_000_000));
     assert_eq!(delays(&r), vec![Some(0.0), Some(0.0), Some(3600.0)]);
     assert_eq!(r.burst_instances, 0);
@@ -148,7 +148,7 @@ fn switchyard_waits_for_on_prem_when_the_deadline_allows() {
 #[test]
 fn switchyard_bursts_when_waiting_would_miss_the_deadline() {
     // Deadline 1.5 h = 5,400 s: waiting ends at 7,200 s, too late; a launch ends at 3,660 s.
-    let r = run(&mut Switchyard, &three_jobs(1.5));
+    let r = run(&mut Switchyard::default(), &three_jobs(1.5));
     assert_eq!(r.total_cost(), Money(6_260_000));
     assert!(r.jobs.iter().all(|j| j.met_deadline()));
     // Cheapest meets it too, at the same price; fifo-burst's third job ends at 4,260 s.
@@ -220,7 +220,7 @@ fn same_seed_same_result_for_every_scheduler() {
         .collect();
     let cfg = SimConfig::default();
     let scheds: [fn() -> Box<dyn Scheduler>; 3] = [
-        || Box::new(Switchyard),
+        || Box::new(Switchyard::default()),
         || Box::new(Cheapest),
         || Box::new(FifoBurst::default()),
     ];
@@ -268,7 +268,7 @@ fn lower_bound_is_below_every_schedule_that_meets_the_deadlines() {
         .collect();
     let bound = sim::lp_lower_bound(&world(0.0), &jobs, 64);
     for s in [
-        &mut Switchyard as &mut dyn Scheduler,
+        &mut Switchyard::default() as &mut dyn Scheduler,
         &mut Cheapest,
         &mut FifoBurst::default(),
     ] {

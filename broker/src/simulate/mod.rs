@@ -124,7 +124,7 @@ pub fn simulate(
     let mut schedulers: Vec<Box<dyn Scheduler>> = Vec::new();
     let wants = |w: Which| args.scheduler == Which::All || args.scheduler == w;
     if wants(Which::Switchyard) {
-        schedulers.push(Box::new(Switchyard));
+        schedulers.push(Box::new(Switchyard::default()));
     }
     if wants(Which::Cheapest) {
         schedulers.push(Box::new(Cheapest));

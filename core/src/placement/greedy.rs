@@ -75,7 +75,19 @@ pub(crate) fn plan_recording(
     detail: Detail,
     only: Option<IdMap<crate::domain::JobId, ()>>,
 ) -> Plan {
-    let mut round = Round::new(Index::new(snapshot, now), scan, detail);
+    let index = Index::new(snapshot, now);
+    plan_indexed(index, snapshot, scan, detail, only)
+}
+
+/// [`plan_recording`] on `snapshot` indexed.
+pub(crate) fn plan_indexed<'a>(
+    index: Index<'a>,
+    snapshot: &'a Snapshot,
+    scan: Scan,
+    detail: Detail,
+    only: Option<IdMap<crate::domain::JobId, ()>>,
+) -> Plan {
+    let mut round = Round::new(index, scan, detail);
     round.only = only;
     let queue = queue(&round.index, snapshot);
     let start_free: Vec<u32> = (0..round.index.pools.len())

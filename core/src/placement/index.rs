@@ -5,44 +5,27 @@
 //! here are only looked up, never iterated. Nothing here changes during a round; what does
 //! (free GPUs, planned launches) lives in `capacity`.
 //!
+//! What depends on the catalogue alone (regions, pools, spot rates: [`Catalogue`]) and on the
+//! node ids alone ([`NodeOrder`]) borrows nothing from the snapshot, so a caller that plans
+//! round after round keeps both in a [`PlanCache`] and builds them again only when what they
+//! came from changes.
+//!
 //! Ids are assumed unique within each vector of the snapshot (the broker's stores key them).
 
 use super::estimate::DEFAULT_INGRESS_GBPS;
 use crate::domain::{
-    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, Node, Pool, Priority, Region, RegionId,
-    RunningAttempt, Snapshot, SpotRule, TeamPolicy,
+    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, Node, NodeId, Pool, PoolId, Priority, Region,
+    RegionId, RunningAttempt, Snapshot, SpotRule, TeamPolicy,
 };
 use crate::money::Money;
 use crate::time::Timestamp;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
-/// FNV-1a: the index hashes short ids many times per round, where SipHash's resistance to
-/// flooding buys nothing (the broker's own ids) and costs a good part of the round.
-#[derive(Default)]
-pub(crate) struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.0
-        };
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        self.0 = h;
-    }
-}
-
-/// A hash map keyed by ids, hashed with [`Fnv`]. Only looked up, never iterated.
-pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+/// A hash map keyed by ids, hashed with `FxHash`: the index hashes ids many times per round,
+/// where SipHash's resistance to flooding buys nothing (the broker's own ids and the
+/// operator's catalogue) and costs a good part of the round. Only looked up, never iterated.
+pub(crate) type IdMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 
 /// One pool with what the planner looks up about it on every candidate.
 #[derive(Debug)]
@@ -84,8 +67,9 @@ pub(crate) struct Index<'a> {
     /// Pools by the GPU-hour price a job pays there, cheapest first (ties by id): for jobs that
     /// never use spot, and for jobs that may.
     by_price: [PriceOrder; 2],
-    region_keys: IdMap<&'a str, usize>,
-    regions: IdMap<&'a str, &'a Region>,
+    /// What is known from the catalogue alone.
+    catalogue: Arc<Catalogue>,
+    regions: &'a [Region],
     /// The region id of each region key.
     pub region_ids: Vec<&'a RegionId>,
     /// The GPU model (as some pool spells it) of each model key.
@@ -95,47 +79,116 @@ pub(crate) struct Index<'a> {
     pub max_ingress_gbps: u32,
 }
 
-impl<'a> Index<'a> {
-    pub(crate) fn new(snapshot: &'a Snapshot, now: Timestamp) -> Index<'a> {
-        let regions: IdMap<&str, &Region> = snapshot
-            .regions
-            .iter()
-            .map(|r| (r.id.as_str(), r))
-            .collect();
+/// What an index knows from a snapshot's catalogue alone (its regions, pools and spot
+/// interruption rates), as positions in those vectors: it borrows nothing, so a caller that
+/// plans the same catalogue round after round keeps it ([`PlanCache`]).
+#[derive(Debug)]
+pub(crate) struct Catalogue {
+    /// Positions in the snapshot's `pools`, sorted by pool id.
+    order: Vec<usize>,
+    /// Per pool, in id order: its keys, region and spot rate.
+    keys: Vec<PoolKeys>,
+    /// Pool id to its place in id order.
+    pool_pos: IdMap<String, usize>,
+    region_keys: IdMap<String, usize>,
+    /// Region id to its position in the snapshot's `regions` (the last of equal ids).
+    regions: IdMap<String, usize>,
+    /// Per region key, and per model key, the first pool (in id order) that has it: where its
+    /// spelling is.
+    region_key_pool: Vec<usize>,
+    model_key_pool: Vec<usize>,
+    by_price: [Arc<PriceTable>; 2],
+    max_ingress_gbps: u32,
+}
 
-        let mut pools: Vec<&Pool> = snapshot.pools.iter().collect();
-        // Callers that keep their pools sorted (the simulator) skip the sort's id comparisons.
-        if !pools.is_sorted_by(|a, b| a.id <= b.id) {
-            pools.sort_unstable_by(|a, b| a.id.cmp(&b.id));
-        }
-        let pool_pos: IdMap<&str, usize> = pools
+#[derive(Debug, Clone, Copy)]
+struct PoolKeys {
+    region_key: usize,
+    model_key: usize,
+    /// Position in the snapshot's `regions`.
+    region: Option<usize>,
+    spot_interruptions_ppm: u32,
+}
+
+/// The snapshot's nodes of known pools in id order, as positions in its `nodes`: what an index
+/// knows from the node ids and their pools alone, kept by [`PlanCache`] while they do not
+/// change (nodes come and go far less often than their free GPUs change).
+#[derive(Debug)]
+pub(crate) struct NodeOrder {
+    /// Positions in the snapshot's `nodes`, sorted by node id.
+    order: Vec<usize>,
+    /// Per node (in id order), its pool's place in id order.
+    node_pool: Vec<usize>,
+    /// Node id to its place in id order.
+    node_pos: IdMap<String, usize>,
+}
+
+impl NodeOrder {
+    fn new(snapshot: &Snapshot, catalogue: &Catalogue) -> NodeOrder {
+        let mut nodes: Vec<(usize, usize)> = snapshot
+            .nodes
             .iter()
             .enumerate()
-            .map(|(i, p)| (p.id.as_str(), i))
+            .filter_map(|(i, n)| catalogue.pool_pos.get(n.pool.as_str()).map(|&p| (i, p)))
             .collect();
+        let id = |i: usize| &snapshot.nodes[i].id;
+        if !nodes.is_sorted_by(|a, b| id(a.0) <= id(b.0)) {
+            nodes.sort_unstable_by(|a, b| id(a.0).cmp(id(b.0)));
+        }
+        let mut node_pos: IdMap<String, usize> = IdMap::default();
+        node_pos.reserve(nodes.len());
+        for (pos, &(i, _)) in nodes.iter().enumerate() {
+            node_pos.insert(id(i).as_str().to_owned(), pos);
+        }
+        let (order, node_pool) = nodes.into_iter().unzip();
+        NodeOrder {
+            order,
+            node_pool,
+            node_pos,
+        }
+    }
+}
 
-        let mut region_keys: IdMap<&str, usize> = IdMap::default();
-        let mut region_ids: Vec<&RegionId> = Vec::new();
-        let mut model_names: Vec<&str> = Vec::new();
+impl Catalogue {
+    pub(crate) fn new(snapshot: &Snapshot) -> Catalogue {
+        let mut regions: IdMap<String, usize> = IdMap::default();
+        for (i, r) in snapshot.regions.iter().enumerate() {
+            regions.insert(r.id.as_str().to_owned(), i);
+        }
+        let mut order: Vec<usize> = (0..snapshot.pools.len()).collect();
+        let by_id = |&a: &usize, &b: &usize| snapshot.pools[a].id.cmp(&snapshot.pools[b].id);
+        order.sort_by(by_id);
+        let pools: Vec<&Pool> = order.iter().map(|&i| &snapshot.pools[i]).collect();
+        let mut pool_pos: IdMap<String, usize> = IdMap::default();
+        for (i, p) in pools.iter().enumerate() {
+            pool_pos.insert(p.id.as_str().to_owned(), i);
+        }
+
+        let mut region_keys: IdMap<String, usize> = IdMap::default();
+        let mut region_key_pool: Vec<usize> = Vec::new();
+        let mut model_key_pool: Vec<usize> = Vec::new();
         // Interruption rates by pool id, walked alongside the pools (both sorted by id).
         let mut rates = snapshot.spot_interruptions_per_hour_ppm.iter().peekable();
-        let mut pools: Vec<PoolInfo> = pools
-            .into_iter()
-            .map(|pool| {
+        let keys: Vec<PoolKeys> = pools
+            .iter()
+            .enumerate()
+            .map(|(i, pool)| {
                 let next = region_keys.len();
-                let region_key = *region_keys.entry(pool.region.as_str()).or_insert_with(|| {
-                    region_ids.push(&pool.region);
-                    next
-                });
+                let region_key = *region_keys
+                    .entry(pool.region.as_str().to_owned())
+                    .or_insert_with(|| {
+                        region_key_pool.push(i);
+                        next
+                    });
                 // A handful of models: a scan beats hashing a lower-cased copy.
-                let model_key = match model_names
+                let model_key = match model_key_pool
                     .iter()
-                    .position(|m| m.eq_ignore_ascii_case(&pool.gpu_model))
+                    .position(|&m| pools[m].gpu_model.eq_ignore_ascii_case(&pool.gpu_model))
                 {
                     Some(key) => key,
                     None => {
-                        model_names.push(&pool.gpu_model);
-                        model_names.len() - 1
+                        model_key_pool.push(i);
+                        model_key_pool.len() - 1
                     }
                 };
                 while rates.next_if(|(id, _)| **id < pool.id).is_some() {}
@@ -143,41 +196,161 @@ impl<'a> Index<'a> {
                     .peek()
                     .filter(|(id, _)| **id == pool.id)
                     .map(|&(_, &r)| r);
-                PoolInfo {
-                    pool,
+                PoolKeys {
                     region_key,
                     model_key,
                     region: regions.get(pool.region.as_str()).copied(),
-                    nodes: Vec::new(),
                     spot_interruptions_ppm: rate.unwrap_or(DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM),
                 }
             })
             .collect();
 
-        let mut nodes: Vec<(&Node, usize)> = snapshot
-            .nodes
+        let by_price = [SpotRule::Never, SpotRule::Allowed].map(|rule| {
+            let mut order: Vec<(Money, usize)> = pools
+                .iter()
+                .enumerate()
+                .map(|(i, pool)| (pool.price_per_gpu_hour(pool.cheapest_market(rule)), i))
+                .collect();
+            order.sort_unstable();
+            Arc::new(PriceTable::new(
+                order,
+                &pools,
+                &keys,
+                rule,
+                region_key_pool.len(),
+                model_key_pool.len(),
+            ))
+        });
+
+        let max_ingress_gbps = keys
             .iter()
-            .filter_map(|n| pool_pos.get(n.pool.as_str()).map(|&p| (n, p)))
-            .collect();
-        if !nodes.is_sorted_by(|a, b| a.0.id <= b.0.id) {
-            nodes.sort_unstable_by(|a, b| a.0.id.cmp(&b.0.id));
+            .map(
+                |k| match k.region.map_or(0, |r| snapshot.regions[r].ingress_gbps) {
+                    0 => DEFAULT_INGRESS_GBPS,
+                    g => g,
+                },
+            )
+            .max()
+            .unwrap_or(DEFAULT_INGRESS_GBPS);
+        Catalogue {
+            order,
+            keys,
+            pool_pos,
+            region_keys,
+            regions,
+            region_key_pool,
+            model_key_pool,
+            by_price,
+            max_ingress_gbps,
         }
-        let (nodes, node_pool): (Vec<&Node>, Vec<usize>) = nodes.into_iter().unzip();
+    }
+}
+
+/// Planning state a caller keeps between rounds over the same catalogue (the simulator, or the
+/// broker between catalogue changes): the index of the snapshot's regions, pools and spot
+/// interruption rates, built again only when one of them changes. Plans made with it are those
+/// made without it ([`super::plan_cached`]).
+#[derive(Debug, Default)]
+pub struct PlanCache {
+    /// The catalogue `catalogue` was built from, to tell when it changes.
+    regions: Vec<Region>,
+    pools: Vec<Pool>,
+    rates: BTreeMap<PoolId, u32>,
+    catalogue: Option<Arc<Catalogue>>,
+    /// The node ids and pools (in the snapshot's order) `nodes` was built from.
+    node_ids: Vec<(NodeId, PoolId)>,
+    nodes: Option<Arc<NodeOrder>>,
+}
+
+impl PlanCache {
+    /// The index of `snapshot`'s catalogue, and the order of its nodes: the kept ones while
+    /// what they were built from is equal in `snapshot`.
+    pub(crate) fn get(&mut self, snapshot: &Snapshot) -> (Arc<Catalogue>, Arc<NodeOrder>) {
+        let catalogue = match &self.catalogue {
+            Some(c)
+                if self.pools == snapshot.pools
+                    && self.regions == snapshot.regions
+                    && self.rates == snapshot.spot_interruptions_per_hour_ppm =>
+            {
+                Arc::clone(c)
+            }
+            _ => {
+                self.pools.clone_from(&snapshot.pools);
+                self.regions.clone_from(&snapshot.regions);
+                self.rates
+                    .clone_from(&snapshot.spot_interruptions_per_hour_ppm);
+                self.nodes = None;
+                Arc::clone(self.catalogue.insert(Arc::new(Catalogue::new(snapshot))))
+            }
+        };
+        let same_nodes = self.node_ids.len() == snapshot.nodes.len()
+            && self
+                .node_ids
+                .iter()
+                .zip(&snapshot.nodes)
+                .all(|((id, pool), n)| *id == n.id && *pool == n.pool);
+        let nodes = match &self.nodes {
+            Some(n) if same_nodes => Arc::clone(n),
+            _ => {
+                self.node_ids.clear();
+                self.node_ids.extend(
+                    snapshot
+                        .nodes
+                        .iter()
+                        .map(|n| (n.id.clone(), n.pool.clone())),
+                );
+                Arc::clone(
+                    self.nodes
+                        .insert(Arc::new(NodeOrder::new(snapshot, &catalogue))),
+                )
+            }
+        };
+        (catalogue, nodes)
+    }
+}
+
+impl<'a> Index<'a> {
+    pub(crate) fn new(snapshot: &'a Snapshot, now: Timestamp) -> Index<'a> {
+        Index::with_catalogue(snapshot, now, Arc::new(Catalogue::new(snapshot)), None)
+    }
+
+    /// The index of `snapshot`, given the index of its catalogue (built from this snapshot's
+    /// regions, pools and rates, or equal ones).
+    pub(crate) fn with_catalogue(
+        snapshot: &'a Snapshot,
+        now: Timestamp,
+        catalogue: Arc<Catalogue>,
+        nodes: Option<Arc<NodeOrder>>,
+    ) -> Index<'a> {
+        let cat = &*catalogue;
+        let mut pools: Vec<PoolInfo> = cat
+            .order
+            .iter()
+            .zip(&cat.keys)
+            .map(|(&i, k)| PoolInfo {
+                pool: &snapshot.pools[i],
+                region_key: k.region_key,
+                model_key: k.model_key,
+                region: k.region.map(|r| &snapshot.regions[r]),
+                nodes: Vec::new(),
+                spot_interruptions_ppm: k.spot_interruptions_ppm,
+            })
+            .collect();
+
+        let order = nodes.unwrap_or_else(|| Arc::new(NodeOrder::new(snapshot, cat)));
+        let nodes: Vec<&Node> = order.order.iter().map(|&i| &snapshot.nodes[i]).collect();
+        let node_pool = order.node_pool.clone();
         for (i, &p) in node_pool.iter().enumerate() {
             pools[p].nodes.push(i);
         }
-
-        let node_pos: IdMap<&str, usize> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.id.as_str(), i))
-            .collect();
-        let mut running: Vec<(usize, &RunningAttempt)> = snapshot
+        let node_pos = &order.node_pos;
+        // In the snapshot's order: what reads it goes through the per-node lists below (and
+        // the releases, sorted per node), which sort by their own keys.
+        let running: Vec<(usize, &RunningAttempt)> = snapshot
             .running
             .iter()
             .filter_map(|a| node_pos.get(a.node.as_str()).map(|&n| (n, a)))
             .collect();
-        running.sort_unstable_by_key(|a| (a.0, a.1.attempt));
         let mut preemptible = vec![Vec::new(); nodes.len()];
         for (i, (node, attempt)) in running.iter().enumerate() {
             if attempt.priority == Priority::Low {
@@ -200,34 +373,22 @@ impl<'a> Index<'a> {
         let mut policies: Vec<&TeamPolicy> = snapshot.policies.iter().collect();
         policies.sort();
 
-        let regions_n = region_ids.len();
-        let models_n = model_names.len();
-        let by_price = [SpotRule::Never, SpotRule::Allowed].map(|rule| {
-            let mut order: Vec<(Money, usize)> = pools
-                .iter()
-                .enumerate()
-                .map(|(i, info)| {
-                    (
-                        info.pool
-                            .price_per_gpu_hour(info.pool.cheapest_market(rule)),
-                        i,
-                    )
-                })
-                .collect();
-            order.sort_unstable();
-            PriceOrder::new(order, &pools, rule, regions_n, models_n)
+        let by_price = cat.by_price.each_ref().map(|table| PriceOrder {
+            next_with_nodes: table.next_with_nodes(&pools),
+            table: Arc::clone(table),
         });
-
-        let max_ingress_gbps = pools
+        let region_ids = cat
+            .region_key_pool
             .iter()
-            .map(|p| match p.region.map_or(0, |r| r.ingress_gbps) {
-                0 => DEFAULT_INGRESS_GBPS,
-                g => g,
-            })
-            .max()
-            .unwrap_or(DEFAULT_INGRESS_GBPS);
+            .map(|&p| &pools[p].pool.region)
+            .collect();
+        let model_names = cat
+            .model_key_pool
+            .iter()
+            .map(|&p| pools[p].pool.gpu_model.as_str())
+            .collect();
         Index {
-            max_ingress_gbps,
+            max_ingress_gbps: cat.max_ingress_gbps,
             now,
             burst_enabled: snapshot.burst_enabled,
             pools,
@@ -238,20 +399,24 @@ impl<'a> Index<'a> {
             preemptible_nodes,
             policies,
             by_price,
-            region_keys,
-            regions,
+            regions: &snapshot.regions,
             region_ids,
             model_names,
+            catalogue,
         }
     }
 
     /// The interned key of a region that has a pool; `None` when no pool is there.
     pub(crate) fn region_key(&self, id: &RegionId) -> Option<usize> {
-        self.region_keys.get(id.as_str()).copied()
+        self.catalogue.region_keys.get(id.as_str()).copied()
     }
 
     pub(crate) fn region(&self, id: &RegionId) -> Option<&'a Region> {
-        self.regions.get(id.as_str()).copied()
+        let regions = self.regions;
+        self.catalogue
+            .regions
+            .get(id.as_str())
+            .map(|&r| &regions[r])
     }
 
     /// Every pool with the GPU-hour price a job with this spot rule pays there, cheapest first.
@@ -280,9 +445,27 @@ impl<'a> Index<'a> {
 }
 
 /// Pools by the GPU-hour price a job pays there, cheapest first (ties by id), with what the
-/// pruned scan needs to bound what the pools from a position on can offer.
+/// pruned scan needs to bound what the pools from a position on can offer: the catalogue's
+/// [`PriceTable`] and what depends on the round's nodes.
 #[derive(Debug)]
 pub(crate) struct PriceOrder {
+    table: Arc<PriceTable>,
+    /// Per position, the first position from it on of a pool with nodes (`len`: none): only
+    /// those offer a share of a node (free now, a wait, a preemption); the others only launch.
+    pub next_with_nodes: Vec<usize>,
+}
+
+impl std::ops::Deref for PriceOrder {
+    type Target = PriceTable;
+
+    fn deref(&self) -> &PriceTable {
+        &self.table
+    }
+}
+
+/// The part of a [`PriceOrder`] known from the catalogue alone.
+#[derive(Debug)]
+pub(crate) struct PriceTable {
     pub pools: Vec<(Money, usize)>,
     /// Per position, the first position with a higher price (the end of its price tier).
     pub tier_end: Vec<usize>,
@@ -294,9 +477,6 @@ pub(crate) struct PriceOrder {
     /// position, the lowest node-hour price (in the cheapest market the order's jobs may use)
     /// of such a launchable pool from it on: what a launch there pays at least per node.
     pub min_node_price_from: Vec<Vec<Option<Money>>>,
-    /// Per position, the first position from it on of a pool with nodes (`len`: none): only
-    /// those offer a share of a node (free now, a wait, a preemption); the others only launch.
-    pub next_with_nodes: Vec<usize>,
     /// Per pool, its position.
     pub position: Vec<usize>,
     /// Bitsets over positions ([`PoolMask`]) of the pools in each region key, in each model
@@ -398,28 +578,28 @@ impl Iterator for Bits {
     }
 }
 
-impl PriceOrder {
+impl PriceTable {
     fn new(
         pools: Vec<(Money, usize)>,
-        info: &[PoolInfo],
+        info: &[&Pool],
+        keys: &[PoolKeys],
         spot: SpotRule,
         regions: usize,
         models: usize,
-    ) -> PriceOrder {
+    ) -> PriceTable {
         let n = pools.len();
         let mut in_region = vec![PoolMask::empty(n); regions];
         let mut of_model = vec![PoolMask::empty(n); models];
-        let mut sizes: Vec<u32> = info.iter().map(|i| i.pool.gpus_per_node).collect();
+        let mut sizes: Vec<u32> = info.iter().map(|p| p.gpus_per_node).collect();
         sizes.sort_unstable();
         sizes.dedup();
         let mut gpus_at_least: Vec<(u32, PoolMask)> =
             sizes.into_iter().map(|g| (g, PoolMask::empty(n))).collect();
         for (pos, &(_, pool)) in pools.iter().enumerate() {
-            let i = &info[pool];
-            in_region[i.region_key].insert(pos);
-            of_model[i.model_key].insert(pos);
+            in_region[keys[pool].region_key].insert(pos);
+            of_model[keys[pool].model_key].insert(pos);
             for (g, mask) in &mut gpus_at_least {
-                if i.pool.gpus_per_node >= *g {
+                if info[pool].gpus_per_node >= *g {
                     mask.insert(pos);
                 }
             }
@@ -429,7 +609,6 @@ impl PriceOrder {
         let mut min_boot_from = vec![None; n];
         let mut boot: Option<u32> = None;
         let mut min_node_price_from = vec![vec![None; n + 1]; gpus_at_least.len()];
-        let mut next_with_nodes = vec![n; n + 1];
         for i in (0..n).rev() {
             let (price, pool) = pools[i];
             let same_tier = i + 1 < n && pools[i + 1].0 == price;
@@ -440,7 +619,7 @@ impl PriceOrder {
                 tier_end[i] = i + 1;
                 tier_min_pool[i] = pool;
             }
-            let p = info[pool].pool;
+            let p = info[pool];
             if p.launchable {
                 boot = Some(boot.map_or(p.boot_time_s, |b| b.min(p.boot_time_s)));
             }
@@ -455,26 +634,34 @@ impl PriceOrder {
                     (a, b) => a.or(b),
                 };
             }
-            next_with_nodes[i] = match info[pool].nodes.is_empty() {
-                true => next_with_nodes[i + 1],
-                false => i,
-            };
         }
         let mut position = vec![0; n];
         for (pos, &(_, pool)) in pools.iter().enumerate() {
             position[pool] = pos;
         }
-        PriceOrder {
+        PriceTable {
             position,
             pools,
             tier_end,
             tier_min_pool,
             min_boot_from,
             min_node_price_from,
-            next_with_nodes,
             in_region,
             of_model,
             gpus_at_least,
         }
+    }
+
+    /// Per position, the first position from it on of a pool with nodes (`len`: none).
+    fn next_with_nodes(&self, pools: &[PoolInfo]) -> Vec<usize> {
+        let n = self.pools.len();
+        let mut next = vec![n; n + 1];
+        for i in (0..n).rev() {
+            next[i] = match pools[self.pools[i].1].nodes.is_empty() {
+                true => next[i + 1],
+                false => i,
+            };
+        }
+        next
     }
 }

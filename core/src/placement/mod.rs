@@ -38,6 +38,7 @@ mod preempt;
 mod tests;
 
 pub use constraints::hard_constraint;
+pub use index::PlanCache;
 
 use crate::domain::*;
 use crate::money::Money;
@@ -368,6 +369,21 @@ pub enum Detail {
 /// scans fewer pools.
 pub fn plan_with(snapshot: &Snapshot, now: Timestamp, detail: Detail) -> Plan {
     greedy::plan(snapshot, now, greedy::Scan::Pruned, detail)
+}
+
+/// [`plan_with`] for a caller that plans round after round: `cache` keeps the index of the
+/// snapshot's catalogue (its regions, pools and spot interruption rates) and the order of its
+/// nodes, and builds each again only when what it came from changes (compared in full every
+/// call). That is most of the work of indexing a round. The plan is the one [`plan_with`] makes.
+pub fn plan_cached(
+    cache: &mut PlanCache,
+    snapshot: &Snapshot,
+    now: Timestamp,
+    detail: Detail,
+) -> Plan {
+    let (catalogue, nodes) = cache.get(snapshot);
+    let index = index::Index::with_catalogue(snapshot, now, catalogue, Some(nodes));
+    greedy::plan_indexed(index, snapshot, greedy::Scan::Pruned, detail, None)
 }
 
 /// A warm planning state for placing jobs one at a time, as they arrive: the snapshot is

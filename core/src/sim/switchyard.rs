@@ -16,7 +16,10 @@ use crate::placement::Outcome;
 const MIN_MARGIN_S: i64 = 60;
 
 #[derive(Debug, Default)]
-pub struct Switchyard;
+pub struct Switchyard {
+    /// The simulated catalogue changes only with the scenario: its index is kept.
+    cache: crate::placement::PlanCache,
+}
 
 impl Scheduler for Switchyard {
     fn name(&self) -> &str {
@@ -26,7 +29,12 @@ impl Scheduler for Switchyard {
     fn decide(&mut self, view: &View<'_>) -> Decisions {
         let snap = view.snapshot;
         // The adapter acts on decisions and shows no explanation: skip the candidate lists.
-        let plan = crate::placement::plan_with(snap, view.now, crate::placement::Detail::Outcomes);
+        let plan = crate::placement::plan_cached(
+            &mut self.cache,
+            snap,
+            view.now,
+            crate::placement::Detail::Outcomes,
+        );
         // Victims first: the jobs they make room for are assigned to the freed GPUs.
         let mut actions: Vec<Action> = plan
             .preemptions

@@ -6,6 +6,7 @@
 //! ($0.09/GB out, 20 ms, 10 Gbit/s in) and `gcp:euw4` ($0.12/GB out, 120 ms, ingress unstated).
 //! Jobs default to 1 GPU for one hour, normal priority, no deadline, on-demand only.
 
+mod cache;
 mod cases;
 #[path = "../../../benches/support/fleet.rs"]
 mod fleet;

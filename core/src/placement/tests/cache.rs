@@ -1,0 +1,134 @@
+//! A [`PlanCache`] kept across rounds must never change a plan: through a run of rounds whose
+//! snapshot changes a little each time (free GPUs, nodes joining and leaving, a price, a spot
+//! rate, a region's latency, the order of the vectors), each plan made with the cache is the
+//! one made without it.
+
+use super::fleet::{NOW, fleet};
+use super::{Detail, PlanCache, plan_cached, plan_with};
+use crate::domain::*;
+use crate::money::Money;
+use proptest::prelude::*;
+
+/// One change between two rounds.
+#[derive(Clone, Debug)]
+enum Change {
+    /// A node's free GPUs (by position, modulo the node count).
+    FreeGpus(usize, u32),
+    /// A node leaves.
+    NodeLeaves(usize),
+    /// A node of pool `.0` joins, with id suffix `.1`.
+    NodeJoins(usize, u32),
+    /// A pool's on-demand price moves by `.1` micros.
+    Price(usize, i64),
+    /// A pool's spot interruption rate is set.
+    SpotRate(usize, u32),
+    /// A region's latency changes.
+    Latency(usize, u32),
+    /// The pools, nodes and regions are listed in reverse.
+    Reverse,
+    /// A queued job leaves.
+    JobLeaves(usize),
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        3 => (any::<usize>(), 0u32..9).prop_map(|(n, f)| Change::FreeGpus(n, f)),
+        1 => any::<usize>().prop_map(Change::NodeLeaves),
+        1 => (any::<usize>(), any::<u32>()).prop_map(|(p, s)| Change::NodeJoins(p, s)),
+        1 => (any::<usize>(), -500_000i64..500_000).prop_map(|(p, d)| Change::Price(p, d)),
+        1 => (any::<usize>(), 0u32..200_000).prop_map(|(p, r)| Change::SpotRate(p, r)),
+        1 => (any::<usize>(), 1u32..300).prop_map(|(r, l)| Change::Latency(r, l)),
+        1 => Just(Change::Reverse),
+        1 => any::<usize>().prop_map(Change::JobLeaves),
+    ]
+}
+
+fn apply(snapshot: &mut Snapshot, change: &Change) {
+    let pick = |i: usize, len: usize| (len > 0).then(|| i % len);
+    match *change {
+        Change::FreeGpus(n, free) => {
+            if let Some(n) = pick(n, snapshot.nodes.len()) {
+                let node = &mut snapshot.nodes[n];
+                node.gpus_free = free.min(node.gpus_total);
+            }
+        }
+        Change::NodeLeaves(n) => {
+            if let Some(n) = pick(n, snapshot.nodes.len()) {
+                snapshot.nodes.swap_remove(n);
+            }
+        }
+        Change::NodeJoins(p, suffix) => {
+            if let Some(p) = pick(p, snapshot.pools.len()) {
+                let pool = &snapshot.pools[p];
+                snapshot.nodes.push(Node {
+                    id: NodeId::new(format!("{}/joined-{suffix}", pool.id)),
+                    pool: pool.id.clone(),
+                    gpus_total: pool.gpus_per_node,
+                    gpus_free: pool.gpus_per_node,
+                    healthy: true,
+                    draining: false,
+                    last_heartbeat: NOW,
+                });
+            }
+        }
+        Change::Price(p, delta) => {
+            if let Some(p) = pick(p, snapshot.pools.len()) {
+                let pool = &mut snapshot.pools[p];
+                let price = pool
+                    .on_demand_per_hour
+                    .micros()
+                    .saturating_add(delta)
+                    .max(1);
+                pool.on_demand_per_hour = Money::from_micros(price);
+            }
+        }
+        Change::SpotRate(p, rate) => {
+            if let Some(p) = pick(p, snapshot.pools.len()) {
+                let id = snapshot.pools[p].id.clone();
+                snapshot.spot_interruptions_per_hour_ppm.insert(id, rate);
+            }
+        }
+        Change::Latency(r, latency) => {
+            if let Some(r) = pick(r, snapshot.regions.len()) {
+                snapshot.regions[r].latency_ms = latency;
+            }
+        }
+        Change::Reverse => {
+            snapshot.pools.reverse();
+            snapshot.nodes.reverse();
+            snapshot.regions.reverse();
+        }
+        Change::JobLeaves(j) => {
+            if let Some(j) = pick(j, snapshot.queued.len()) {
+                snapshot.queued.swap_remove(j);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn a_kept_cache_plans_as_no_cache(
+        seed in any::<u64>(),
+        jobs in 1usize..40,
+        pools in 1usize..60,
+        nodes in 0usize..80,
+        changes in proptest::collection::vec(change(), 1..12),
+    ) {
+        let mut snapshot = fleet(seed, jobs, pools, nodes);
+        let mut cache = PlanCache::default();
+        let mut now = NOW;
+        for change in std::iter::once(None).chain(changes.iter().map(Some)) {
+            if let Some(change) = change {
+                apply(&mut snapshot, change);
+            }
+            now = now.plus_secs(30);
+            let cached = plan_cached(&mut cache, &snapshot, now, Detail::Outcomes);
+            prop_assert_eq!(&cached, &plan_with(&snapshot, now, Detail::Outcomes));
+            // The same round again, with nothing changed, from what the cache kept.
+            prop_assert_eq!(&cached, &plan_cached(&mut cache, &snapshot, now, Detail::Outcomes));
+        }
+    }
+}
