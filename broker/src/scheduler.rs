@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use switchyard_core::{
-    AttemptId, Explanation, JobId, Node, NodeId, Plan, Pool, Priority, QueuedJob, Region,
-    RunningAttempt, Snapshot, Timestamp, plan_shared,
+    AttemptId, Explanation, JobId, Node, NodeId, Plan, PlanCache, Pool, Priority, QueuedJob,
+    Region, RunningAttempt, Snapshot, Timestamp, plan_shared_cached,
 };
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -142,6 +142,9 @@ struct State {
     waiting_for_instance: HashMap<JobId, String>,
     /// Pools that may not launch now (capacity or quota errors lately).
     backed_off: HashMap<switchyard_core::PoolId, Timestamp>,
+    /// The planner's index of the catalogue and of the node set, kept between rounds while
+    /// they do not change.
+    plan_cache: PlanCache,
 }
 
 impl State {
@@ -498,7 +501,7 @@ impl Worker {
         let started = std::time::Instant::now();
         // The plan keeps the snapshot to work out its explanations when first asked for:
         // after the commit, off this loop (see `explain_committed`).
-        let plan = plan_shared(Arc::new(snapshot), now);
+        let plan = plan_shared_cached(&mut state.plan_cache, Arc::new(snapshot), now);
         let plan_us = started.elapsed().as_micros() as u64;
         app.metrics
             .observe_plan(started.elapsed().as_secs_f64(), queued);

@@ -16,7 +16,7 @@ pub use domain::*;
 pub use money::Money;
 pub use placement::{
     Assignment, Candidate, CandidateKind, Explanation, Hold, HoldCode, Launch, Outcome, Plan,
-    Planner, Preemption, Rejection, plan, plan_shared,
+    PlanCache, Planner, Preemption, Rejection, plan, plan_shared, plan_shared_cached,
 };
 pub use time::Timestamp;
 pub use validate::{Unsatisfiable, check_satisfiable};

@@ -345,7 +345,23 @@ pub fn plan(snapshot: &Snapshot, now: Timestamp) -> Plan {
 
 /// [`plan`] for a snapshot the caller hands over: the plan keeps it to explain itself.
 pub fn plan_shared(snapshot: std::sync::Arc<Snapshot>, now: Timestamp) -> Plan {
-    let mut plan = greedy::plan(&snapshot, now, greedy::Scan::Pruned, Detail::Outcomes);
+    let plan = greedy::plan(&snapshot, now, greedy::Scan::Pruned, Detail::Outcomes);
+    explained_on_demand(plan, snapshot, now)
+}
+
+/// [`plan_shared`] with a [`PlanCache`] kept between rounds (as the broker's scheduler does):
+/// the same plan, explanations and all.
+pub fn plan_shared_cached(
+    cache: &mut PlanCache,
+    snapshot: std::sync::Arc<Snapshot>,
+    now: Timestamp,
+) -> Plan {
+    let plan = plan_cached(cache, &snapshot, now, Detail::Outcomes);
+    explained_on_demand(plan, snapshot, now)
+}
+
+/// `plan` (made with outcomes only) explaining itself on demand from `snapshot`.
+fn explained_on_demand(mut plan: Plan, snapshot: std::sync::Arc<Snapshot>, now: Timestamp) -> Plan {
     plan.details =
         explain::Explained::OnDemand(std::sync::Arc::new(explain::Replay::new(snapshot, now)));
     plan

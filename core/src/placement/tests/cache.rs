@@ -1,10 +1,10 @@
 //! A [`PlanCache`] kept across rounds must never change a plan: through a run of rounds whose
 //! snapshot changes a little each time (free GPUs, nodes joining and leaving, a price, a spot
 //! rate, a region's latency, the order of the vectors), each plan made with the cache is the
-//! one made without it.
+//! one made without it, and the broker's `plan_shared_cached` explains as `plan` does.
 
 use super::fleet::{NOW, fleet};
-use super::{Detail, PlanCache, plan_cached, plan_with};
+use super::{Detail, PlanCache, plan_cached, plan_shared_cached, plan_with};
 use crate::domain::*;
 use crate::money::Money;
 use proptest::prelude::*;
@@ -130,5 +130,8 @@ proptest! {
             // The same round again, with nothing changed, from what the cache kept.
             prop_assert_eq!(&cached, &plan_cached(&mut cache, &snapshot, now, Detail::Outcomes));
         }
+        // As the broker plans: explanations and all, those of `plan`.
+        let shared = plan_shared_cached(&mut cache, std::sync::Arc::new(snapshot.clone()), now);
+        prop_assert_eq!(&shared, &super::plan(&snapshot, now));
     }
 }
