@@ -315,7 +315,9 @@ impl<'a> Index<'a> {
     }
 
     /// The index of `snapshot`, given the index of its catalogue (built from this snapshot's
-    /// regions, pools and rates, or equal ones).
+    /// regions, pools and rates, or equal ones) and, when kept, the order of its nodes (built
+    /// from nodes with the same ids and pools, in the same order, and the same catalogue);
+    /// `None` works it out.
     pub(crate) fn with_catalogue(
         snapshot: &'a Snapshot,
         now: Timestamp,
