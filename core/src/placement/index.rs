@@ -69,6 +69,7 @@ pub(crate) struct Index<'a> {
     by_price: [PriceOrder; 2],
     /// What is known from the catalogue alone.
     catalogue: Arc<Catalogue>,
+    /// The snapshot's regions, which the catalogue's region positions point into.
     regions: &'a [Region],
     /// The region id of each region key.
     pub region_ids: Vec<&'a RegionId>,
@@ -246,10 +247,11 @@ impl Catalogue {
     }
 }
 
-/// Planning state a caller keeps between rounds over the same catalogue (the simulator, or the
-/// broker between catalogue changes): the index of the snapshot's regions, pools and spot
-/// interruption rates, built again only when one of them changes. Plans made with it are those
-/// made without it ([`super::plan_cached`]).
+/// Planning state a caller keeps between rounds (the simulator, the broker's scheduler): the
+/// index of the snapshot's regions, pools and spot interruption rates, built again only when
+/// one of them changes, and the order of its nodes, built again only when their ids or pools
+/// (or the catalogue) change. Plans made with it are those made without it
+/// ([`super::plan_cached`]).
 #[derive(Debug, Default)]
 pub struct PlanCache {
     /// The catalogue `catalogue` was built from, to tell when it changes.
