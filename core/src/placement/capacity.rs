@@ -46,10 +46,18 @@ impl MinTree {
 
     fn set(&mut self, slot: usize, leaf: (i64, usize)) {
         let mut i = self.size + slot;
+        if self.data[i] == leaf {
+            return;
+        }
         self.data[i] = leaf;
         while i > 1 {
             i /= 2;
-            self.data[i] = self.data[2 * i].min(self.data[2 * i + 1]);
+            let least = self.data[2 * i].min(self.data[2 * i + 1]);
+            if self.data[i] == least {
+                // Every node above is the least of what it was: unchanged.
+                return;
+            }
+            self.data[i] = least;
         }
     }
 
@@ -95,61 +103,150 @@ pub(crate) struct Capacity {
     /// Per price order of the index and GPU count `g` in `1..FIT_MEMO` (at `g - 1`): the
     /// positions of the pools where a usable node has `g` GPUs free now.
     free_now: [Vec<PoolMask>; 2],
+    /// The nodes changed this round (repeats allowed) and the pools launched into: what
+    /// [`Capacity::restore`] puts back.
+    changed: Vec<usize>,
+    launched: Vec<usize>,
 }
 
 impl Capacity {
     pub(crate) fn new(index: &Index) -> Capacity {
-        let free: Vec<u32> = index.nodes.iter().map(|n| n.gpus_free).collect();
-        let ceiling = index
-            .nodes
-            .iter()
-            .map(|n| n.gpus_total.max(n.gpus_free))
-            .collect();
-        let mut fit = vec![BTreeSet::new(); index.pools.len()];
-        for (node, &pool) in index.node_pool.iter().enumerate() {
-            if index.usable(node) {
-                fit[pool].insert((free[node], node));
-            }
-        }
-        let mut releases = vec![Vec::new(); index.nodes.len()];
-        for &(node, attempt) in &index.running {
-            if let Some(end) = release_time(index, attempt.expected_end) {
-                releases[node].push((end, attempt.gpus));
-            }
-        }
-        for r in &mut releases {
-            r.sort_unstable();
-        }
-        Capacity {
-            wait_free: free.clone(),
-            free,
-            ceiling,
-            fit,
-            releases,
-            launches: vec![0; index.pools.len()],
-            fit_memo: vec![[FIT_UNKNOWN; FIT_MEMO]; index.pools.len()],
-            trees: (0..index.pools.len()).map(|_| Default::default()).collect(),
-            slot: {
-                let mut slot = vec![0; index.nodes.len()];
-                for info in &index.pools {
-                    for (i, &node) in info.nodes.iter().enumerate() {
-                        slot[node] = i;
-                    }
-                }
-                slot
-            },
-            waits: vec![Vec::new(); index.pools.len()],
-            preempted: vec![false; index.running.len()],
-            free_now: [0, 1].map(|_| vec![PoolMask::empty(index.pools.len()); FIT_MEMO - 1]),
-        }
-        .with_free_now(index)
+        let mut capacity = Capacity {
+            free: Vec::new(),
+            wait_free: Vec::new(),
+            ceiling: Vec::new(),
+            fit: Vec::new(),
+            releases: Vec::new(),
+            launches: Vec::new(),
+            fit_memo: Vec::new(),
+            trees: Vec::new(),
+            slot: Vec::new(),
+            waits: Vec::new(),
+            preempted: Vec::new(),
+            free_now: [Vec::new(), Vec::new()],
+            changed: Vec::new(),
+            launched: Vec::new(),
+        };
+        capacity.rebuild(index);
+        capacity
     }
 
-    fn with_free_now(mut self, index: &Index) -> Capacity {
-        for pool in 0..index.pools.len() {
+    /// Makes this the capacity [`Capacity::new`] gives for `index`, in the buffers it already
+    /// has: a planner that plans round after round keeps one and allocates little per round.
+    pub(crate) fn rebuild(&mut self, index: &Index) {
+        let (pools, nodes) = (index.pools.len(), index.nodes.len());
+        refill(&mut self.free, index.nodes.iter().map(|n| n.gpus_free));
+        self.wait_free.clone_from(&self.free);
+        refill(
+            &mut self.ceiling,
+            index.nodes.iter().map(|n| n.gpus_total.max(n.gpus_free)),
+        );
+        self.fit.truncate(pools);
+        self.fit.iter_mut().for_each(BTreeSet::clear);
+        self.fit.resize_with(pools, BTreeSet::new);
+        for (node, &pool) in index.node_pool.iter().enumerate() {
+            if index.usable(node) {
+                self.fit[pool].insert((self.free[node], node));
+            }
+        }
+        self.releases.truncate(nodes);
+        self.releases.iter_mut().for_each(Vec::clear);
+        self.releases.resize_with(nodes, Vec::new);
+        for &(node, attempt) in &index.running {
+            if let Some(end) = release_time(index, attempt.expected_end) {
+                self.releases[node].push((end, attempt.gpus));
+            }
+        }
+        for r in &mut self.releases {
+            r.sort_unstable();
+        }
+        refill(&mut self.launches, (0..pools).map(|_| 0));
+        refill(
+            &mut self.fit_memo,
+            (0..pools).map(|_| [FIT_UNKNOWN; FIT_MEMO]),
+        );
+        self.trees.truncate(pools);
+        for trees in &mut self.trees {
+            if trees.iter().any(Option::is_some) {
+                *trees = Default::default();
+            }
+        }
+        self.trees.resize_with(pools, Default::default);
+        self.slot.clear();
+        self.slot.resize(nodes, 0);
+        for info in &index.pools {
+            for (i, &node) in info.nodes.iter().enumerate() {
+                self.slot[node] = i;
+            }
+        }
+        self.waits.truncate(pools);
+        self.waits.iter_mut().for_each(Vec::clear);
+        self.waits.resize_with(pools, Vec::new);
+        self.preempted.clear();
+        self.preempted.resize(index.running.len(), false);
+        for masks in &mut self.free_now {
+            masks.truncate(FIT_MEMO - 1);
+            for mask in masks.iter_mut() {
+                mask.clear_to(pools);
+            }
+            masks.resize_with(FIT_MEMO - 1, || PoolMask::empty(pools));
+        }
+        self.changed.clear();
+        self.launched.clear();
+        // A pool without a usable node has no GPU free: its bits are already clear.
+        for pool in 0..pools {
+            if !self.fit[pool].is_empty() {
+                self.refresh_free_now(index, pool);
+            }
+        }
+    }
+
+    /// Back to the capacity the round started from, as [`Capacity::new`] of the same index
+    /// would give, rebuilding only what the round changed: the nodes it assigned, reserved or
+    /// preempted on, their pools' memos, and the launches.
+    pub(crate) fn restore(&mut self, index: &Index) {
+        let mut changed = std::mem::take(&mut self.changed);
+        changed.sort_unstable();
+        changed.dedup();
+        for &node in &changed {
+            self.releases[node].clear();
+        }
+        if !changed.is_empty() {
+            for &(node, attempt) in &index.running {
+                if changed.binary_search(&node).is_ok()
+                    && let Some(end) = release_time(index, attempt.expected_end)
+                {
+                    self.releases[node].push((end, attempt.gpus));
+                }
+            }
+        }
+        let mut pools: Vec<usize> = Vec::with_capacity(changed.len());
+        for &node in &changed {
+            self.releases[node].sort_unstable();
+            let pool = index.node_pool[node];
+            let start = index.nodes[node].gpus_free;
+            if self.fit[pool].remove(&(self.free[node], node)) {
+                self.fit[pool].insert((start, node));
+            }
+            self.free[node] = start;
+            self.wait_free[node] = start;
+            pools.push(pool);
+        }
+        for &node in &changed {
+            self.retree(index, node);
+        }
+        pools.sort_unstable();
+        pools.dedup();
+        for pool in pools {
+            self.fit_memo[pool] = [FIT_UNKNOWN; FIT_MEMO];
             self.refresh_free_now(index, pool);
         }
-        self
+        for pool in self.launched.drain(..) {
+            self.launches[pool] = 0;
+        }
+        self.preempted.fill(false);
+        changed.clear();
+        self.changed = changed;
     }
 
     /// Brings the pool's bits in `free_now` up to date.
@@ -345,19 +442,62 @@ impl Capacity {
         }
     }
 
-    /// Brings the node's leaves up to date after it changed, and forgets its pool's other
-    /// memoised waits.
+    /// Brings the node's leaves up to date after it changed, forgets its pool's other memoised
+    /// waits, and notes the node for [`Capacity::restore`].
     fn touch(&mut self, index: &Index, node: usize) {
+        self.changed.push(node);
+        self.retree(index, node);
+    }
+
+    /// [`Capacity::touch`] without the note.
+    fn retree(&mut self, index: &Index, node: usize) {
         let pool = index.node_pool[node];
-        for g in 0..FIT_MEMO {
-            if self.trees[pool][g].is_some() {
-                let leaf = self.leaf(index, node, g as u32);
-                if let Some(tree) = &mut self.trees[pool][g] {
-                    tree.set(self.slot[node], leaf);
+        if self.trees[pool].iter().any(Option::is_some) {
+            let leaves = self.leaves(index, node);
+            let slot = self.slot[node];
+            for (tree, &leaf) in self.trees[pool].iter_mut().zip(&leaves) {
+                if let Some(tree) = tree {
+                    tree.set(slot, leaf);
                 }
             }
         }
         self.waits[pool].clear();
+    }
+
+    /// The node's leaf for every GPU count below [`FIT_MEMO`] (as [`Capacity::leaf`] gives
+    /// each), from one walk over its releases.
+    fn leaves(&self, index: &Index, node: usize) -> [(i64, usize); FIT_MEMO] {
+        let mut leaves = [NEVER; FIT_MEMO];
+        if !index.usable(node) {
+            return leaves;
+        }
+        let ceiling = self.ceiling[node];
+        let mut have = self.wait_free[node];
+        let mut at = index.now;
+        let mut next = 0usize;
+        let mut releases = self.releases[node].iter();
+        loop {
+            while next < FIT_MEMO && next as u32 <= have {
+                leaves[next] = (at.millis(), node);
+                next += 1;
+            }
+            match releases.next() {
+                Some(&(t, released)) if next < FIT_MEMO && (next as u32) <= ceiling => {
+                    have = have.saturating_add(released).min(ceiling);
+                    at = t;
+                }
+                _ => return leaves,
+            }
+        }
+    }
+
+    /// Whether [`Capacity::leaves`] agrees with [`Capacity::leaf`] on every node.
+    #[cfg(test)]
+    pub(crate) fn leaves_agree(&self, index: &Index) -> bool {
+        (0..index.nodes.len()).all(|node| {
+            let all = self.leaves(index, node);
+            (0..FIT_MEMO).all(|g| all[g] == self.leaf(index, node, g as u32))
+        })
     }
 
     fn node_free_at(&self, index: &Index, node: usize, gpus: u32) -> Option<Timestamp> {
@@ -454,11 +594,18 @@ impl Capacity {
     /// not exist yet, and the job it is for will take it.
     pub(crate) fn launch(&mut self, pool: usize) {
         self.launches[pool] = self.launches[pool].saturating_add(1);
+        self.launched.push(pool);
     }
 }
 
 /// When an attempt expected to end at `expected_end` releases its GPUs: never for a service;
 /// an overdue one shortly ([`OVERDUE_GRACE_S`]).
+/// Sets `v` to what `items` yields, in the allocation it has.
+fn refill<T>(v: &mut Vec<T>, items: impl Iterator<Item = T>) {
+    v.clear();
+    v.extend(items);
+}
+
 fn release_time(index: &Index, expected_end: Timestamp) -> Option<Timestamp> {
     if expected_end == Timestamp::MAX {
         None

@@ -76,19 +76,27 @@ pub(crate) fn plan_recording(
     only: Option<IdMap<crate::domain::JobId, ()>>,
 ) -> Plan {
     let index = Index::new(snapshot, now);
-    plan_indexed(index, snapshot, scan, detail, only)
+    plan_indexed(index, snapshot, scan, detail, only, &mut None)
 }
 
-/// [`plan_recording`] on `snapshot` indexed.
+/// [`plan_recording`] on `snapshot` indexed. The round's capacity is built in `spare`'s
+/// buffers when it holds some, and left there for the next round.
 pub(crate) fn plan_indexed<'a>(
     index: Index<'a>,
     snapshot: &'a Snapshot,
     scan: Scan,
     detail: Detail,
     only: Option<IdMap<crate::domain::JobId, ()>>,
+    spare: &mut Option<Capacity>,
 ) -> Plan {
-    let mut round = Round::new(index, scan, detail);
+    let mut round = Round::with_capacity(index, scan, detail, spare.take());
     round.only = only;
+    let plan = plan_round(&mut round, snapshot);
+    *spare = Some(round.capacity);
+    plan
+}
+
+fn plan_round(round: &mut Round, snapshot: &Snapshot) -> Plan {
     let queue = queue(&round.index, snapshot);
     let start_free: Vec<u32> = (0..round.index.pools.len())
         .map(|p| round.capacity.most_free(p))
@@ -96,12 +104,12 @@ pub(crate) fn plan_indexed<'a>(
     for &job in &queue {
         round.place(job);
     }
-    if !contended(&mut round, &queue, &start_free) {
+    if !contended(round, &queue, &start_free) {
         // No job was kept off free capacity it wanted: the joint assignment would pin nothing.
-        return round.plan;
+        return std::mem::take(&mut round.plan);
     }
     let per_job = (round.objective, round.reset());
-    let pins = super::batch::pins(&mut round, &queue);
+    let pins = super::batch::pins(round, &queue);
     if pins.is_empty() || pins_kept(&per_job.1, &round.index, &pins) {
         // Pins the per-job plan already keeps would give it again, to the same objective.
         return per_job.1;
@@ -111,7 +119,7 @@ pub(crate) fn plan_indexed<'a>(
         round.place(job);
     }
     if round.objective < per_job.0 {
-        round.plan
+        std::mem::take(&mut round.plan)
     } else {
         per_job.1
     }
@@ -219,6 +227,23 @@ pub(crate) struct Round<'a> {
 
 impl<'a> Round<'a> {
     pub(crate) fn new(index: Index<'a>, scan: Scan, detail: Detail) -> Round<'a> {
+        Round::with_capacity(index, scan, detail, None)
+    }
+
+    /// [`Round::new`] building its capacity in `spare`'s buffers, when given.
+    pub(crate) fn with_capacity(
+        index: Index<'a>,
+        scan: Scan,
+        detail: Detail,
+        spare: Option<Capacity>,
+    ) -> Round<'a> {
+        let capacity = match spare {
+            Some(mut c) => {
+                c.rebuild(&index);
+                c
+            }
+            None => Capacity::new(&index),
+        };
         let plan = Plan {
             details: match detail {
                 Detail::Full => Explained::Recorded(Details::new(&index)),
@@ -227,7 +252,7 @@ impl<'a> Round<'a> {
             ..Plan::default()
         };
         Round {
-            capacity: Capacity::new(&index),
+            capacity,
             budgets: Budgets::new(&index.policies),
             index,
             scan,
@@ -249,8 +274,8 @@ impl<'a> Round<'a> {
     }
 
     /// Back to the start of the round, pins dropped; returns the plan made so far.
-    fn reset(&mut self) -> Plan {
-        self.capacity = Capacity::new(&self.index);
+    pub(crate) fn reset(&mut self) -> Plan {
+        self.capacity.restore(&self.index);
         self.budgets = Budgets::new(&self.index.policies);
         self.pins.clear();
         self.objective = Objective::default();

@@ -250,8 +250,8 @@ impl Catalogue {
 /// Planning state a caller keeps between rounds (the simulator, the broker's scheduler): the
 /// index of the snapshot's regions, pools and spot interruption rates, built again only when
 /// one of them changes, and the order of its nodes, built again only when their ids or pools
-/// (or the catalogue) change. Plans made with it are those made without it
-/// ([`super::plan_cached`]).
+/// (or the catalogue) change; and the buffers of the last round's capacity, to build the next
+/// one in. Plans made with it are those made without it ([`super::plan_cached`]).
 #[derive(Debug, Default)]
 pub struct PlanCache {
     /// The catalogue `catalogue` was built from, to tell when it changes.
@@ -262,6 +262,8 @@ pub struct PlanCache {
     /// The node ids and pools (in the snapshot's order) `nodes` was built from.
     node_ids: Vec<(NodeId, PoolId)>,
     nodes: Option<Arc<NodeOrder>>,
+    /// The last round's capacity, whose buffers the next round's is built in.
+    pub(crate) capacity: Option<super::capacity::Capacity>,
 }
 
 impl PlanCache {
@@ -497,6 +499,12 @@ pub(crate) struct PoolMask(pub Vec<u64>);
 impl PoolMask {
     pub(crate) fn empty(len: usize) -> PoolMask {
         PoolMask(vec![0; len.div_ceil(64)])
+    }
+
+    /// Makes this [`PoolMask::empty`] of `len`, in the allocation it has.
+    pub(crate) fn clear_to(&mut self, len: usize) {
+        self.0.clear();
+        self.0.resize(len.div_ceil(64), 0);
     }
 
     /// Every position below `len`.

@@ -399,7 +399,14 @@ pub fn plan_cached(
 ) -> Plan {
     let (catalogue, nodes) = cache.get(snapshot);
     let index = index::Index::with_catalogue(snapshot, now, catalogue, Some(nodes));
-    greedy::plan_indexed(index, snapshot, greedy::Scan::Pruned, detail, None)
+    greedy::plan_indexed(
+        index,
+        snapshot,
+        greedy::Scan::Pruned,
+        detail,
+        None,
+        &mut cache.capacity,
+    )
 }
 
 /// A warm planning state for placing jobs one at a time, as they arrive: the snapshot is

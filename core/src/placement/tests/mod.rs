@@ -11,6 +11,7 @@ mod cases;
 #[path = "../../../benches/support/fleet.rs"]
 mod fleet;
 mod pruning;
+mod restore;
 mod rules;
 
 use super::*;
