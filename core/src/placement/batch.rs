@@ -169,6 +169,8 @@ fn options(round: &mut Round, job: &QueuedJob, most_free: &[(usize, u32)]) -> Op
         .filter(|&&(_, m)| m >= ctx.gpus)
         .map(|&(p, _)| p)
         .collect();
+    // Without a free-now candidate the job has no first choice on free capacity and enters
+    // no flow, so its way out is never asked for.
     let (free, other) = round.batch_candidates(&ctx, &pools);
     let best_free = free.iter().min_by_key(|e| e.score);
     let best = match (best_free, other.as_ref()) {

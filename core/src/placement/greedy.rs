@@ -474,7 +474,9 @@ impl<'a> Round<'a> {
     /// some usable node has the job's GPUs free: every free-now candidate it has), and its best
     /// workable candidate that is not a free-now one meeting its deadline (its way out). The
     /// second comes from a pruned scan that counts only such candidates, whatever `self.scan`,
-    /// so the joint assignment never depends on how the per-job loop scans.
+    /// so the joint assignment never depends on how the per-job loop scans. A job with no
+    /// free-now candidate wants no free capacity and takes no part in the assignment: its way
+    /// out is not looked for (`None`).
     pub(crate) fn batch_candidates(
         &mut self,
         ctx: &JobCtx,
@@ -506,6 +508,9 @@ impl<'a> Round<'a> {
             .copied()
             .collect();
         self.viable.clear();
+        if free.is_empty() {
+            return (free, None);
+        }
         let mut bound = ScanBound::new(1);
         let order = self.index.pools_by_price(ctx.spot);
         let restricted = ctx.scan_mask(order, &mut self.mask);
