@@ -11,7 +11,6 @@
 
 use super::index::{Index, PoolMask};
 use crate::time::Timestamp;
-use std::collections::BTreeSet;
 
 /// Seconds after `now` at which an attempt already past its expected end is assumed to finish:
 /// it is late, not gone, and may report completion any moment.
@@ -82,7 +81,7 @@ pub(crate) struct Capacity {
     ceiling: Vec<u32>,
     /// Per pool, its usable nodes as (free GPUs, node): the first entry at or above (g, 0) is
     /// the best fit for g GPUs, ties by node id.
-    fit: Vec<BTreeSet<(u32, usize)>>,
+    fit: Vec<FitSet>,
     /// Per node, (time, GPUs) released by work expected to end, by time. Services never end
     /// and are left out.
     releases: Vec<Vec<(Timestamp, u32)>>,
@@ -142,12 +141,15 @@ impl Capacity {
             index.nodes.iter().map(|n| n.gpus_total.max(n.gpus_free)),
         );
         self.fit.truncate(pools);
-        self.fit.iter_mut().for_each(BTreeSet::clear);
-        self.fit.resize_with(pools, BTreeSet::new);
+        self.fit.iter_mut().for_each(|f| f.0.clear());
+        self.fit.resize_with(pools, FitSet::default);
         for (node, &pool) in index.node_pool.iter().enumerate() {
             if index.usable(node) {
-                self.fit[pool].insert((self.free[node], node));
+                self.fit[pool].0.push((self.free[node], node));
             }
+        }
+        for fit in &mut self.fit {
+            fit.0.sort_unstable();
         }
         self.releases.truncate(nodes);
         self.releases.iter_mut().for_each(Vec::clear);
@@ -225,7 +227,7 @@ impl Capacity {
             self.releases[node].sort_unstable();
             let pool = index.node_pool[node];
             let start = index.nodes[node].gpus_free;
-            if self.fit[pool].remove(&(self.free[node], node)) {
+            if self.fit[pool].remove((self.free[node], node)) {
                 self.fit[pool].insert((start, node));
             }
             self.free[node] = start;
@@ -274,7 +276,7 @@ impl Capacity {
     /// all or nothing.
     pub(crate) fn best_fit_n(&self, pool: usize, gpus: u32, n: u32) -> Option<Vec<usize>> {
         let nodes: Vec<usize> = self.fit[pool]
-            .range((gpus, 0)..)
+            .from((gpus, 0))
             .take(n as usize)
             .map(|&(_, node)| node)
             .collect();
@@ -395,10 +397,7 @@ impl Capacity {
                 node => return Some(node),
             }
         }
-        let fit = self.fit[pool]
-            .range((gpus, 0)..)
-            .next()
-            .map(|&(_, node)| node);
+        let fit = self.fit[pool].from((gpus, 0)).next().map(|&(_, node)| node);
         if let Some(g) = slot {
             self.fit_memo[pool][g] = fit.unwrap_or(FIT_NONE);
         }
@@ -536,7 +535,7 @@ impl Capacity {
         let pool = index.node_pool[node];
         let before = self.free[node];
         let after = before.saturating_sub(gpus);
-        if self.fit[pool].remove(&(before, node)) {
+        if self.fit[pool].remove((before, node)) {
             self.fit[pool].insert((after, node));
             self.fit_memo[pool] = [FIT_UNKNOWN; FIT_MEMO];
             self.refresh_free_now(index, pool);
@@ -600,6 +599,45 @@ impl Capacity {
 
 /// When an attempt expected to end at `expected_end` releases its GPUs: never for a service;
 /// an overdue one shortly ([`OVERDUE_GRACE_S`]).
+/// A pool's usable nodes as (free GPUs, node), sorted: the entries from (g, 0) on are the
+/// nodes with at least g free, best fit first. A sorted vector rather than a tree: it is built
+/// every round from a few nodes per pool and changed a few times, and a vector is built in the
+/// buffer the last round left.
+#[derive(Debug, Default)]
+struct FitSet(Vec<(u32, usize)>);
+
+impl FitSet {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn last(&self) -> Option<&(u32, usize)> {
+        self.0.last()
+    }
+
+    /// The entries at or after `key`, in order.
+    fn from(&self, key: (u32, usize)) -> std::slice::Iter<'_, (u32, usize)> {
+        self.0[self.0.partition_point(|&e| e < key)..].iter()
+    }
+
+    /// Removes `key`; whether it was there.
+    fn remove(&mut self, key: (u32, usize)) -> bool {
+        match self.0.binary_search(&key) {
+            Ok(at) => {
+                self.0.remove(at);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn insert(&mut self, key: (u32, usize)) {
+        if let Err(at) = self.0.binary_search(&key) {
+            self.0.insert(at, key);
+        }
+    }
+}
+
 /// Sets `v` to what `items` yields, in the allocation it has.
 fn refill<T>(v: &mut Vec<T>, items: impl Iterator<Item = T>) {
     v.clear();
