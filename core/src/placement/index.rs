@@ -264,6 +264,9 @@ pub struct PlanCache {
     nodes: Option<Arc<NodeOrder>>,
     /// The last round's capacity, whose buffers the next round's is built in.
     pub(crate) capacity: Option<super::capacity::Capacity>,
+    /// Per running attempt of the last round (in the snapshot's order), the position of its
+    /// node: a guess for this round's attempt at the same place, checked before it is used.
+    pub(crate) attempt_nodes: Vec<usize>,
 }
 
 impl PlanCache {
@@ -315,18 +318,27 @@ impl PlanCache {
 
 impl<'a> Index<'a> {
     pub(crate) fn new(snapshot: &'a Snapshot, now: Timestamp) -> Index<'a> {
-        Index::with_catalogue(snapshot, now, Arc::new(Catalogue::new(snapshot)), None)
+        Index::with_catalogue(
+            snapshot,
+            now,
+            Arc::new(Catalogue::new(snapshot)),
+            None,
+            &mut Vec::new(),
+        )
     }
 
     /// The index of `snapshot`, given the index of its catalogue (built from this snapshot's
     /// regions, pools and rates, or equal ones) and, when kept, the order of its nodes (built
     /// from nodes with the same ids and pools, in the same order, and the same catalogue);
-    /// `None` works it out.
+    /// `None` works it out. `attempt_nodes` holds, per running attempt, a guess at the
+    /// position of its node (each checked against the attempt's node id; a wrong or missing
+    /// one is looked up), and is left holding this snapshot's positions.
     pub(crate) fn with_catalogue(
         snapshot: &'a Snapshot,
         now: Timestamp,
         catalogue: Arc<Catalogue>,
         nodes: Option<Arc<NodeOrder>>,
+        attempt_nodes: &mut Vec<usize>,
     ) -> Index<'a> {
         let cat = &*catalogue;
         let mut pools: Vec<PoolInfo> = cat
@@ -352,11 +364,19 @@ impl<'a> Index<'a> {
         let node_pos = &order.node_pos;
         // In the snapshot's order: what reads it goes through the per-node lists below (and
         // the releases, sorted per node), which sort by their own keys.
-        let running: Vec<(usize, &RunningAttempt)> = snapshot
-            .running
-            .iter()
-            .filter_map(|a| node_pos.get(a.node.as_str()).map(|&n| (n, a)))
-            .collect();
+        // Attempts mostly keep their place from one round to the next: the node found at this
+        // place last time is checked (one string comparison) before the id is hashed.
+        attempt_nodes.resize(snapshot.running.len(), usize::MAX);
+        let mut running: Vec<(usize, &RunningAttempt)> = Vec::with_capacity(snapshot.running.len());
+        for (a, guess) in snapshot.running.iter().zip(attempt_nodes.iter_mut()) {
+            let hit = nodes.get(*guess).is_some_and(|n| n.id == a.node);
+            if !hit {
+                *guess = node_pos.get(a.node.as_str()).copied().unwrap_or(usize::MAX);
+            }
+            if *guess != usize::MAX {
+                running.push((*guess, a));
+            }
+        }
         let mut preemptible = vec![Vec::new(); nodes.len()];
         for (i, (node, attempt)) in running.iter().enumerate() {
             if attempt.priority == Priority::Low {

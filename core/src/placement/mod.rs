@@ -398,7 +398,13 @@ pub fn plan_cached(
     detail: Detail,
 ) -> Plan {
     let (catalogue, nodes) = cache.get(snapshot);
-    let index = index::Index::with_catalogue(snapshot, now, catalogue, Some(nodes));
+    let index = index::Index::with_catalogue(
+        snapshot,
+        now,
+        catalogue,
+        Some(nodes),
+        &mut cache.attempt_nodes,
+    );
     greedy::plan_indexed(
         index,
         snapshot,
