@@ -597,8 +597,6 @@ impl Capacity {
     }
 }
 
-/// When an attempt expected to end at `expected_end` releases its GPUs: never for a service;
-/// an overdue one shortly ([`OVERDUE_GRACE_S`]).
 /// A pool's usable nodes as (free GPUs, node), sorted: the entries from (g, 0) on are the
 /// nodes with at least g free, best fit first. A sorted vector rather than a tree: it is built
 /// every round from a few nodes per pool and changed a few times, and a vector is built in the
@@ -644,6 +642,8 @@ fn refill<T>(v: &mut Vec<T>, items: impl Iterator<Item = T>) {
     v.extend(items);
 }
 
+/// When an attempt expected to end at `expected_end` releases its GPUs: never for a service;
+/// an overdue one shortly ([`OVERDUE_GRACE_S`]).
 fn release_time(index: &Index, expected_end: Timestamp) -> Option<Timestamp> {
     if expected_end == Timestamp::MAX {
         None
