@@ -69,7 +69,7 @@ impl MinTree {
 /// When a node will have the GPUs: the time and the node.
 pub(crate) type WaitEstimate = Option<(Timestamp, usize)>;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Capacity {
     /// GPUs free per node now, after this round's assignments.
     free: Vec<u32>,
@@ -110,22 +110,7 @@ pub(crate) struct Capacity {
 
 impl Capacity {
     pub(crate) fn new(index: &Index) -> Capacity {
-        let mut capacity = Capacity {
-            free: Vec::new(),
-            wait_free: Vec::new(),
-            ceiling: Vec::new(),
-            fit: Vec::new(),
-            releases: Vec::new(),
-            launches: Vec::new(),
-            fit_memo: Vec::new(),
-            trees: Vec::new(),
-            slot: Vec::new(),
-            waits: Vec::new(),
-            preempted: Vec::new(),
-            free_now: [Vec::new(), Vec::new()],
-            changed: Vec::new(),
-            launched: Vec::new(),
-        };
+        let mut capacity = Capacity::default();
         capacity.rebuild(index);
         capacity
     }
