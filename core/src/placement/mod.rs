@@ -426,7 +426,7 @@ pub struct Planner<'a> {
     round: greedy::Round<'a>,
     snapshot: &'a Snapshot,
     /// The jobs placed so far, in order, for the replay.
-    placed: Vec<QueuedJob>,
+    placed: Vec<&'a QueuedJob>,
     /// The replay's candidate lists, until the next placement.
     replayed: std::cell::OnceCell<explain::Explained>,
 }
@@ -445,9 +445,11 @@ impl<'a> Planner<'a> {
     }
 
     /// Decides `job` now, takes what it takes from the warm state, and returns its outcome
-    /// (an explanation without candidates: [`Planner::explanation`] has them).
-    pub fn place(&mut self, job: &QueuedJob) -> &Explanation {
-        self.placed.push(job.clone());
+    /// (an explanation without candidates: [`Planner::explanation`] has them). The planner
+    /// keeps `job` by reference, as it keeps the snapshot, to place it again for an
+    /// explanation.
+    pub fn place(&mut self, job: &'a QueuedJob) -> &Explanation {
+        self.placed.push(job);
         self.replayed.take();
         self.round.place(job)
     }
@@ -459,7 +461,7 @@ impl<'a> Planner<'a> {
         let details = self.replayed.get_or_init(|| {
             let index = index::Index::new(self.snapshot, self.round.index.now);
             let mut replay = greedy::Round::new(index, greedy::Scan::Pruned, Detail::Full);
-            for job in &self.placed {
+            for &job in &self.placed {
                 replay.place(job);
             }
             replay.plan.details
