@@ -92,7 +92,7 @@ pub(crate) struct JobCtx<'a> {
     pub spot: SpotRule,
     /// The job's priority, capped by its policies.
     pub priority: Priority,
-    margin_ms: i64,
+    pub margin_ms: i64,
     /// The entry of the price orders' `gpus_at_least` for the smallest node size that fits
     /// the job (their length when none does).
     node_class: usize,
@@ -653,5 +653,59 @@ impl ScanBound {
             tier
         };
         worst < lower
+    }
+
+    /// While every one of the best `keep` misses the deadline, the start from which a
+    /// candidate cannot place among them however cheap: one that starts then (before moving
+    /// data) misses the deadline too and finishes later than the worst of them. `None` until
+    /// `keep` are found, once one meets the deadline (the price bound then cuts the scan), and
+    /// for a job without a deadline. The price bound cannot cut a scan whose candidates are
+    /// all late; this keeps such a job from evaluating every pool of the order.
+    pub(crate) fn late_from(&self, job: &JobCtx) -> Option<Timestamp> {
+        if self.best.len() < self.keep {
+            return None;
+        }
+        let worst = self.best.peek().filter(|w| w.misses_deadline)?;
+        let deadline = job.spec.deadline?;
+        let run_ms = job
+            .runtime_s
+            .saturating_add(self.delay_s)
+            .saturating_mul(1000);
+        // The last start that still meets the deadline, and the last that finishes no later
+        // than the worst.
+        let last_ok = deadline
+            .millis()
+            .saturating_sub(job.margin_ms)
+            .saturating_sub(run_ms);
+        let last_as_early = worst.late_finish.millis().saturating_sub(run_ms);
+        Some(Timestamp(last_ok.max(last_as_early).saturating_add(1)))
+    }
+}
+
+/// The earliest any candidate of `pool` can start, before moving data, for a one-node job: now
+/// where a node has its GPUs free, else the pool's first wait or a launch's boot. `None` for a
+/// gang, or where the pool offers neither (its evaluation only blocks).
+pub(crate) fn earliest_start(
+    index: &Index,
+    capacity: &mut Capacity,
+    job: &JobCtx,
+    pool: usize,
+) -> Option<Timestamp> {
+    if job.nodes != 1 {
+        return None;
+    }
+    if capacity.best_fit(pool, job.gpus).is_some() {
+        return Some(index.now);
+    }
+    let wait = capacity
+        .earliest_free(index, pool, job.gpus)
+        .map(|(at, _)| at);
+    let p = index.pools[pool].pool;
+    let launch = p
+        .launchable
+        .then(|| index.now.plus_secs(i64::from(p.boot_time_s)));
+    match (wait, launch) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
