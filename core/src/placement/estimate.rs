@@ -318,6 +318,47 @@ impl<'a> JobCtx<'a> {
         }
     }
 
+    /// Whether a candidate of `kind` in `pool`, ready at `ready`, scores `worst` or worse
+    /// whatever its market, data and node: the score it is held to has no data to move, no
+    /// spot overhead, the pool's cheapest market's price and no node, and every part of a real
+    /// one is at least that. Spares the estimates of candidates a bounded scan would drop.
+    pub(crate) fn cannot_beat(
+        &self,
+        index: &Index,
+        pool: usize,
+        kind: CandidateKind,
+        ready: Timestamp,
+        worst: &Score,
+    ) -> bool {
+        let p = index.pools[pool].pool;
+        let market = p.cheapest_market(self.spot);
+        let per_node = match kind {
+            CandidateKind::Launch => p
+                .price_per_hour(market)
+                .per_hour_for_secs(self.runtime_s.saturating_add(i64::from(p.boot_time_s))),
+            _ => p
+                .price_per_gpu_hour(market)
+                .saturating_mul(i64::from(self.gpus.max(1)))
+                .per_hour_for_secs(self.runtime_s),
+        };
+        let finish = ready.plus_secs(self.runtime_s);
+        let misses_deadline = self.misses(finish);
+        let floor = Score {
+            misses_deadline,
+            late_finish: if misses_deadline {
+                finish
+            } else {
+                Timestamp(0)
+            },
+            cost: per_node.saturating_mul(i64::from(self.nodes)),
+            finish,
+            kind,
+            pool,
+            node: None,
+        };
+        floor >= *worst
+    }
+
     /// The best market for a candidate: on demand, or spot where the job (after its policies)
     /// allows it and the pool sells it cheaper. `Allowed` takes spot when it scores better
     /// with its interruption risk priced in; `Preferred` takes it whenever it still meets the
@@ -483,6 +524,9 @@ pub(crate) fn pool_violation(index: &Index, job: &JobCtx, pool: usize) -> Option
 /// A pool with nodes free now offers only that (a launch would cost more and start later).
 /// Otherwise it offers waiting for its nodes and, when launchable, new nodes. A gang needs all
 /// its nodes free (or launched) together: no partial starts.
+///
+/// With `worst` (a bounded scan's worst kept score), a wait or launch that cannot score better
+/// is left out unpriced: the scan would drop it.
 pub(crate) fn evaluate(
     index: &Index,
     capacity: &mut Capacity,
@@ -490,7 +534,9 @@ pub(crate) fn evaluate(
     pool: usize,
     viable: &mut Vec<Estimate>,
     blocked: &mut Vec<Blocked>,
+    worst: Option<&Score>,
 ) {
+    let out = |kind, ready| worst.is_some_and(|w| job.cannot_beat(index, pool, kind, ready, w));
     let info = &index.pools[pool];
     let p = info.pool;
     let mut block = |kind, reject| blocked.push(Blocked { pool, kind, reject });
@@ -516,6 +562,7 @@ pub(crate) fn evaluate(
         return;
     }
     match capacity.earliest_free_n(index, pool, job.gpus, job.nodes) {
+        Some((at, _)) if out(CandidateKind::Wait, at) => {}
         Some((at, node)) => {
             viable.push(job.best_market(index, pool, Some(node), CandidateKind::Wait, at));
         }
@@ -536,7 +583,9 @@ pub(crate) fn evaluate(
             block(CandidateKind::Launch, reject);
         } else {
             let ready = now.plus_secs(i64::from(p.boot_time_s));
-            viable.push(job.best_market(index, pool, None, CandidateKind::Launch, ready));
+            if !out(CandidateKind::Launch, ready) {
+                viable.push(job.best_market(index, pool, None, CandidateKind::Launch, ready));
+            }
         }
     }
 }
@@ -575,6 +624,14 @@ impl ScanBound {
         self.extra_cost = cost;
         self.delay_s = delay_s;
         self.next = None;
+    }
+
+    /// The worst of the best `keep` once there are `keep` (a candidate must score better to
+    /// enter).
+    pub(crate) fn worst(&self) -> Option<&Score> {
+        self.best
+            .peek()
+            .filter(|_| self.keep > 0 && self.best.len() == self.keep)
     }
 
     pub(crate) fn offer(&mut self, estimate: &Estimate) {

@@ -465,6 +465,7 @@ impl<'a> Round<'a> {
                         pool,
                         &mut self.viable,
                         &mut self.blocked,
+                        None,
                     );
                 }
             }
@@ -500,6 +501,7 @@ impl<'a> Round<'a> {
                 pool,
                 &mut self.viable,
                 &mut self.blocked,
+                None,
             );
             filter(&mut self.viable, before, &mut self.blocked, rule);
         }
@@ -532,6 +534,7 @@ impl<'a> Round<'a> {
                 pool,
                 &mut self.viable,
                 &mut self.blocked,
+                None,
             );
             filter(&mut self.viable, before, &mut self.blocked, rule);
             self.viable[before..]
@@ -723,6 +726,7 @@ impl Phase<'_, '_> {
                         pool,
                         self.viable,
                         self.blocked,
+                        bound.worst().filter(|_| pruned),
                     );
                     filter(self.viable, before, self.blocked, |e| {
                         candidate_rule(ctx, remaining, elsewhere, e)
