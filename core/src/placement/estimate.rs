@@ -437,6 +437,19 @@ impl<'a> JobCtx<'a> {
         self.policy.price_violation(&index.policies, p, market)
     }
 
+    /// Whether every pool from position `at` of `order` on is over the job's own price
+    /// ceiling in every market: the order is by the GPU-hour price in the cheapest market the
+    /// job may use, and no market is cheaper than that.
+    pub(crate) fn over_max_price_from(&self, order: &PriceOrder, at: usize) -> bool {
+        let Some(max) = self.spec.max_price_per_hour else {
+            return false;
+        };
+        order
+            .pools
+            .get(at)
+            .is_some_and(|&(price, _)| price.saturating_mul(i64::from(self.gpus.max(1))) > max)
+    }
+
     /// The estimate shown for a blocked candidate: what it would be had nothing blocked it.
     pub(crate) fn nominal(&self, index: &Index, blocked: &Blocked) -> Estimate {
         let pool = index.pools[blocked.pool].pool;
@@ -662,6 +675,9 @@ impl ScanBound {
     ) -> bool {
         if self.best.len() < self.keep {
             return false;
+        }
+        if job.over_max_price_from(order, pos) {
+            return true;
         }
         // No candidate finishes before `finish`; when even that misses the deadline, every
         // candidate misses it (and ranks by how late it finishes, then cost).
