@@ -319,9 +319,10 @@ impl<'a> JobCtx<'a> {
     }
 
     /// Whether a candidate of `kind` in `pool`, ready at `ready`, scores `worst` or worse
-    /// whatever its market, data and node: the score it is held to has no data to move, no
-    /// spot overhead, the pool's cheapest market's price and no node, and every part of a real
-    /// one is at least that. Spares the estimates of candidates a bounded scan would drop.
+    /// whatever its market and node: the score it is held to has its data move, no spot
+    /// overhead, the pool's cheapest market's price and no node, and every part of a real one
+    /// is at least that. Spares the estimates of candidates a bounded scan would drop. Never
+    /// true at a price that is not positive (a longer run would cost less, not more).
     pub(crate) fn cannot_beat(
         &self,
         index: &Index,
@@ -330,8 +331,13 @@ impl<'a> JobCtx<'a> {
         ready: Timestamp,
         worst: &Score,
     ) -> bool {
-        let p = index.pools[pool].pool;
+        let info = &index.pools[pool];
+        let p = info.pool;
         let market = p.cheapest_market(self.spot);
+        if p.price_per_hour(market) <= Money::ZERO {
+            return false;
+        }
+        let (egress, transfer_s) = self.data_move(info);
         let per_node = match kind {
             CandidateKind::Launch => p
                 .price_per_hour(market)
@@ -341,7 +347,7 @@ impl<'a> JobCtx<'a> {
                 .saturating_mul(i64::from(self.gpus.max(1)))
                 .per_hour_for_secs(self.runtime_s),
         };
-        let finish = ready.plus_secs(self.runtime_s);
+        let finish = ready.plus_secs(transfer_s).plus_secs(self.runtime_s);
         let misses_deadline = self.misses(finish);
         let floor = Score {
             misses_deadline,
@@ -350,7 +356,9 @@ impl<'a> JobCtx<'a> {
             } else {
                 Timestamp(0)
             },
-            cost: per_node.saturating_mul(i64::from(self.nodes)),
+            cost: per_node
+                .saturating_mul(i64::from(self.nodes))
+                .saturating_add(egress),
             finish,
             kind,
             pool,
@@ -728,17 +736,22 @@ impl ScanBound {
         worst < lower
     }
 
-    /// While every one of the best `keep` misses the deadline, the start from which a
+    /// While the worst of the best `keep` misses the deadline, the start from which a
     /// candidate cannot place among them however cheap: one that starts then (before moving
-    /// data) misses the deadline too and finishes later than the worst of them. `None` until
-    /// `keep` are found, once one meets the deadline (the price bound then cuts the scan), and
-    /// for a job without a deadline. The price bound cannot cut a scan whose candidates are
-    /// all late; this keeps such a job from evaluating every pool of the order.
+    /// data) misses the deadline too and finishes later than that worst. `None` until `keep`
+    /// are found, while the worst meets the deadline (only the price bound can cut then), for
+    /// a job without a deadline, and when the worst's finish is the latest time there is (a
+    /// later start then finishes no later: saturated finishes tie). The price bound cannot cut
+    /// a scan whose candidates are all late; this keeps such a job from evaluating every pool
+    /// of the order.
     pub(crate) fn late_from(&self, job: &JobCtx) -> Option<Timestamp> {
         if self.best.len() < self.keep {
             return None;
         }
-        let worst = self.best.peek().filter(|w| w.misses_deadline)?;
+        let worst = self
+            .best
+            .peek()
+            .filter(|w| w.misses_deadline && w.late_finish < Timestamp::MAX)?;
         let deadline = job.spec.deadline?;
         let run_ms = job
             .runtime_s
@@ -756,8 +769,8 @@ impl ScanBound {
 }
 
 /// The earliest any candidate of `pool` can start, before moving data, for a one-node job: now
-/// where a node has its GPUs free, else the pool's first wait or a launch's boot. `None` for a
-/// gang, or where the pool offers neither (its evaluation only blocks).
+/// where a node has its GPUs free, else the pool's first wait or a launch's boot (whether or
+/// not a rule then blocks the launch). `None` for a gang, or where the pool has neither.
 pub(crate) fn earliest_start(
     index: &Index,
     capacity: &mut Capacity,

@@ -44,6 +44,40 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The same at the edges of the arithmetic: runtimes so long that finishes, costs and
+    /// lateness saturate, and regions that pay for data leaving them (negative egress).
+    #[test]
+    fn pruning_changes_nothing_at_the_extremes(
+        seed in any::<u64>(),
+        jobs in 1usize..40,
+        pools in 1usize..100,
+        nodes in 0usize..150,
+        huge in prop::sample::select(vec![i64::MAX, i64::MAX / 1000, 1 << 53]),
+    ) {
+        let mut snapshot = fleet(seed, jobs, pools, nodes);
+        for (i, job) in snapshot.queued.iter_mut().enumerate() {
+            if i % 3 == 0 {
+                job.spec.estimated_runtime_s = Some(huge);
+            }
+        }
+        for (i, region) in snapshot.regions.iter_mut().enumerate() {
+            if i % 2 == 1 {
+                region.egress_per_gb = crate::Money::from_micros(-50_000);
+            }
+        }
+        let pruned = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Full);
+        let exhaustive = greedy::plan(&snapshot, NOW, Scan::Exhaustive, Detail::Full);
+        prop_assert_eq!(&pruned, &exhaustive);
+        let batched = greedy::plan_always_batched(&snapshot, NOW, Scan::Pruned);
+        prop_assert_eq!(&batched, &pruned);
+        let lean = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Outcomes);
+        prop_assert_eq!(without_candidates(pruned), lean);
+    }
+}
+
 /// The plan without its candidate lists.
 fn without_candidates(mut plan: Plan) -> Plan {
     plan.details = Default::default();
