@@ -476,10 +476,10 @@ impl<'a> Round<'a> {
     /// its policy rules: its workable candidates on free capacity in `free_pools` (pools where
     /// some usable node has the job's GPUs free: every free-now candidate it has), and its best
     /// workable candidate that is not a free-now one meeting its deadline (its way out). The
-    /// second comes from a pruned scan that counts only such candidates, whatever `self.scan`,
-    /// so the joint assignment never depends on how the per-job loop scans. A job with no
-    /// free-now candidate wants no free capacity and takes no part in the assignment: its way
-    /// out is not looked for (`None`).
+    /// second comes from a scan that, pruned, counts only such candidates in its bounds; the
+    /// pruned and exhaustive scans give the same way out, which the pruning proptests check
+    /// through the plans. A job with no free-now candidate wants no free capacity and takes no
+    /// part in the assignment: its way out is not looked for (`None`).
     pub(crate) fn batch_candidates(
         &mut self,
         ctx: &JobCtx,
@@ -516,13 +516,14 @@ impl<'a> Round<'a> {
             return (free, None);
         }
         let mut bound = ScanBound::new(1);
+        let pruned = self.scan == Scan::Pruned;
         let order = self.index.pools_by_price(ctx.spot);
         let restricted = ctx.scan_mask(order, &mut self.mask);
         for (pos, &(_, pool)) in order.pools.iter().enumerate() {
             if restricted && !self.mask.contains(pos) {
                 continue;
             }
-            if bound.excludes(pos, order, ctx, self.index.now, false) {
+            if pruned && bound.excludes(pos, order, ctx, self.index.now, false) {
                 break;
             }
             let before = self.viable.len();
@@ -534,7 +535,7 @@ impl<'a> Round<'a> {
                 pool,
                 &mut self.viable,
                 &mut self.blocked,
-                None,
+                bound.worst().filter(|_| pruned),
             );
             filter(&mut self.viable, before, &mut self.blocked, rule);
             self.viable[before..]
