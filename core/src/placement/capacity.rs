@@ -416,6 +416,29 @@ impl Capacity {
         estimate
     }
 
+    /// The earliest a one-node job of `gpus` GPUs could start in `pool`, before moving data:
+    /// now where a usable node has them free, else the pool's first wait or a launch's boot
+    /// (whether or not a rule then blocks the launch). `None` where the pool has neither.
+    pub(crate) fn earliest_start(
+        &mut self,
+        index: &Index,
+        pool: usize,
+        gpus: u32,
+    ) -> Option<Timestamp> {
+        if self.best_fit(pool, gpus).is_some() {
+            return Some(index.now);
+        }
+        let wait = self.earliest_free(index, pool, gpus).map(|(at, _)| at);
+        let p = index.pools[pool].pool;
+        let launch = p
+            .launchable
+            .then(|| index.now.plus_secs(i64::from(p.boot_time_s)));
+        match (wait, launch) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// A node's leaf in its pool's min-trees for `gpus`: when it will have them free.
     fn leaf(&self, index: &Index, node: usize, gpus: u32) -> (i64, usize) {
         match index.usable(node) {

@@ -13,7 +13,7 @@ use super::capacity::Capacity;
 use super::constraints::{Reject, latency_violation, shape_violation};
 use super::index::{Index, PoolInfo, PoolMask, PriceOrder};
 use super::policy::JobPolicy;
-use crate::domain::{JobKind, JobSpec, Market, Priority, SpotRule};
+use crate::domain::{JobKind, JobSpec, Market, Pool, Priority, SpotRule};
 use crate::money::Money;
 use crate::time::Timestamp;
 use std::collections::BinaryHeap;
@@ -92,7 +92,7 @@ pub(crate) struct JobCtx<'a> {
     pub spot: SpotRule,
     /// The job's priority, capped by its policies.
     pub priority: Priority,
-    pub margin_ms: i64,
+    margin_ms: i64,
     /// The entry of the price orders' `gpus_at_least` for the smallest node size that fits
     /// the job (their length when none does).
     node_class: usize,
@@ -262,6 +262,47 @@ impl<'a> JobCtx<'a> {
         }
     }
 
+    /// What the job's compute costs in `p` for `run_s` seconds in `market`: a new node is the
+    /// job's alone, so a launch pays for all of it, boot included; on an existing node the job
+    /// pays its GPUs' share.
+    fn compute_cost(&self, p: &Pool, kind: CandidateKind, market: Market, run_s: i64) -> Money {
+        let per_node = match kind {
+            CandidateKind::Launch => p
+                .price_per_hour(market)
+                .per_hour_for_secs(run_s.saturating_add(i64::from(p.boot_time_s))),
+            CandidateKind::FreeNow | CandidateKind::Wait | CandidateKind::Preempt => p
+                .price_per_gpu_hour(market)
+                .saturating_mul(i64::from(self.gpus.max(1)))
+                .per_hour_for_secs(run_s),
+        };
+        per_node.saturating_mul(i64::from(self.nodes))
+    }
+
+    /// The score of a candidate that finishes at `finish` and costs `cost`.
+    fn score(
+        &self,
+        finish: Timestamp,
+        cost: Money,
+        kind: CandidateKind,
+        pool: usize,
+        node: Option<usize>,
+    ) -> Score {
+        let misses_deadline = self.misses(finish);
+        Score {
+            misses_deadline,
+            late_finish: if misses_deadline {
+                finish
+            } else {
+                Timestamp(0)
+            },
+            cost,
+            finish,
+            kind,
+            pool,
+            node,
+        }
+    }
+
     /// Start, finish and cost of running in `pool` on capacity ready at `ready`.
     pub(crate) fn estimate(
         &self,
@@ -285,34 +326,11 @@ impl<'a> JobCtx<'a> {
             Market::OnDemand => self.runtime_s,
         };
         let finish = start.plus_secs(run_s);
-        let per_node = match kind {
-            // A new node is the job's alone: it pays for all of it, boot included.
-            CandidateKind::Launch => info
-                .pool
-                .price_per_hour(market)
-                .per_hour_for_secs(run_s.saturating_add(i64::from(boot_s))),
-            CandidateKind::FreeNow | CandidateKind::Wait | CandidateKind::Preempt => info
-                .pool
-                .price_per_gpu_hour(market)
-                .saturating_mul(i64::from(self.gpus.max(1)))
-                .per_hour_for_secs(run_s),
-        };
-        let compute = per_node.saturating_mul(i64::from(self.nodes));
-        let misses_deadline = self.misses(finish);
+        let cost = self
+            .compute_cost(info.pool, kind, market, run_s)
+            .saturating_add(egress);
         Estimate {
-            score: Score {
-                misses_deadline,
-                late_finish: if misses_deadline {
-                    finish
-                } else {
-                    Timestamp(0)
-                },
-                cost: compute.saturating_add(egress),
-                finish,
-                kind,
-                pool,
-                node,
-            },
+            score: self.score(finish, cost, kind, pool, node),
             market,
             start,
         }
@@ -338,33 +356,11 @@ impl<'a> JobCtx<'a> {
             return false;
         }
         let (egress, transfer_s) = self.data_move(info);
-        let per_node = match kind {
-            CandidateKind::Launch => p
-                .price_per_hour(market)
-                .per_hour_for_secs(self.runtime_s.saturating_add(i64::from(p.boot_time_s))),
-            _ => p
-                .price_per_gpu_hour(market)
-                .saturating_mul(i64::from(self.gpus.max(1)))
-                .per_hour_for_secs(self.runtime_s),
-        };
         let finish = ready.plus_secs(transfer_s).plus_secs(self.runtime_s);
-        let misses_deadline = self.misses(finish);
-        let floor = Score {
-            misses_deadline,
-            late_finish: if misses_deadline {
-                finish
-            } else {
-                Timestamp(0)
-            },
-            cost: per_node
-                .saturating_mul(i64::from(self.nodes))
-                .saturating_add(egress),
-            finish,
-            kind,
-            pool,
-            node: None,
-        };
-        floor >= *worst
+        let cost = self
+            .compute_cost(p, kind, market, self.runtime_s)
+            .saturating_add(egress);
+        self.score(finish, cost, kind, pool, None) >= *worst
     }
 
     /// The best market for a candidate: on demand, or spot where the job (after its policies)
@@ -402,6 +398,17 @@ impl<'a> JobCtx<'a> {
         self.spec
             .deadline
             .is_some_and(|d| finish.plus_millis(self.margin_ms) > d)
+    }
+
+    /// The last start from which `run_ms` of work still meets the deadline (with the margin):
+    /// a later one [`JobCtx::misses`] it. `None` without a deadline.
+    pub(crate) fn last_start_on_time(&self, run_ms: i64) -> Option<Timestamp> {
+        let deadline = self.spec.deadline?;
+        let last = deadline
+            .millis()
+            .saturating_sub(self.margin_ms)
+            .saturating_sub(run_ms);
+        Some(Timestamp(last))
     }
 
     /// Whether any price ceiling applies (most jobs have none: the checks are skipped).
@@ -752,46 +759,16 @@ impl ScanBound {
             .best
             .peek()
             .filter(|w| w.misses_deadline && w.late_finish < Timestamp::MAX)?;
-        let deadline = job.spec.deadline?;
         let run_ms = job
             .runtime_s
             .saturating_add(self.delay_s)
             .saturating_mul(1000);
         // The last start that still meets the deadline, and the last that finishes no later
         // than the worst.
-        let last_ok = deadline
-            .millis()
-            .saturating_sub(job.margin_ms)
-            .saturating_sub(run_ms);
+        let last_ok = job.last_start_on_time(run_ms)?;
         let last_as_early = worst.late_finish.millis().saturating_sub(run_ms);
-        Some(Timestamp(last_ok.max(last_as_early).saturating_add(1)))
-    }
-}
-
-/// The earliest any candidate of `pool` can start, before moving data, for a one-node job: now
-/// where a node has its GPUs free, else the pool's first wait or a launch's boot (whether or
-/// not a rule then blocks the launch). `None` for a gang, or where the pool has neither.
-pub(crate) fn earliest_start(
-    index: &Index,
-    capacity: &mut Capacity,
-    job: &JobCtx,
-    pool: usize,
-) -> Option<Timestamp> {
-    if job.nodes != 1 {
-        return None;
-    }
-    if capacity.best_fit(pool, job.gpus).is_some() {
-        return Some(index.now);
-    }
-    let wait = capacity
-        .earliest_free(index, pool, job.gpus)
-        .map(|(at, _)| at);
-    let p = index.pools[pool].pool;
-    let launch = p
-        .launchable
-        .then(|| index.now.plus_secs(i64::from(p.boot_time_s)));
-    match (wait, launch) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+        Some(Timestamp(
+            last_ok.millis().max(last_as_early).saturating_add(1),
+        ))
     }
 }

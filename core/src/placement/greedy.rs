@@ -7,9 +7,7 @@
 use super::batch::Pin;
 use super::capacity::Capacity;
 use super::constraints::Reject;
-use super::estimate::{
-    Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, earliest_start, evaluate,
-};
+use super::estimate::{Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, evaluate};
 use super::explain::{Details, Explained, hold_reason, keep_best};
 use super::index::{IdMap, Index, PoolMask, PriceOrder};
 use super::policy::{Budgets, JobPolicy};
@@ -712,9 +710,13 @@ impl Phase<'_, '_> {
                         return false;
                     }
                     let pool = order.pools[pos].1;
-                    let late_from = bound.late_from(ctx).filter(|_| pruned);
-                    if let Some(late) = late_from
-                        && earliest_start(self.index, self.capacity, ctx, pool)
+                    // While the kept candidates are late, a pool that cannot start a
+                    // one-node job soon enough to finish sooner offers nothing better.
+                    if pruned
+                        && ctx.nodes == 1
+                        && let Some(late) = bound.late_from(ctx)
+                        && (self.capacity)
+                            .earliest_start(self.index, pool, ctx.gpus)
                             .is_some_and(|at| at >= late)
                     {
                         continue;
