@@ -154,6 +154,18 @@ pub struct CatalogueRegion {
     pub boot_time_s: u32,
 }
 
+/// The largest amount of USD a config may state (what [`switchyard_core::money::Money`] holds
+/// with room to multiply).
+const MAX_USD: f64 = 1.0e9;
+
+/// `value` is a finite, non-negative amount of USD, else an error naming `what`.
+fn non_negative_usd(what: &str, value: f64) -> anyhow::Result<()> {
+    if !(value.is_finite() && (0.0..=MAX_USD).contains(&value)) {
+        bail!("{what} must be a non-negative amount of USD, not {value}");
+    }
+    Ok(())
+}
+
 fn default_latency_ms() -> u32 {
     5
 }
@@ -304,7 +316,54 @@ impl Config {
         if self.header_timeout_ms == 0 || self.idle_timeout_ms == 0 {
             bail!("header_timeout_ms and idle_timeout_ms must be positive");
         }
+        let mut ids = std::collections::HashSet::new();
+        for r in &self.regions {
+            if !r.id.contains(':') {
+                bail!("region id {:?} must be provider:code", r.id);
+            }
+            if !ids.insert(r.id.as_str()) {
+                bail!("region {} is configured twice", r.id);
+            }
+            non_negative_usd(
+                &format!("region {}: egress_per_gb_usd", r.id),
+                r.egress_per_gb_usd,
+            )?;
+            if let Some(lat) = r.latitude
+                && !(-90.0..=90.0).contains(&lat)
+            {
+                bail!("region {}: latitude {lat} is not within -90..=90", r.id);
+            }
+            if let Some(lon) = r.longitude
+                && !(-180.0..=180.0).contains(&lon)
+            {
+                bail!("region {}: longitude {lon} is not within -180..=180", r.id);
+            }
+        }
+        for c in &self.catalogue_regions {
+            if !c.id.contains(':') {
+                bail!("catalogue region {:?} must be provider:code", c.id);
+            }
+            if !ids.insert(c.id.as_str()) {
+                bail!("region {} is configured twice", c.id);
+            }
+            non_negative_usd(
+                &format!("catalogue region {}: egress_per_gb_usd", c.id),
+                c.egress_per_gb_usd,
+            )?;
+        }
+        let mut pool_ids = std::collections::HashSet::new();
         for p in &self.pools {
+            if !pool_ids.insert(p.id.as_str()) {
+                bail!("pool {} is configured twice", p.id);
+            }
+            // The same rule as `PATCH /pools/{id}`: a price is a positive amount of USD.
+            let price = p.price_per_gpu_hour_usd;
+            if !(price.is_finite() && price > 0.0 && price <= MAX_USD) {
+                bail!(
+                    "pool {}: price_per_gpu_hour_usd must be a positive amount of USD, not {price}",
+                    p.id
+                );
+            }
             if !self.regions.iter().any(|r| r.id == p.region) {
                 bail!(
                     "pool {} names region {} which is not configured",
@@ -314,11 +373,6 @@ impl Config {
             }
             if p.gpus_per_node == 0 {
                 bail!("pool {}: gpus_per_node must be positive", p.id);
-            }
-        }
-        for r in &self.regions {
-            if !r.id.contains(':') {
-                bail!("region id {:?} must be provider:code", r.id);
             }
         }
         Ok(())
@@ -434,5 +488,121 @@ mod tests {
             "{err}"
         );
         assert_eq!(cfg, before, "a bad value changes nothing");
+    }
+
+    /// A config from the TOML a user writes: one on-prem region with a pool, one catalogue
+    /// region.
+    fn catalogue_config(extra_region: &str, pool: &str, cloud: &str) -> anyhow::Result<Config> {
+        let text = format!(
+            r#"
+[[regions]]
+id = "onprem:dc1"
+{extra_region}
+
+[[pools]]
+id = "onprem:dc1/dgx"
+region = "onprem:dc1"
+gpu_model = "H100"
+gpus_per_node = 8
+gpu_memory_gb = 80
+node_limit = 2
+{pool}
+
+[[catalogue_regions]]
+id = "aws:us-east-1"
+{cloud}
+"#
+        );
+        let cfg: Config = toml::from_str(&text)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Prices, egress rates and coordinates a planner would misprice with are refused at
+    /// start, naming the setting; the same file with sane values loads.
+    #[test]
+    fn prices_egress_and_coordinates_out_of_range_are_refused() {
+        let ok = catalogue_config(
+            "egress_per_gb_usd = 0.0\nlatitude = 31.2\nlongitude = 121.5",
+            "price_per_gpu_hour_usd = 1.5",
+            "egress_per_gb_usd = 0.09",
+        )
+        .expect("a sane config loads");
+        assert_eq!(ok.pools[0].price_per_gpu_hour_usd, 1.5);
+
+        let refused = [
+            (
+                "egress_per_gb_usd = -0.05",
+                "price_per_gpu_hour_usd = 1.5",
+                "",
+                "region onprem:dc1: egress_per_gb_usd",
+            ),
+            (
+                "",
+                "price_per_gpu_hour_usd = 1.5",
+                "egress_per_gb_usd = -0.01",
+                "catalogue region aws:us-east-1: egress_per_gb_usd",
+            ),
+            (
+                "egress_per_gb_usd = inf",
+                "price_per_gpu_hour_usd = 1.5",
+                "",
+                "egress_per_gb_usd must be a non-negative amount",
+            ),
+            (
+                "",
+                "price_per_gpu_hour_usd = -2.0",
+                "",
+                "pool onprem:dc1/dgx: price_per_gpu_hour_usd",
+            ),
+            (
+                "",
+                "price_per_gpu_hour_usd = 0.0",
+                "",
+                "price_per_gpu_hour_usd must be a positive amount",
+            ),
+            (
+                "",
+                "price_per_gpu_hour_usd = nan",
+                "",
+                "price_per_gpu_hour_usd must be a positive amount",
+            ),
+            (
+                "latitude = 91.0",
+                "price_per_gpu_hour_usd = 1.5",
+                "",
+                "latitude 91 is not within",
+            ),
+            (
+                "longitude = -181.0",
+                "price_per_gpu_hour_usd = 1.5",
+                "",
+                "longitude -181 is not within",
+            ),
+        ];
+        for (region, pool, cloud, message) in refused {
+            let err = catalogue_config(region, pool, cloud).expect_err(message);
+            assert!(err.to_string().contains(message), "{message}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_region_or_pool_configured_twice_is_refused() {
+        let mut cfg = catalogue_config("", "price_per_gpu_hour_usd = 1.5", "").expect("loads");
+        cfg.pools.push(cfg.pools[0].clone());
+        let err = cfg.validate().expect_err("pool twice");
+        assert!(
+            err.to_string()
+                .contains("pool onprem:dc1/dgx is configured twice"),
+            "{err}"
+        );
+        cfg.pools.pop();
+        cfg.catalogue_regions[0].id = "onprem:dc1".into();
+        let err = cfg.validate().expect_err("region twice");
+        assert!(
+            err.to_string()
+                .contains("region onprem:dc1 is configured twice"),
+            "{err}"
+        );
     }
 }
