@@ -93,6 +93,9 @@ pub(crate) struct JobCtx<'a> {
     /// The job's priority, capped by its policies.
     pub priority: Priority,
     margin_ms: i64,
+    /// The job allows spot but misses its deadline wherever it runs: see
+    /// [`JobCtx::scan_order`].
+    late_on_demand: bool,
     /// The entry of the price orders' `gpus_at_least` for the smallest node size that fits
     /// the job (their length when none does).
     node_class: usize,
@@ -125,7 +128,7 @@ impl<'a> JobCtx<'a> {
                 .saturating_mul(i64::from(d.size_gb)),
         });
         let policy = JobPolicy::new(&index.policies, spec, index.now);
-        JobCtx {
+        let mut ctx = JobCtx {
             spec,
             gpus: spec.resources.gpus,
             nodes: spec.resources.nodes.max(1),
@@ -135,6 +138,7 @@ impl<'a> JobCtx<'a> {
             policy,
             // max(60 s, 5% of the runtime), in milliseconds: 5% of a second is 50 ms.
             margin_ms: (MIN_DEADLINE_MARGIN_S * 1000).max(runtime_s.saturating_mul(50)),
+            late_on_demand: false,
             node_class: index.price_orders()[0]
                 .gpus_at_least
                 .partition_point(|&(g, _)| g < spec.resources.gpus.max(1)),
@@ -165,7 +169,33 @@ impl<'a> JobCtx<'a> {
                     .map(|id| latency_violation(spec, index.region(id)))
                     .collect()
             }),
+        };
+        ctx.late_on_demand =
+            ctx.spot != SpotRule::Never && ctx.misses(index.now.plus_secs(runtime_s));
+        ctx
+    }
+
+    /// Which of [`Index::price_orders`] the job's pool scans take: the one by the price of
+    /// the cheapest market the job may use, except for a job that allows spot but misses its
+    /// deadline wherever it runs. Its candidates rank by how late they finish before what
+    /// they cost, and a spot run finishes later than an on-demand one by its interruptions'
+    /// expected delay, so its best candidates are mostly on demand: by on-demand price they
+    /// come first and the scan stops early, bounding the spot candidates by that delay
+    /// ([`JobCtx::spot_delay_from`]).
+    pub(crate) fn scan_order(&self) -> usize {
+        match self.late_on_demand {
+            true => Index::order_of(SpotRule::Never),
+            false => Index::order_of(self.spot),
         }
+    }
+
+    /// The fewest seconds a spot candidate from position `at` of `order` on runs longer than
+    /// on demand: the spot overhead at the lowest interruption rate and shortest boot of the
+    /// pools there that sell spot; `None` when no pool from `at` on offers spot. What bounds
+    /// the spot candidates of a scan by on-demand price ([`JobCtx::scan_order`]).
+    pub(crate) fn spot_delay_from(&self, order: &PriceOrder, at: usize) -> Option<i64> {
+        let (rate, boot) = order.min_spot_risk_from.get(at).copied().flatten()?;
+        Some(spot_overhead_s(rate, self.runtime_s, boot))
     }
 
     /// The job's own hard constraints and its latency bound against the pool: what
@@ -459,6 +489,10 @@ impl<'a> JobCtx<'a> {
         let Some(max) = self.spec.max_price_per_hour else {
             return false;
         };
+        // By on-demand price, a pool over the ceiling on demand may still sell spot under it.
+        if self.late_on_demand {
+            return false;
+        }
         order
             .pools
             .get(at)
@@ -740,6 +774,20 @@ impl ScanBound {
         } else {
             tier
         };
+        // By on-demand price (a late job: `hopeless`), the price bound holds only for
+        // on-demand candidates; a spot one finishes later by its interruptions' delay,
+        // whatever it costs.
+        if hopeless
+            && job.late_on_demand
+            && let Some(delay_s) = job.spot_delay_from(order, pos)
+        {
+            let spot = Score {
+                late_finish: finish.plus_secs(delay_s),
+                cost: Money::from_micros(i64::MIN),
+                ..lower
+            };
+            return worst < lower.min(spot);
+        }
         worst < lower
     }
 

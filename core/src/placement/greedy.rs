@@ -395,7 +395,7 @@ impl<'a> Round<'a> {
             _ => &[],
         };
         let mut bound = ScanBound::new(keep);
-        let order = self.index.pools_by_price(ctx.spot);
+        let order = &self.index.price_orders()[ctx.scan_order()];
         let pruned = self.scan == Scan::Pruned;
         // Pruned, the scan skips the pools the job's own constraints rule out; it looks at them
         // only if it ends up needing every blocked candidate.
@@ -406,7 +406,7 @@ impl<'a> Round<'a> {
         // Pruned, a price tier of several pools is scanned in two passes: first its pools with
         // capacity free now for the job, then the others, whose candidates (waits, launches)
         // rank after a free-now one of the same cost; the bound often stops the second pass.
-        let order_id = Index::order_of(ctx.spot);
+        let order_id = ctx.scan_order();
         let split =
             pruned && ctx.nodes == 1 && self.capacity.free_now(order_id, ctx.gpus).is_some();
         // Pruned, a job with data elsewhere scans the pools in its data's region first, then
@@ -515,7 +515,7 @@ impl<'a> Round<'a> {
         }
         let mut bound = ScanBound::new(1);
         let pruned = self.scan == Scan::Pruned;
-        let order = self.index.pools_by_price(ctx.spot);
+        let order = &self.index.price_orders()[ctx.scan_order()];
         let restricted = ctx.scan_mask(order, &mut self.mask);
         for (pos, &(_, pool)) in order.pools.iter().enumerate() {
             if restricted && !self.mask.contains(pos) {
@@ -688,7 +688,7 @@ impl Phase<'_, '_> {
         elsewhere: &[usize],
     ) -> bool {
         let pruned = self.pruned;
-        let order_id = Index::order_of(ctx.spot);
+        let order_id = ctx.scan_order();
         let mut next = phase.ones_from(0).next();
         while let Some(start) = next {
             let end = order.tier_end[start];

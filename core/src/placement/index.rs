@@ -14,7 +14,7 @@
 
 use super::estimate::DEFAULT_INGRESS_GBPS;
 use crate::domain::{
-    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, Node, NodeId, Pool, PoolId, Priority, Region,
+    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, Market, Node, NodeId, Pool, PoolId, Priority, Region,
     RegionId, RunningAttempt, Snapshot, SpotRule, TeamPolicy,
 };
 use crate::money::Money;
@@ -445,12 +445,8 @@ impl<'a> Index<'a> {
             .map(|&r| &regions[r])
     }
 
-    /// Every pool with the GPU-hour price a job with this spot rule pays there, cheapest first.
-    pub(crate) fn pools_by_price(&self, spot: SpotRule) -> &PriceOrder {
-        &self.by_price[Index::order_of(spot)]
-    }
-
-    /// Which of [`Index::price_orders`] a job with this spot rule scans.
+    /// Which of [`Index::price_orders`] lists pools by the price a job with this spot rule
+    /// pays there: 0 on demand, 1 the cheaper market.
     pub(crate) fn order_of(spot: SpotRule) -> usize {
         match spot {
             SpotRule::Never => 0,
@@ -499,6 +495,11 @@ pub(crate) struct PriceTable {
     pub tier_min_pool: Vec<usize>,
     /// Per position, the shortest boot time of a launchable pool from it on (`None`: none).
     pub min_boot_from: Vec<Option<u32>>,
+    /// Per position, the lowest spot interruption rate (ppm per hour) and, on its own, the
+    /// shortest boot time of the pools from it on that offer spot candidates to jobs that
+    /// allow spot (their spot price is their cheapest; `None`: no such pool): what the spot
+    /// overhead of a candidate there is at least ([`super::estimate::spot_overhead_s`]).
+    pub min_spot_risk_from: Vec<Option<(u32, u32)>>,
     /// Per entry of `gpus_at_least` (pools with nodes of at least that many GPUs), per
     /// position, the lowest node-hour price (in the cheapest market the order's jobs may use)
     /// of such a launchable pool from it on: what a launch there pays at least per node.
@@ -640,6 +641,8 @@ impl PriceTable {
         let mut tier_min_pool = vec![usize::MAX; n];
         let mut min_boot_from = vec![None; n];
         let mut boot: Option<u32> = None;
+        let mut min_spot_risk_from = vec![None; n];
+        let mut risk: Option<(u32, u32)> = None;
         let mut min_node_price_from = vec![vec![None; n + 1]; gpus_at_least.len()];
         for i in (0..n).rev() {
             let (price, pool) = pools[i];
@@ -656,6 +659,11 @@ impl PriceTable {
                 boot = Some(boot.map_or(p.boot_time_s, |b| b.min(p.boot_time_s)));
             }
             min_boot_from[i] = boot;
+            if p.cheapest_market(SpotRule::Allowed) == Market::Spot {
+                let (rate, boot) = (keys[pool].spot_interruptions_ppm, p.boot_time_s);
+                risk = Some(risk.map_or((rate, boot), |(r, b)| (r.min(rate), b.min(boot))));
+            }
+            min_spot_risk_from[i] = risk;
             let node_price = p
                 .launchable
                 .then(|| p.price_per_hour(p.cheapest_market(spot)));
@@ -677,6 +685,7 @@ impl PriceTable {
             tier_end,
             tier_min_pool,
             min_boot_from,
+            min_spot_risk_from,
             min_node_price_from,
             in_region,
             of_model,

@@ -19,9 +19,15 @@ proptest! {
         pools in 1usize..150,
         nodes in 0usize..200,
         burst_enabled in any::<bool>(),
+        rates in prop::collection::vec(prop::sample::select(vec![0u32, 500, 20_000, 400_000]), 0..150),
     ) {
         let mut snapshot = fleet(seed, jobs, pools, nodes);
         snapshot.burst_enabled = burst_enabled;
+        // Observed interruption rates for some pools (none at all for a few): the bounds on
+        // spot candidates use the lowest rate left in the scan.
+        for (pool, rate) in snapshot.pools.iter().zip(rates) {
+            snapshot.spot_interruptions_per_hour_ppm.insert(pool.id.clone(), rate);
+        }
         let pruned = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Full);
         let exhaustive = greedy::plan(&snapshot, NOW, Scan::Exhaustive, Detail::Full);
         prop_assert_eq!(&pruned, &exhaustive);
