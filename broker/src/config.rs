@@ -316,18 +316,24 @@ impl Config {
         if self.header_timeout_ms == 0 || self.idle_timeout_ms == 0 {
             bail!("header_timeout_ms and idle_timeout_ms must be positive");
         }
+        // On-prem and catalogue regions share one namespace of `provider:code` ids.
+        let regions = (self.regions.iter())
+            .map(|r| ("region", &r.id, r.egress_per_gb_usd))
+            .chain(
+                (self.catalogue_regions.iter())
+                    .map(|c| ("catalogue region", &c.id, c.egress_per_gb_usd)),
+            );
         let mut ids = std::collections::HashSet::new();
+        for (what, id, egress) in regions {
+            if !id.contains(':') {
+                bail!("{what} {id:?} must be provider:code");
+            }
+            if !ids.insert(id.as_str()) {
+                bail!("region {id} is configured twice");
+            }
+            non_negative_usd(&format!("{what} {id}: egress_per_gb_usd"), egress)?;
+        }
         for r in &self.regions {
-            if !r.id.contains(':') {
-                bail!("region id {:?} must be provider:code", r.id);
-            }
-            if !ids.insert(r.id.as_str()) {
-                bail!("region {} is configured twice", r.id);
-            }
-            non_negative_usd(
-                &format!("region {}: egress_per_gb_usd", r.id),
-                r.egress_per_gb_usd,
-            )?;
             if let Some(lat) = r.latitude
                 && !(-90.0..=90.0).contains(&lat)
             {
@@ -338,18 +344,6 @@ impl Config {
             {
                 bail!("region {}: longitude {lon} is not within -180..=180", r.id);
             }
-        }
-        for c in &self.catalogue_regions {
-            if !c.id.contains(':') {
-                bail!("catalogue region {:?} must be provider:code", c.id);
-            }
-            if !ids.insert(c.id.as_str()) {
-                bail!("region {} is configured twice", c.id);
-            }
-            non_negative_usd(
-                &format!("catalogue region {}: egress_per_gb_usd", c.id),
-                c.egress_per_gb_usd,
-            )?;
         }
         let mut pool_ids = std::collections::HashSet::new();
         for p in &self.pools {

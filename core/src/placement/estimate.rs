@@ -193,7 +193,7 @@ impl<'a> JobCtx<'a> {
     /// on demand: the spot overhead at the lowest interruption rate and shortest boot of the
     /// pools there that sell spot; `None` when no pool from `at` on offers spot. What bounds
     /// the spot candidates of a scan by on-demand price ([`JobCtx::scan_order`]).
-    pub(crate) fn spot_delay_from(&self, order: &PriceOrder, at: usize) -> Option<i64> {
+    fn spot_delay_from(&self, order: &PriceOrder, at: usize) -> Option<i64> {
         let (rate, boot) = order.min_spot_risk_from.get(at).copied().flatten()?;
         Some(spot_overhead_s(rate, self.runtime_s, boot))
     }
