@@ -335,6 +335,13 @@ pub async fn placement(
     if let Some(e) = planned {
         return Ok(Json(convert::explanation_view(&e)));
     }
+    // The scheduler stores a placed job's explanation, then drops its plan from what was
+    // asked above: a row read before the store and a plan dropped since both miss it, so a
+    // placed job's row without one is read again.
+    let job = match job.explanation_json {
+        None if job.placement.is_some() => visible_job(&app, &caller, &id).await?,
+        _ => job,
+    };
     match job.explanation_json.as_deref() {
         Some(text) => {
             let e: switchyard_core::Explanation = serde_json::from_str(text)
