@@ -635,7 +635,6 @@ impl Scheduler for WithPolicies<'_> {
         self.inner.decide(&View {
             now: view.now,
             snapshot: &snapshot,
-            markets: view.markets,
             provisioning: view.provisioning,
         })
     }

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use switchyard_core::{
-    AttemptId, Explanation, JobId, Node, NodeId, Plan, PlanCache, Pool, Priority, QueuedJob,
-    Region, RunningAttempt, Snapshot, Timestamp, plan_shared_cached,
+    AttemptId, Explanation, JobId, Market, Node, NodeId, Plan, PlanCache, Pool, Priority,
+    QueuedJob, Region, RunningAttempt, Snapshot, Timestamp, plan_shared_cached,
 };
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -127,6 +127,8 @@ struct NodeState {
     healthy: bool,
     draining: bool,
     last_heartbeat: Timestamp,
+    /// The market of the instance the node runs on (on-prem: on demand).
+    market: Market,
 }
 
 /// The scheduler's mirror of the world.
@@ -180,6 +182,14 @@ impl State {
     }
 
     async fn reload_nodes(&mut self, store: &dyn Store) -> Result<(), StoreError> {
+        // A node that enrolled from a launched instance was bought in that instance's market;
+        // a spot one takes only jobs that allow spot.
+        let markets: HashMap<NodeId, Market> = store
+            .instances(false)
+            .await?
+            .into_iter()
+            .filter_map(|i| Some((i.node?, i.market)))
+            .collect();
         let mut nodes = BTreeMap::new();
         for n in store.nodes().await? {
             let busy = self
@@ -197,6 +207,7 @@ impl State {
                     healthy: n.healthy && !n.revoked,
                     draining: n.draining,
                     last_heartbeat: n.last_heartbeat,
+                    market: markets.get(&n.id).copied().unwrap_or(Market::OnDemand),
                 },
             );
         }
@@ -264,6 +275,7 @@ impl State {
                     healthy: n.healthy,
                     draining: n.draining,
                     last_heartbeat: n.last_heartbeat,
+                    market: n.market,
                 })
                 .collect(),
             queued: self

@@ -11,7 +11,7 @@ use common::*;
 use reqwest::Method;
 use serde_json::json;
 use std::time::Duration;
-use switchyard_core::PoolId;
+use switchyard_core::{Market, PoolId};
 use switchyard_providers::fake::FakeOutcome;
 use switchyard_providers::{InstanceState, Provider};
 
@@ -272,4 +272,69 @@ async fn a_vanished_instance_requeues_its_job_and_strays_are_reaped() {
             .count(),
         live.len()
     );
+}
+
+/// A spot instance's node takes only jobs that allow spot, and they pay spot there: a job that
+/// never runs on spot gets an on-demand instance of its own, though the spot node has GPUs
+/// free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_node_takes_only_jobs_that_allow_spot() {
+    let (app, fake) = spawn_with_fake(|c| {
+        c.idle_ttl_s = 600;
+        c.min_billed_s = 0;
+        // AWS p5.48xlarge from the bundled catalogue: spot about a third of on demand.
+        c.catalogue_regions
+            .push(switchyard_broker::config::CatalogueRegion {
+                id: "aws:us-east-1".into(),
+                instance_types: vec!["p5.48xlarge".into()],
+                latency_ms: 40,
+                egress_per_gb_usd: 0.09,
+                node_limit: 3,
+                boot_time_s: 60,
+            });
+    })
+    .await;
+    let dev = app.token("developer", Some("ml")).await;
+    let job = |name: &str, spot: &str| {
+        json!({"name": name, "team": "ml", "command": ["true"], "resources": {"gpus": 1},
+               "estimated_runtime_s": 3600, "spot": spot})
+    };
+    let id = |r: Response| r.body["id"].as_str().unwrap().to_string();
+    const WAIT: Duration = Duration::from_secs(10);
+
+    // The first job allows spot: a spot instance is launched for it and it runs there.
+    let first = id(app.submit(&dev, job("first", "allowed")).await);
+    let launch = eventually("a launch", 20, async || fake.launches().into_iter().next()).await;
+    assert_eq!(launch.market, Market::Spot, "{launch:?}");
+    let agent = app.agent_with_token(&launch.enrolment_token, 8).await;
+    let placed = app
+        .wait_for_job(&dev, &first, WAIT, |j| j["state"] == "placed")
+        .await;
+    assert_eq!(placed["placement"]["node"], agent.node.as_str(), "{placed}");
+    assert_eq!(placed["placement"]["market"], "spot", "{placed}");
+
+    // Seven GPUs are free on the spot node; a job that never runs on spot does not take them.
+    let never = id(app.submit(&dev, job("never", "never")).await);
+    let second = eventually("a launch for the on-demand job", 20, async || {
+        fake.launches().into_iter().nth(1)
+    })
+    .await;
+    assert_eq!(second.market, Market::OnDemand, "{second:?}");
+    let waiting = app.job(&dev, &never).await.body;
+    assert_ne!(waiting["state"], "placed", "{waiting}");
+
+    // A job that allows spot takes them, at the spot price.
+    let spot = id(app.submit(&dev, job("spot", "allowed")).await);
+    let placed = app
+        .wait_for_job(&dev, &spot, WAIT, |j| j["state"] == "placed")
+        .await;
+    assert_eq!(placed["placement"]["node"], agent.node.as_str(), "{placed}");
+    assert_eq!(placed["placement"]["market"], "spot", "{placed}");
+    // The on-demand job runs on its own instance once that enrols.
+    let od = app.agent_with_token(&second.enrolment_token, 8).await;
+    let placed = app
+        .wait_for_job(&dev, &never, WAIT, |j| j["state"] == "placed")
+        .await;
+    assert_eq!(placed["placement"]["node"], od.node.as_str(), "{placed}");
+    assert_eq!(placed["placement"]["market"], "on_demand", "{placed}");
 }

@@ -176,6 +176,11 @@ pub struct Node {
     /// Draining nodes finish what they run and take nothing new.
     pub draining: bool,
     pub last_heartbeat: Timestamp,
+    /// The market the node was bought in: on-prem and on-demand nodes `on_demand`. A spot node
+    /// can be interrupted, so only jobs that allow spot (after their policies) run there, and
+    /// they pay its spot price.
+    #[serde(default)]
+    pub market: Market,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -225,9 +230,12 @@ pub enum JobKind {
     Service,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Market {
+    #[default]
     OnDemand,
     Spot,
 }

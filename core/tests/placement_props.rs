@@ -78,9 +78,10 @@ prop_compose! {
 
 prop_compose! {
     fn arb_node()(pool in any::<prop::sample::Index>(), free in any::<prop::sample::Index>(),
-                  healthy in prop::bool::weighted(0.85), draining in prop::bool::weighted(0.1))
-                  -> (prop::sample::Index, prop::sample::Index, bool, bool) {
-        (pool, free, healthy, draining)
+                  healthy in prop::bool::weighted(0.85), draining in prop::bool::weighted(0.1),
+                  spot in prop::bool::weighted(0.3))
+                  -> (prop::sample::Index, prop::sample::Index, bool, bool, bool) {
+        (pool, free, healthy, draining, spot)
     }
 }
 
@@ -195,8 +196,10 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                     nodes
                         .into_iter()
                         .enumerate()
-                        .map(|(i, (pool, free, healthy, draining))| {
+                        .map(|(i, (pool, free, healthy, draining, spot))| {
                             let pool = pool.get(&pools);
+                            // Spot nodes are bought where spot is sold.
+                            let spot = spot && pool.launchable && pool.spot_per_hour.is_some();
                             Node {
                                 id: NodeId::new(format!("n{i:02}")),
                                 pool: pool.id.clone(),
@@ -205,6 +208,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                                 healthy,
                                 draining,
                                 last_heartbeat: NOW,
+                                market: if spot { Market::Spot } else { Market::OnDemand },
                             }
                         })
                         .collect()
@@ -378,14 +382,30 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
         prop_assert_eq!(a.gpus, job.spec.resources.gpus);
         allowed(pool, &job.spec)?;
         let policies = covering(&job.spec);
+        // A spot node takes only jobs that allow spot; an on-demand node is paid on demand.
+        let spot_ok =
+            job.spec.spot != SpotRule::Never && policies.iter().all(|p| p.spot != SpotRule::Never);
+        if node.market == Market::Spot {
+            prop_assert!(
+                spot_ok,
+                "job {} never takes spot, on spot node {}",
+                a.job,
+                node.id
+            );
+        } else {
+            prop_assert_eq!(a.market, Market::OnDemand, "on-demand node {}", &node.id);
+        }
         if a.market == Market::Spot {
-            prop_assert!(job.spec.spot != SpotRule::Never && pool.spot_per_hour.is_some());
-            prop_assert!(policies.iter().all(|p| p.spot != SpotRule::Never));
+            prop_assert!(spot_ok && pool.spot_per_hour.is_some());
         }
         for p in &policies {
             if let Some(max) = p.max_price_per_gpu_hour {
                 prop_assert!(gpu_price(pool, a.market) <= max);
             }
+        }
+        if let Some(max) = job.spec.max_price_per_hour {
+            let price = gpu_price(pool, a.market).saturating_mul(i64::from(a.gpus.max(1)));
+            prop_assert!(price <= max, "{} over the job's {}", price, max);
         }
         *used.entry(&a.node).or_default() += a.gpus;
     }
@@ -522,7 +542,7 @@ proptest! {
                     && p.windows.is_empty()
             });
             hard_constraint(pool, &spec).is_none() && latency_ok && price_ok && policy_ok
-                && snap.nodes.iter().any(|n| n.pool == pool.id && n.healthy && !n.draining && n.gpus_free >= spec.resources.gpus)
+                && snap.nodes.iter().any(|n| n.pool == pool.id && n.healthy && !n.draining && n.gpus_free >= spec.resources.gpus && n.market == Market::OnDemand)
         });
         prop_assume!(fits);
         let p = plan(&snap, NOW);
@@ -605,6 +625,7 @@ proptest! {
             healthy: true,
             draining: false,
             last_heartbeat: NOW,
+            market: Market::OnDemand,
         };
         // Running work that adds up to what is held (the last attempt takes the rest).
         let mut left = held;

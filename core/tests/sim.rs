@@ -207,6 +207,31 @@ fn spot_interruptions_requeue_and_jobs_still_finish_deterministically() {
 }
 
 #[test]
+fn an_idle_spot_node_takes_only_jobs_that_allow_spot() {
+    // On-prem is full for 4 h. A spot-tolerant job gets a spot node (t = 1 s, done by ≈ 11 min);
+    // at t = 900 s that node idles (TTL 600 s) when a job that never runs on spot arrives
+    // with a 20-minute deadline: every scheduler launches it an on-demand node instead.
+    let jobs = vec![
+        job(0, 4 * 3600, None, SpotRule::Never),
+        job(0, 4 * 3600, None, SpotRule::Never),
+        job(1, 600, Some(3.0), SpotRule::Allowed),
+        job(900, 600, Some(2.0), SpotRule::Never),
+    ];
+    let scheds: [Box<dyn Scheduler>; 3] = [
+        Box::new(Switchyard::default()),
+        Box::new(Cheapest),
+        Box::new(FifoBurst::default()),
+    ];
+    for mut s in scheds {
+        let r = run(s.as_mut(), &jobs);
+        // The engine refuses a never-spot job on a spot node: none was even tried.
+        assert_eq!(r.rejected_actions, 0, "{}", r.scheduler);
+        assert!(r.jobs.iter().all(|j| j.finish.is_some()), "{r:?}");
+        assert_eq!(r.burst_instances, 2, "{}", r.scheduler);
+    }
+}
+
+#[test]
 fn same_seed_same_result_for_every_scheduler() {
     let jobs: Vec<SimJob> = (0..40)
         .map(|i| {

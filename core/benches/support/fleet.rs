@@ -132,6 +132,13 @@ pub fn fleet(seed: u64, jobs: usize, pools: usize, nodes: usize) -> Snapshot {
                 healthy: !rng.chance(3),
                 draining: rng.chance(2),
                 last_heartbeat: NOW,
+                // Every fourth node of a pool that sells spot was bought there (no draw: the
+                // rest of the fleet is what it was before nodes had markets).
+                market: if pool.launchable && pool.spot_per_hour.is_some() && i % 4 == 0 {
+                    Market::Spot
+                } else {
+                    Market::OnDemand
+                },
             }
         })
         .collect();

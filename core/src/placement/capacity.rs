@@ -10,7 +10,48 @@
 //! decides nothing: it answers "what fits where, and when", and records what the planner took.
 
 use super::index::{Index, PoolMask};
+use crate::domain::Market;
 use crate::time::Timestamp;
+
+/// The markets whose nodes a job may take in a pool: a job that never runs on spot keeps off
+/// spot nodes, and a price ceiling can rule out a market. The queries with `_in` answer for
+/// those nodes only; where they are all of the pool's nodes (nearly always: most pools have
+/// nodes of one market, most jobs take both) they are the pool-wide, memoised queries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Markets {
+    pub on_demand: bool,
+    pub spot: bool,
+}
+
+impl Markets {
+    pub(crate) fn allows(self, market: Market) -> bool {
+        match market {
+            Market::OnDemand => self.on_demand,
+            Market::Spot => self.spot,
+        }
+    }
+
+    /// Whether every node of `pool` is of a market allowed.
+    fn take_all(self, index: &Index, pool: usize) -> bool {
+        let info = &index.pools[pool];
+        (self.on_demand || !info.on_demand_nodes) && (self.spot || !info.spot_nodes)
+    }
+
+    /// Where the memos keep answers for these markets: 0 both, 1 on demand, 2 spot.
+    fn slot(self) -> usize {
+        match (self.on_demand, self.spot) {
+            (true, false) => 1,
+            (false, true) => 2,
+            _ => 0,
+        }
+    }
+
+    /// Whether no node of `pool` is.
+    fn take_none(self, index: &Index, pool: usize) -> bool {
+        let info = &index.pools[pool];
+        !((self.on_demand && info.on_demand_nodes) || (self.spot && info.spot_nodes))
+    }
+}
 
 /// Seconds after `now` at which an attempt already past its expected end is assumed to finish:
 /// it is late, not gone, and may report completion any moment.
@@ -69,6 +110,9 @@ impl MinTree {
 /// When a node will have the GPUs: the time and the node.
 pub(crate) type WaitEstimate = Option<(Timestamp, usize)>;
 
+/// A memoised wait: (GPUs per node, nodes, [`Markets::slot`]).
+type WaitKey = (u32, u32, usize);
+
 #[derive(Debug, Default)]
 pub(crate) struct Capacity {
     /// GPUs free per node now, after this round's assignments.
@@ -89,14 +133,16 @@ pub(crate) struct Capacity {
     launches: Vec<u32>,
     /// Per pool, memoised best fits for 0..FIT_MEMO GPUs ([`FIT_UNKNOWN`] until asked, then
     /// the node or [`FIT_NONE`]); forgotten when the pool's free GPUs change.
-    fit_memo: Vec<[usize; FIT_MEMO]>,
+    /// (At [0]: over all its usable nodes; at [1] and [2]: over its on-demand or spot ones.)
+    fit_memo: Vec<[[usize; FIT_MEMO]; 3]>,
     /// Per pool and GPU count below FIT_MEMO, once asked: when each usable node of the pool will
     /// have that many GPUs, as a min-tree, kept up to date as nodes change.
     trees: Vec<[Option<MinTree>; FIT_MEMO]>,
     /// Per node, its position among its pool's nodes (a leaf of the pool's trees).
     slot: Vec<usize>,
     /// Per pool, memoised wait estimates by (GPUs per node, nodes) needed.
-    waits: Vec<Vec<((u32, u32), WaitEstimate)>>,
+    /// (Keyed also by the markets' [`Markets::slot`], 0 for all.)
+    waits: Vec<Vec<(WaitKey, WaitEstimate)>>,
     /// Per running attempt (position in the index), whether this round preempts it.
     preempted: Vec<bool>,
     /// Per price order of the index and GPU count `g` in `1..FIT_MEMO` (at `g - 1`): the
@@ -150,7 +196,7 @@ impl Capacity {
         refill(&mut self.launches, (0..pools).map(|_| 0));
         refill(
             &mut self.fit_memo,
-            (0..pools).map(|_| [FIT_UNKNOWN; FIT_MEMO]),
+            (0..pools).map(|_| [[FIT_UNKNOWN; FIT_MEMO]; 3]),
         );
         self.trees.truncate(pools);
         for trees in &mut self.trees {
@@ -225,7 +271,7 @@ impl Capacity {
         pools.sort_unstable();
         pools.dedup();
         for pool in pools {
-            self.fit_memo[pool] = [FIT_UNKNOWN; FIT_MEMO];
+            self.fit_memo[pool] = [[FIT_UNKNOWN; FIT_MEMO]; 3];
             self.refresh_free_now(index, pool);
         }
         for pool in self.launched.drain(..) {
@@ -280,7 +326,7 @@ impl Capacity {
         if n <= 1 {
             return self.earliest_free(index, pool, gpus);
         }
-        if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == (gpus, n)) {
+        if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == (gpus, n, 0)) {
             return known;
         }
         let mut times: Vec<(Timestamp, usize)> = index.pools[pool]
@@ -291,7 +337,7 @@ impl Capacity {
             .collect();
         times.sort_unstable();
         let estimate = times.get(n as usize - 1).map(|&(at, _)| (at, times[0].1));
-        self.waits[pool].push(((gpus, n), estimate));
+        self.waits[pool].push(((gpus, n, 0), estimate));
         estimate
     }
 
@@ -367,16 +413,132 @@ impl Capacity {
         r.insert(pos, (at, gpus));
     }
 
+    /// The most GPUs a usable node of `pool` has free, among its on-demand nodes and among
+    /// its spot nodes.
+    pub(crate) fn most_free_by_market(&self, index: &Index, pool: usize) -> [u32; 2] {
+        let info = &index.pools[pool];
+        match (info.on_demand_nodes, info.spot_nodes) {
+            (true, true) => {
+                let mut most = [0, 0];
+                for &(free, node) in self.fit[pool].0.iter().rev() {
+                    let m = &mut most[usize::from(index.nodes[node].market == Market::Spot)];
+                    *m = (*m).max(free);
+                    if most.iter().all(|&m| m > 0) {
+                        break;
+                    }
+                }
+                most
+            }
+            (_, true) => [0, self.most_free(pool)],
+            _ => [self.most_free(pool), 0],
+        }
+    }
+
     /// The most GPUs a usable node of `pool` has free.
     pub(crate) fn most_free(&self, pool: usize) -> u32 {
         self.fit[pool].last().map_or(0, |&(free, _)| free)
+    }
+
+    /// [`Capacity::best_fit`] among the nodes of the `markets` allowed.
+    pub(crate) fn best_fit_in(
+        &mut self,
+        index: &Index,
+        pool: usize,
+        gpus: u32,
+        markets: Markets,
+    ) -> Option<usize> {
+        if markets.take_all(index, pool) {
+            return self.best_fit(pool, gpus);
+        }
+        if markets.take_none(index, pool) {
+            return None;
+        }
+        let (m, g) = (
+            markets.slot(),
+            usize::try_from(gpus).ok().filter(|&g| g < FIT_MEMO),
+        );
+        if let Some(g) = g {
+            match self.fit_memo[pool][m][g] {
+                FIT_UNKNOWN => {}
+                FIT_NONE => return None,
+                node => return Some(node),
+            }
+        }
+        let fit = self.fit[pool]
+            .from((gpus, 0))
+            .map(|&(_, node)| node)
+            .find(|&node| markets.allows(index.nodes[node].market));
+        if let Some(g) = g {
+            self.fit_memo[pool][m][g] = fit.unwrap_or(FIT_NONE);
+        }
+        fit
+    }
+
+    /// [`Capacity::best_fit_n`] among the nodes of the `markets` allowed.
+    pub(crate) fn best_fit_n_in(
+        &self,
+        index: &Index,
+        pool: usize,
+        gpus: u32,
+        n: u32,
+        markets: Markets,
+    ) -> Option<Vec<usize>> {
+        if markets.take_all(index, pool) {
+            return self.best_fit_n(pool, gpus, n);
+        }
+        if markets.take_none(index, pool) {
+            return None;
+        }
+        let nodes: Vec<usize> = self.fit[pool]
+            .from((gpus, 0))
+            .map(|&(_, node)| node)
+            .filter(|&node| markets.allows(index.nodes[node].market))
+            .take(n as usize)
+            .collect();
+        (nodes.len() == n as usize).then_some(nodes)
+    }
+
+    /// [`Capacity::earliest_free_n`] among the nodes of the `markets` allowed. Where those
+    /// are not all of the pool's, the nodes are looked at one by one (such pools are cloud
+    /// pools with a few nodes of each market).
+    pub(crate) fn earliest_free_n_in(
+        &mut self,
+        index: &Index,
+        pool: usize,
+        gpus: u32,
+        n: u32,
+        markets: Markets,
+    ) -> WaitEstimate {
+        if markets.take_all(index, pool) {
+            return self.earliest_free_n(index, pool, gpus, n);
+        }
+        if markets.take_none(index, pool) {
+            return None;
+        }
+        let key = (gpus, n.max(1), markets.slot());
+        if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == key) {
+            return known;
+        }
+        let nodes = index.pools[pool].nodes.iter();
+        let times = nodes
+            .filter(|&&node| index.usable(node) && markets.allows(index.nodes[node].market))
+            .filter_map(|&node| self.node_free_at(index, node, gpus).map(|t| (t, node)));
+        let estimate = if n <= 1 {
+            times.min()
+        } else {
+            let mut times: Vec<(Timestamp, usize)> = times.collect();
+            times.sort_unstable();
+            times.get(n as usize - 1).map(|&(at, _)| (at, times[0].1))
+        };
+        self.waits[pool].push((key, estimate));
+        estimate
     }
 
     /// The usable node of `pool` with `gpus` free and the fewest left over, ties by node id.
     pub(crate) fn best_fit(&mut self, pool: usize, gpus: u32) -> Option<usize> {
         let slot = usize::try_from(gpus).ok().filter(|&g| g < FIT_MEMO);
         if let Some(g) = slot {
-            match self.fit_memo[pool][g] {
+            match self.fit_memo[pool][0][g] {
                 FIT_UNKNOWN => {}
                 FIT_NONE => return None,
                 node => return Some(node),
@@ -384,7 +546,7 @@ impl Capacity {
         }
         let fit = self.fit[pool].from((gpus, 0)).next().map(|&(_, node)| node);
         if let Some(g) = slot {
-            self.fit_memo[pool][g] = fit.unwrap_or(FIT_NONE);
+            self.fit_memo[pool][0][g] = fit.unwrap_or(FIT_NONE);
         }
         fit
     }
@@ -403,7 +565,7 @@ impl Capacity {
             }
             return self.trees[pool][g].as_ref().and_then(MinTree::min);
         }
-        if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == (gpus, 1)) {
+        if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == (gpus, 1, 0)) {
             return known;
         }
         let estimate = index.pools[pool]
@@ -412,7 +574,7 @@ impl Capacity {
             .filter(|&&node| index.usable(node))
             .filter_map(|&node| self.node_free_at(index, node, gpus).map(|t| (t, node)))
             .min();
-        self.waits[pool].push(((gpus, 1), estimate));
+        self.waits[pool].push(((gpus, 1, 0), estimate));
         estimate
     }
 
@@ -545,7 +707,7 @@ impl Capacity {
         let after = before.saturating_sub(gpus);
         if self.fit[pool].remove((before, node)) {
             self.fit[pool].insert((after, node));
-            self.fit_memo[pool] = [FIT_UNKNOWN; FIT_MEMO];
+            self.fit_memo[pool] = [[FIT_UNKNOWN; FIT_MEMO]; 3];
             self.refresh_free_now(index, pool);
         }
         self.free[node] = after;

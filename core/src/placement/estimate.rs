@@ -9,7 +9,7 @@
 //! (multi-node job) needs all its nodes in one pool and pays for each.
 
 use super::CandidateKind;
-use super::capacity::Capacity;
+use super::capacity::{Capacity, Markets};
 use super::constraints::{Reject, latency_violation, shape_violation};
 use super::index::{Index, PoolInfo, PoolMask, PriceOrder};
 use super::policy::JobPolicy;
@@ -393,19 +393,14 @@ impl<'a> JobCtx<'a> {
         self.score(finish, cost, kind, pool, None) >= *worst
     }
 
-    /// The best market for a candidate: on demand, or spot where the job (after its policies)
-    /// allows it and the pool sells it cheaper. `Allowed` takes spot when it scores better
-    /// with its interruption risk priced in; `Preferred` takes it whenever it still meets the
-    /// deadline. Markets over a price ceiling are out; [`JobCtx::priced_out_everywhere`] has
-    /// already ruled out pools where every market is.
-    pub(crate) fn best_market(
-        &self,
-        index: &Index,
-        pool: usize,
-        node: Option<usize>,
-        kind: CandidateKind,
-        ready: Timestamp,
-    ) -> Estimate {
+    /// The best market for a new node, ready at `ready`: on demand, or spot where the job
+    /// (after its policies) allows it and the pool sells it cheaper. `Allowed` takes spot when
+    /// it scores better with its interruption risk priced in; `Preferred` takes it whenever it
+    /// still meets the deadline. Markets over a price ceiling are out;
+    /// [`JobCtx::priced_out_everywhere`] has already ruled out pools where every market is.
+    /// (On an existing node the market is the node's: [`JobCtx::on_node`].)
+    pub(crate) fn launch_market(&self, index: &Index, pool: usize, ready: Timestamp) -> Estimate {
+        let (node, kind) = (None, CandidateKind::Launch);
         let p = index.pools[pool].pool;
         let spot_ok = p.cheapest_market(self.spot) == Market::Spot
             && self.priced_out(index, pool, Market::Spot).is_none();
@@ -421,6 +416,77 @@ impl<'a> JobCtx<'a> {
         } else {
             od
         }
+    }
+
+    /// The markets whose nodes in `pool` the job may take. A job that never runs on spot
+    /// (after its policies) takes on-demand nodes only. One that allows spot takes the nodes
+    /// of the market it is cheapest for it to use there: spot nodes where the pool sells spot
+    /// cheaper, and then not on-demand ones (whose price its scan, by spot price, could not
+    /// bound), else nodes of either market, each paid on demand ([`JobCtx::node_market`]).
+    /// A market over one of the job's price ceilings is out, and then the other market's
+    /// nodes are in if it is not.
+    pub(crate) fn node_markets(&self, index: &Index, pool: usize) -> Markets {
+        let p = index.pools[pool].pool;
+        let cheap_spot = p.cheapest_market(self.spot) == Market::Spot;
+        let within =
+            |market| !self.has_price_ceiling() || self.priced_out(index, pool, market).is_none();
+        let on_demand = within(Market::OnDemand);
+        match (self.spot, cheap_spot) {
+            (SpotRule::Never, _) => Markets {
+                on_demand,
+                spot: false,
+            },
+            (_, true) if within(Market::Spot) => Markets {
+                on_demand: false,
+                spot: true,
+            },
+            (_, true) => Markets {
+                on_demand,
+                spot: false,
+            },
+            (_, false) => Markets {
+                on_demand,
+                spot: on_demand,
+            },
+        }
+    }
+
+    /// Whether the job, having found `found`, looks at the on-demand nodes of the pools that
+    /// sell spot cheaper too ([`on_demand_nodes`]): a one-node job that allows spot, is not
+    /// late wherever it runs, and found nothing that meets its deadline.
+    pub(crate) fn wants_on_demand_fallback<'s>(
+        &self,
+        mut found: impl Iterator<Item = &'s Score>,
+    ) -> bool {
+        self.spot != SpotRule::Never
+            && self.nodes == 1
+            && !self.late_on_demand
+            && found.all(|s| s.misses_deadline)
+    }
+
+    /// The market the job pays on an existing node: the one the node was bought in. A spot
+    /// node of a pool that does not sell spot cheaper now (or cannot launch) is priced on
+    /// demand, as the pool's price orders and the scan's bounds count it.
+    pub(crate) fn node_market(index: &Index, pool: usize, node: usize) -> Market {
+        let pool = index.pools[pool].pool;
+        match index.nodes[node].market {
+            Market::Spot if pool.cheapest_market(SpotRule::Allowed) == Market::Spot => Market::Spot,
+            _ => Market::OnDemand,
+        }
+    }
+
+    /// A candidate on an existing node (free now, a wait, a preemption): in the node's market,
+    /// which the job may take there ([`JobCtx::node_markets`]).
+    pub(crate) fn on_node(
+        &self,
+        index: &Index,
+        pool: usize,
+        node: usize,
+        kind: CandidateKind,
+        ready: Timestamp,
+    ) -> Estimate {
+        let market = JobCtx::node_market(index, pool, node);
+        self.estimate(index, pool, Some(node), kind, market, ready)
     }
 
     /// Whether a candidate finishing at `finish` misses the job's deadline (with the margin).
@@ -442,7 +508,7 @@ impl<'a> JobCtx<'a> {
     }
 
     /// Whether any price ceiling applies (most jobs have none: the checks are skipped).
-    fn has_price_ceiling(&self) -> bool {
+    pub(crate) fn has_price_ceiling(&self) -> bool {
         self.spec.max_price_per_hour.is_some() || !self.policy.covering.is_empty()
     }
 
@@ -463,7 +529,7 @@ impl<'a> JobCtx<'a> {
 
     /// The price ceiling `market` in `pool` breaks, if any: the job's own (whole job, per
     /// hour) or its policies' (per GPU-hour).
-    fn priced_out(&self, index: &Index, pool: usize, market: Market) -> Option<Reject> {
+    pub(crate) fn priced_out(&self, index: &Index, pool: usize, market: Market) -> Option<Reject> {
         if !self.has_price_ceiling() {
             return None;
         }
@@ -583,9 +649,11 @@ pub(crate) fn pool_violation(index: &Index, job: &JobCtx, pool: usize) -> Option
 
 /// Adds the candidates `pool` offers the job to `viable`, and the ways it cannot to `blocked`.
 ///
-/// A pool with nodes free now offers only that (a launch would cost more and start later).
-/// Otherwise it offers waiting for its nodes and, when launchable, new nodes. A gang needs all
-/// its nodes free (or launched) together: no partial starts.
+/// The job takes only nodes of the market it uses in the pool ([`JobCtx::node_markets`]) and
+/// pays that market there. A pool with such nodes free now offers only that (a launch would
+/// cost more and start later). Otherwise it offers waiting for its nodes and, when
+/// launchable, new nodes. A gang needs all its nodes free (or launched) together: no partial
+/// starts.
 ///
 /// With `worst` (a bounded scan's worst kept score), a wait or launch that cannot score better
 /// is left out unpriced: the scan would drop it.
@@ -612,21 +680,19 @@ pub(crate) fn evaluate(
         return;
     }
     let now = index.now;
-    let free_now = if job.nodes == 1 {
-        capacity.best_fit(pool, job.gpus)
-    } else {
-        capacity
-            .best_fit_n(pool, job.gpus, job.nodes)
-            .map(|nodes| nodes[0])
+    let markets = job.node_markets(index, pool);
+    let free_now = match job.nodes {
+        1 => capacity.best_fit_in(index, pool, job.gpus, markets),
+        n => (capacity.best_fit_n_in(index, pool, job.gpus, n, markets)).map(|nodes| nodes[0]),
     };
     if let Some(node) = free_now {
-        viable.push(job.best_market(index, pool, Some(node), CandidateKind::FreeNow, now));
+        viable.push(job.on_node(index, pool, node, CandidateKind::FreeNow, now));
         return;
     }
-    match capacity.earliest_free_n(index, pool, job.gpus, job.nodes) {
+    match capacity.earliest_free_n_in(index, pool, job.gpus, job.nodes, markets) {
         Some((at, _)) if out(CandidateKind::Wait, at) => {}
         Some((at, node)) => {
-            viable.push(job.best_market(index, pool, Some(node), CandidateKind::Wait, at));
+            viable.push(job.on_node(index, pool, node, CandidateKind::Wait, at));
         }
         None if !p.launchable || !info.nodes.is_empty() => {
             block(CandidateKind::Wait, Reject::NoCapacity);
@@ -646,9 +712,40 @@ pub(crate) fn evaluate(
         } else {
             let ready = now.plus_secs(i64::from(p.boot_time_s));
             if !out(CandidateKind::Launch, ready) {
-                viable.push(job.best_market(index, pool, None, CandidateKind::Launch, ready));
+                viable.push(job.launch_market(index, pool, ready));
             }
         }
+    }
+}
+
+/// What the on-demand nodes of `pool` offer a one-node job that allows spot, where the pool
+/// sells spot cheaper (and the job's scan left them out): the best fit free now, else the
+/// earliest wait; nothing where a constraint rules the pool out or the job's price ceilings
+/// rule on demand out.
+pub(crate) fn on_demand_nodes(
+    index: &Index,
+    capacity: &mut Capacity,
+    job: &JobCtx,
+    pool: usize,
+    viable: &mut Vec<Estimate>,
+) {
+    let info = &index.pools[pool];
+    if !info.on_demand_nodes
+        || info.pool.cheapest_market(job.spot) != Market::Spot
+        || pool_violation(index, job, pool).is_some()
+        || (job.has_price_ceiling() && job.priced_out(index, pool, Market::OnDemand).is_some())
+    {
+        return;
+    }
+    let markets = Markets {
+        on_demand: true,
+        spot: false,
+    };
+    if let Some(node) = capacity.best_fit_in(index, pool, job.gpus, markets) {
+        viable.push(job.on_node(index, pool, node, CandidateKind::FreeNow, index.now));
+    } else if let Some((at, node)) = capacity.earliest_free_n_in(index, pool, job.gpus, 1, markets)
+    {
+        viable.push(job.on_node(index, pool, node, CandidateKind::Wait, at));
     }
 }
 

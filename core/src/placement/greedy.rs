@@ -5,9 +5,11 @@
 //! carries the pins out through the same checks.
 
 use super::batch::Pin;
-use super::capacity::Capacity;
+use super::capacity::{Capacity, Markets};
 use super::constraints::Reject;
-use super::estimate::{Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, evaluate};
+use super::estimate::{
+    Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, evaluate, on_demand_nodes,
+};
 use super::explain::{Details, Explained, hold_reason, keep_best};
 use super::index::{IdMap, Index, PoolMask, PriceOrder};
 use super::policy::{Budgets, JobPolicy};
@@ -16,7 +18,7 @@ use super::{
     Assignment, CandidateKind, Detail, Explanation, Hold, HoldCode, Launch,
     MAX_EXPLAINED_CANDIDATES, Outcome, Plan, Preemption,
 };
-use crate::domain::{QueuedJob, Snapshot};
+use crate::domain::{Market, QueuedJob, Snapshot};
 use crate::money::Money;
 use crate::time::Timestamp;
 use std::cmp::Reverse;
@@ -98,8 +100,8 @@ pub(crate) fn plan_indexed<'a>(
 
 fn plan_round(round: &mut Round, snapshot: &Snapshot) -> Plan {
     let queue = queue(&round.index, snapshot);
-    let start_free: Vec<u32> = (0..round.index.pools.len())
-        .map(|p| round.capacity.most_free(p))
+    let start_free: Vec<[u32; 2]> = (0..round.index.pools.len())
+        .map(|p| round.capacity.most_free_by_market(&round.index, p))
         .collect();
     for &job in &queue {
         round.place(job);
@@ -151,11 +153,13 @@ pub(crate) fn plan_always_batched(snapshot: &Snapshot, now: Timestamp, scan: Sca
 
 /// After the per-job pass: whether free capacity may have been contended, so that the joint
 /// assignment could pin anything. It cannot when every pool that had room at the start for
-/// some job still has room for the largest of those jobs at the end: a job whose best choice
-/// was free capacity in a pool then found it still there at its turn, at the same cost, and
-/// took it, so no pool was wanted beyond what it had. Budgets and preemption can change a
-/// job's choice during the pass, so with them this says yes.
-fn contended(round: &mut Round, queue: &[&QueuedJob], start_free: &[u32]) -> bool {
+/// some job still has room for the largest of those jobs at the end, on nodes of each market
+/// apart (a job may take only one market's nodes, and one that may take both is offered the
+/// best fit of each): a job whose best choice was free capacity in a pool then found it still
+/// there at its turn, at the same cost, and took it, so no pool was wanted beyond what it had.
+/// Budgets and preemption can change a job's choice during the pass, so with them this says
+/// yes.
+fn contended(round: &mut Round, queue: &[&QueuedJob], start_free: &[[u32; 2]]) -> bool {
     if round
         .index
         .policies
@@ -172,9 +176,22 @@ fn contended(round: &mut Round, queue: &[&QueuedJob], start_free: &[u32]) -> boo
         .collect();
     sizes.sort_unstable();
     sizes.dedup();
-    start_free.iter().enumerate().any(|(pool, &free)| {
-        let fitting = sizes.partition_point(|&g| g <= free);
-        fitting > 0 && round.capacity.best_fit(pool, sizes[fitting - 1]).is_none()
+    let (index, capacity) = (&round.index, &mut round.capacity);
+    start_free.iter().enumerate().any(|(pool, free)| {
+        [Market::OnDemand, Market::Spot]
+            .into_iter()
+            .zip(free)
+            .any(|(market, &free)| {
+                let fitting = sizes.partition_point(|&g| g <= free);
+                let only = Markets {
+                    on_demand: market == Market::OnDemand,
+                    spot: market == Market::Spot,
+                };
+                fitting > 0
+                    && (capacity)
+                        .best_fit_in(index, pool, sizes[fitting - 1], only)
+                        .is_none()
+            })
     })
 }
 
@@ -317,6 +334,7 @@ impl<'a> Round<'a> {
             1
         };
         self.evaluate_pools(&ctx, Some(job.id), keep);
+        self.on_demand_fallback(&ctx, Some(job.id));
         let mut victims = Vec::new();
         let best = self.viable.iter().min_by_key(|e| e.score).copied();
         if ctx.policy.window_open && ctx.may_preempt(best.as_ref()) {
@@ -470,6 +488,30 @@ impl<'a> Round<'a> {
         }
     }
 
+    /// A job that allows spot takes only the spot nodes of pools that sell spot cheaper
+    /// ([`JobCtx::node_markets`]). When nothing it found meets its deadline (and it is not
+    /// late wherever it runs), their on-demand nodes are looked at too, every such pool, paid
+    /// on demand: a one-node job does not wait or miss its deadline beside an idle
+    /// on-demand node.
+    fn on_demand_fallback(&mut self, ctx: &JobCtx, job: Option<crate::domain::JobId>) {
+        if !ctx.wants_on_demand_fallback(self.viable.iter().map(|e| &e.score)) {
+            return;
+        }
+        let remaining = self.budgets.remaining(&ctx.policy);
+        let elsewhere = match job.and_then(|j| self.pins.get(&j)) {
+            Some(Pin::Elsewhere(pools)) => pools.as_slice(),
+            _ => &[],
+        };
+        for pool in 0..self.index.pools.len() {
+            let before = self.viable.len();
+            let (index, capacity) = (&self.index, &mut self.capacity);
+            on_demand_nodes(index, capacity, ctx, pool, &mut self.viable);
+            filter(&mut self.viable, before, &mut self.blocked, |e| {
+                candidate_rule(ctx, remaining, elsewhere, e)
+            });
+        }
+    }
+
     /// What the joint assignment needs of a job, against the capacity as it stands and with
     /// its policy rules: its workable candidates on free capacity in `free_pools` (pools where
     /// some usable node has the job's GPUs free: every free-now candidate it has), and its best
@@ -574,10 +616,21 @@ impl<'a> Round<'a> {
         let pool = self.index.pools[s.pool].pool;
         let until = ctx.releases_at(s.finish);
         let nodes: Vec<usize> = match (s.kind, s.node) {
-            (CandidateKind::FreeNow, Some(node)) if ctx.nodes > 1 => self
-                .capacity
-                .best_fit_n(s.pool, ctx.gpus, ctx.nodes)
-                .unwrap_or_else(|| vec![node]),
+            (CandidateKind::FreeNow, Some(node)) if ctx.nodes > 1 => {
+                // The gang `evaluate` found: on nodes of rank 0's market where they are
+                // enough, else of any market the job may take.
+                let markets = ctx.node_markets(&self.index, s.pool);
+                let (index, capacity) = (&self.index, &self.capacity);
+                let on_demand = index.nodes[node].market == Market::OnDemand;
+                let only = Markets {
+                    on_demand: on_demand && markets.on_demand,
+                    spot: !on_demand && markets.spot,
+                };
+                capacity
+                    .best_fit_n_in(index, s.pool, ctx.gpus, ctx.nodes, only)
+                    .or_else(|| capacity.best_fit_n_in(index, s.pool, ctx.gpus, ctx.nodes, markets))
+                    .unwrap_or_else(|| vec![node])
+            }
             (CandidateKind::FreeNow | CandidateKind::Preempt, Some(node)) => vec![node],
             (CandidateKind::Launch, _) => {
                 for _ in 0..ctx.nodes {
@@ -637,7 +690,8 @@ impl<'a> Round<'a> {
                 pool: pool.id.clone(),
                 node: self.index.nodes[node].id.clone(),
                 gpus: ctx.gpus,
-                market: winner.market,
+                // Each node's (a gang's may have been bought in different markets), as priced.
+                market: JobCtx::node_market(&self.index, s.pool, node),
                 estimated_cost: s.cost,
                 estimated_finish: s.finish,
                 rank: u32::try_from(rank).unwrap_or(u32::MAX),

@@ -40,6 +40,10 @@ pub(crate) struct PoolInfo<'a> {
     /// Every node of the pool, whatever its health (they all count against the node limit),
     /// by id.
     pub nodes: Vec<usize>,
+    /// Whether any of those nodes was bought on demand (or is on-prem), and whether any on
+    /// spot: a job that may take only one market's nodes needs the others left out.
+    pub on_demand_nodes: bool,
+    pub spot_nodes: bool,
     /// Spot interruptions per hour, in millionths.
     pub spot_interruptions_ppm: u32,
 }
@@ -351,6 +355,8 @@ impl<'a> Index<'a> {
                 model_key: k.model_key,
                 region: k.region.map(|r| &snapshot.regions[r]),
                 nodes: Vec::new(),
+                on_demand_nodes: false,
+                spot_nodes: false,
                 spot_interruptions_ppm: k.spot_interruptions_ppm,
             })
             .collect();
@@ -359,7 +365,12 @@ impl<'a> Index<'a> {
         let nodes: Vec<&Node> = order.order.iter().map(|&i| &snapshot.nodes[i]).collect();
         let node_pool = order.node_pool.clone();
         for (i, &p) in node_pool.iter().enumerate() {
-            pools[p].nodes.push(i);
+            let info = &mut pools[p];
+            info.nodes.push(i);
+            match nodes[i].market {
+                Market::OnDemand => info.on_demand_nodes = true,
+                Market::Spot => info.spot_nodes = true,
+            }
         }
         let node_pos = &order.node_pos;
         // In the snapshot's order: what reads it goes through the per-node lists below (and
@@ -399,9 +410,12 @@ impl<'a> Index<'a> {
         let mut policies: Vec<&TeamPolicy> = snapshot.policies.iter().collect();
         policies.sort();
 
-        let by_price = cat.by_price.each_ref().map(|table| PriceOrder {
-            next_with_nodes: table.next_with_nodes(&pools),
-            table: Arc::clone(table),
+        let by_price = [0, 1].map(|o| {
+            let table = &cat.by_price[o];
+            PriceOrder {
+                next_with_nodes: table.next_with_nodes(&pools, o),
+                table: Arc::clone(table),
+            }
         });
         let region_ids = cat
             .region_key_pool
@@ -472,8 +486,10 @@ impl<'a> Index<'a> {
 #[derive(Debug)]
 pub(crate) struct PriceOrder {
     table: Arc<PriceTable>,
-    /// Per position, the first position from it on of a pool with nodes (`len`: none): only
-    /// those offer a share of a node (free now, a wait, a preemption); the others only launch.
+    /// Per position, the first position from it on of a pool with nodes the order's jobs may
+    /// take there ([`super::estimate::JobCtx::node_markets`]) at the order's price or more
+    /// (`len`: none): only those offer a share of a node (free now, a wait, a preemption); the
+    /// others only launch.
     pub next_with_nodes: Vec<usize>,
 }
 
@@ -693,15 +709,22 @@ impl PriceTable {
         }
     }
 
-    /// Per position, the first position from it on of a pool with nodes (`len`: none).
-    fn next_with_nodes(&self, pools: &[PoolInfo]) -> Vec<usize> {
+    /// Per position, the first position from it on of a pool with nodes that the jobs of
+    /// price order `order` may take at (at least) the order's price there (`len`: none). Where
+    /// a pool sells spot cheaper, those are its spot nodes by the cheaper market and its
+    /// on-demand nodes by on-demand price (a late job that allows spot and takes a spot node
+    /// there has its spot candidates bounded apart, by their delay); elsewhere any node.
+    fn next_with_nodes(&self, pools: &[PoolInfo], order: usize) -> Vec<usize> {
         let n = self.pools.len();
         let mut next = vec![n; n + 1];
         for i in (0..n).rev() {
-            next[i] = match pools[self.pools[i].1].nodes.is_empty() {
-                true => next[i + 1],
-                false => i,
+            let info = &pools[self.pools[i].1];
+            let takes = match info.pool.cheapest_market(SpotRule::Allowed) {
+                Market::Spot if order == 0 => info.on_demand_nodes,
+                Market::Spot => info.spot_nodes,
+                Market::OnDemand => !info.nodes.is_empty(),
             };
+            next[i] = if takes { i } else { next[i + 1] };
         }
         next
     }

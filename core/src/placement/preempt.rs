@@ -25,9 +25,11 @@ pub(crate) fn best_preemption(
         if nodes.is_empty() || pool_violation(index, job, pool).is_some() {
             continue;
         }
-        // The node needing the fewest GPUs taken, ties by id.
+        // The node needing the fewest GPUs taken, ties by id, of a market the job may take.
+        let markets = job.node_markets(index, pool);
         let pick = nodes
             .iter()
+            .filter(|&&node| markets.allows(index.nodes[node].market))
             .filter_map(|&node| {
                 let victims = capacity.preemption_on(index, node, job.gpus)?;
                 let taken: u32 = victims.iter().map(|&a| index.running[a].1.gpus).sum();
@@ -37,7 +39,7 @@ pub(crate) fn best_preemption(
         let Some((_, node, victims)) = pick else {
             continue;
         };
-        let e = job.best_market(index, pool, Some(node), CandidateKind::Preempt, ready);
+        let e = job.on_node(index, pool, node, CandidateKind::Preempt, ready);
         if e.score.misses_deadline && !any_finish {
             continue;
         }

@@ -4,7 +4,8 @@
 //! **`cheapest`** — what SkyPilot (`sky launch` / managed jobs) and dstack do: a job runs on
 //! on-prem capacity if some node has its GPUs free *now* (SkyPilot's Kubernetes / dstack's SSH
 //! fleet as the first, zero-price "cloud"), else on an idle, already running cloud node that
-//! fits (dstack reuses idle fleet instances), else it launches at once the cheapest offer that
+//! fits (dstack reuses idle fleet instances; a spot one only for a job that allows spot), else
+//! it launches at once the cheapest offer that
 //! can host it — the cheapest node-hour price × runtime plus egress, spot when the job allows
 //! spot (`use_spot`) — among all allowed pools with quota left. It never waits for capacity to
 //! free; it retries each round when every pool is at quota.
@@ -14,7 +15,7 @@
 //! ProvisioningRequest flavour: jobs are scheduled in submission order onto on-prem nodes
 //! (best-effort FIFO: a job that does not fit does not block smaller ones behind it, like Slurm's
 //! backfill or Kueue's `BestEffortFIFO`); a job that does not fit may run on an already powered
-//! up, idle cloud node at once; a job that has waited longer than the threshold (default
+//! up, idle cloud node at once (a spot one only if it allows spot); a job that has waited longer than the threshold (default
 //! 10 min, Slurm's `ResumeTimeout`-style knob / Kueue's admission wait) gets the cheapest cloud
 //! node launched for it. Idle cloud nodes are suspended after the idle TTL (`SuspendTime`).
 //!
@@ -22,7 +23,7 @@
 //! results never depend on input order.
 
 use super::{Action, Decisions, Scheduler, View};
-use crate::domain::{Market, QueuedJob};
+use crate::domain::{Market, QueuedJob, SpotRule};
 use crate::money::Money;
 use crate::placement::hard_constraint;
 use std::collections::HashMap;
@@ -85,6 +86,8 @@ struct Free {
     node: usize,
     pool: usize,
     gpus_free: u32,
+    /// Bought on spot: only jobs that allow spot run there.
+    spot: bool,
     /// Price per GPU-hour on the node's market: the tie-breaker between nodes that fit.
     gpu_price: Money,
 }
@@ -111,12 +114,12 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
             continue;
         }
         let p = &snap.pools[pool];
-        let market = view.markets.get(&n.id).copied().unwrap_or(Market::OnDemand);
         let free = Free {
             node,
             pool,
             gpus_free: n.gpus_free,
-            gpu_price: p.price_per_gpu_hour(market),
+            spot: n.market == Market::Spot,
+            gpu_price: p.price_per_gpu_hour(n.market),
         };
         if p.launchable {
             cloud.push(free)
@@ -128,7 +131,10 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
     queue.sort_by_key(|j| (j.submitted_at, j.id));
     let mut actions = Vec::new();
     for job in queue {
-        let ok = |pool: usize| hard_constraint(&snap.pools[pool], &job.spec).is_none();
+        let spot_ok = job.spec.spot != SpotRule::Never;
+        let ok = |f: &Free| {
+            (spot_ok || !f.spot) && hard_constraint(&snap.pools[f.pool], &job.spec).is_none()
+        };
         let taken = take_best_fit(&mut onprem, job.spec.resources.gpus, ok)
             .or_else(|| take_best_fit(&mut cloud, job.spec.resources.gpus, ok));
         if let Some(node) = taken {
@@ -156,11 +162,11 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
     }
 }
 
-/// Takes `gpus` on the best-fitting node of `free` whose pool `ok` allows; returns the node.
-fn take_best_fit(free: &mut [Free], gpus: u32, ok: impl Fn(usize) -> bool) -> Option<usize> {
+/// Takes `gpus` on the best-fitting node of `free` that `ok` allows; returns the node.
+fn take_best_fit(free: &mut [Free], gpus: u32, ok: impl Fn(&Free) -> bool) -> Option<usize> {
     let best = free
         .iter_mut()
-        .filter(|f| f.gpus_free >= gpus && ok(f.pool))
+        .filter(|f| f.gpus_free >= gpus && ok(f))
         .min_by_key(|f| (f.gpus_free - gpus, f.gpu_price, f.node))?;
     best.gpus_free -= gpus;
     Some(best.node)

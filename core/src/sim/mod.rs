@@ -15,7 +15,9 @@
 //!   price. A node idle for [`SimConfig::idle_ttl_s`] is released. Up to `node_limit` nodes.
 //! - A spot node is interrupted after an exponential time with the pool's rate per hour, drawn
 //!   from a seeded generator in launch order. The jobs on it go back to the queue, keeping the
-//!   progress of their last checkpoint ([`SimConfig::checkpoint_interval_s`]).
+//!   progress of their last checkpoint ([`SimConfig::checkpoint_interval_s`]). Each node in
+//!   the snapshot carries its market; a job whose spot rule is `never` is not put on a spot
+//!   node (such an assignment is refused and counted in [`SimResult::rejected_actions`]).
 //! - A job whose data lives in another region pays the data region's egress per GB on every
 //!   attempt start and holds its node for the transfer time first (`size × 8 / ingress_gbps`).
 //!
@@ -102,11 +104,9 @@ impl Default for SimConfig {
 #[derive(Debug)]
 pub struct View<'a> {
     pub now: Timestamp,
-    /// The world as the broker would sense it: pools, nodes (booting ones unhealthy), queued
-    /// jobs and running attempts.
+    /// The world as the broker would sense it: pools, nodes (booting ones unhealthy, each
+    /// with the market it was launched on), queued jobs and running attempts.
     pub snapshot: &'a Snapshot,
-    /// Per node id: the market it was launched on (on-prem nodes: on-demand).
-    pub markets: &'a BTreeMap<NodeId, Market>,
     /// Jobs that a node being booted was launched for.
     pub provisioning: &'a BTreeMap<JobId, NodeId>,
 }

@@ -68,6 +68,7 @@ fn apply(snapshot: &mut Snapshot, change: &Change) {
                     healthy: true,
                     draining: false,
                     last_heartbeat: NOW,
+                    market: Market::OnDemand,
                 });
             }
         }

@@ -77,8 +77,10 @@ fn max_price_filters_pools() {
     check(two_pools(0, 8).job(1).max_price(5.0), &hold(&[(NO_CAPACITY, 1), (&over("$5.000000"), 1)]));
     check(two_pools(0, 8).job(1).max_price(10.0), "assign a1 on_demand");
     check(two_pools(0, 8).job(2).max_price(10.0), &hold(&[(NO_CAPACITY, 1), (&over("$10.000000"), 1)]));
-    // Spot brings the price under the ceiling ($4/GPU-h).
-    check(two_pools(0, 8).job(1).max_price(5.0).spot(SpotRule::Allowed), "assign a1 spot");
+    // Spot brings the price under the ceiling ($4/GPU-h): on a spot node, or a new one (a1,
+    // bought on demand, is over it).
+    check(two_pools(0, 8).spot_node("a1").job(1).max_price(5.0).spot(SpotRule::Allowed), "assign a1 spot");
+    check(two_pools(0, 8).job(1).max_price(5.0).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
     check(two_pools(0, 0).busy("d1", 8, 3600).job(1).max_price(5.0).deadline_in(1800), WAIT_DGX);
     // On-prem charges its internal rate even where it lists a cheaper spot figure.
     check(w().pool(DGX, "H100", 8, 16.0, Some(8.0)).node(DGX, "d1", 8).job(1).max_price(1.5).spot(SpotRule::Allowed), &hold(&[(&over("$1.500000"), 1)]));
@@ -163,8 +165,11 @@ fn ties_break_by_id_and_best_fit() {
 fn spot_only_when_allowed_and_cheaper() {
     let cloud = |spot| w().pool(P5, "H100", 8, 80.0, spot).node(P5, "a1", 8);
     check(cloud(Some(32.0)).job(1), "assign a1 on_demand");
-    check(cloud(Some(32.0)).job(1).spot(SpotRule::Allowed), "assign a1 spot");
-    check(cloud(Some(32.0)).job(1).spot(SpotRule::Preferred), "assign a1 spot");
+    // An existing node is paid in the market it was bought in; where the pool sells spot
+    // cheaper, a job that allows spot takes spot nodes only (a new one if none is free).
+    check(cloud(Some(32.0)).spot_node("a1").job(1).spot(SpotRule::Allowed), "assign a1 spot");
+    check(cloud(Some(32.0)).spot_node("a1").job(1).spot(SpotRule::Preferred), "assign a1 spot");
+    check(cloud(Some(32.0)).job(8).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
     check(cloud(Some(90.0)).job(1).spot(SpotRule::Allowed), "assign a1 on_demand");
     check(cloud(None).job(1).spot(SpotRule::Allowed), "assign a1 on_demand");
     check(w().pool(P5, "H100", 8, 80.0, Some(32.0)).job(8).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
@@ -353,4 +358,22 @@ fn waiting_jobs_reserve_what_they_wait_for() {
         _ => -1,
     }).collect();
     assert_eq!(starts, [3600, 3600, 3600, 3600, 3600, 3600, 3600, 3600, 7200]);
+}
+
+#[rustfmt::skip]
+#[test]
+fn spot_nodes_take_only_jobs_that_allow_spot() {
+    let spot_a1 = || w().pool(P5, "H100", 8, 80.0, Some(32.0)).node(P5, "a1", 8).spot_node("a1");
+    // A job that never runs on spot keeps off the idle spot node: it launches on demand, or
+    // waits for an on-demand node, and its explanation does not offer the spot node.
+    check(spot_a1().job(1), "launch aws:use1/p5 on_demand");
+    check(spot_a1().node(P5, "a2", 0).busy("a2", 8, 1800).job(1).deadline_in(7200), "wait aws:use1/p5 +1800s");
+    check(spot_a1().job(1).spot(SpotRule::Allowed), "assign a1 spot");
+    // A team policy that forbids spot caps the job's own rule.
+    check(spot_a1().job(1).spot(SpotRule::Preferred).policy(TeamPolicy { spot: SpotRule::Never, ..TeamPolicy::new("ml") }), "launch aws:use1/p5 on_demand");
+    // A gang takes on-demand nodes only, all of them or none.
+    check(spot_a1().node(P5, "a2", 8).node(P5, "a3", 8).job(8).gang(2), "assign a2 on_demand");
+    check(spot_a1().node(P5, "a2", 8).job(8).gang(2).no_burst(), &hold(&[("needs a new node but bursting is disabled", 1), (NO_CAPACITY, 1)]));
+    // Preemption for an urgent job: not on a spot node it may not take.
+    check(spot_a1().node(P5, "a2", 0).low("a1", 8, 60, 7200).low("a2", 8, 60, 7200).job(8).priority(Priority::Critical).deadline_in(5400).no_burst(), "assign a2 on_demand");
 }

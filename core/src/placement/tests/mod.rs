@@ -106,7 +106,13 @@ impl W {
             healthy: true,
             draining: false,
             last_heartbeat: NOW,
+            market: Market::OnDemand,
         });
+        self
+    }
+    /// Marks `id` a spot node.
+    fn spot_node(mut self, id: &str) -> W {
+        self.node_mut(id).market = Market::Spot;
         self
     }
     fn node_mut(&mut self, id: &str) -> &mut Node {

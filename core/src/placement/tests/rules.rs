@@ -15,22 +15,33 @@ fn spot_pool() -> W {
 #[rustfmt::skip]
 #[test]
 fn spot_prices_its_interruptions() {
-    check(spot_pool().job(1).spot(SpotRule::Allowed), "assign a1 spot");
+    // Which market to buy a new node in weighs the risk.
+    let p5 = || w().pool(P5, "H100", 8, 80.0, Some(32.0));
+    check(p5().job(8).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
     // 5 interruptions an hour: 10,500 s expected extra (boot + 30 min lost, 5 × 1 h): dearer.
-    check(spot_pool().risk(P5, 5_000_000).job(1).spot(SpotRule::Allowed), "assign a1 on_demand");
+    check(p5().risk(P5, 5_000_000).job(8).spot(SpotRule::Allowed), "launch aws:use1/p5 on_demand");
     // Preferred leans to spot whenever the deadline allows it…
-    check(spot_pool().risk(P5, 5_000_000).job(1).spot(SpotRule::Preferred), "assign a1 spot");
+    check(p5().risk(P5, 5_000_000).job(8).spot(SpotRule::Preferred), "launch aws:use1/p5 spot");
     // …and neither takes it when the expected delay (2/h: 4,200 s) would miss the deadline.
-    check(spot_pool().risk(P5, 2_000_000).job(1).spot(SpotRule::Allowed).deadline_in(7200), "assign a1 on_demand");
-    check(spot_pool().risk(P5, 2_000_000).job(1).spot(SpotRule::Preferred).deadline_in(7200), "assign a1 on_demand");
-    check(spot_pool().risk(P5, 2_000_000).job(1).spot(SpotRule::Allowed).deadline_in(9000), "assign a1 spot");
+    check(p5().risk(P5, 2_000_000).job(8).spot(SpotRule::Allowed).deadline_in(7200), "launch aws:use1/p5 on_demand");
+    check(p5().risk(P5, 2_000_000).job(8).spot(SpotRule::Preferred).deadline_in(7200), "launch aws:use1/p5 on_demand");
+    check(p5().risk(P5, 2_000_000).job(8).spot(SpotRule::Allowed).deadline_in(9000), "launch aws:use1/p5 spot");
+    // An existing node is paid in the market it was bought in. Where the pool sells spot
+    // cheaper, a job that allows spot takes its spot nodes (`s1`), not its on-demand ones
+    // (`a1`): its scan goes by spot price and could not bound an on-demand one there.
+    let both = || spot_pool().node(P5, "s1", 8).spot_node("s1");
+    check(both().job(1).spot(SpotRule::Allowed), "assign s1 spot");
+    check(both().job(1), "assign a1 on_demand");
+    check(spot_pool().job(1).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
+    // Where it does not sell spot cheaper, either node is paid on demand.
+    check(w().pool(P5, "H100", 8, 80.0, Some(90.0)).node(P5, "s1", 8).spot_node("s1").job(1).spot(SpotRule::Allowed), "assign s1 on_demand");
 }
 
 #[test]
 fn spot_cost_includes_expected_restarts() {
     let cost = |ppm| {
-        plan_of(spot_pool().risk(P5, ppm).job(1).spot(SpotRule::Allowed)).assignments[0]
-            .estimated_cost
+        let world = spot_pool().spot_node("a1").risk(P5, ppm).job(1);
+        plan_of(world.spot(SpotRule::Allowed)).assignments[0].estimated_cost
     };
     assert_eq!(cost(0), usd(4.0));
     // 2 %/h × 1 h × (300 s boot + 1,800 s lost) = 42 s more at $4/h.
@@ -154,8 +165,8 @@ fn team_policies_are_hard_constraints() {
     check(urgent().policy(TeamPolicy { allowed_providers: vec!["onprem".into()], ..TeamPolicy::new("web") }), "assign a1 on_demand");
     check(urgent().policy(team(|p| { p.project = Some("x".into()); p.allowed_providers = vec!["onprem".into()] })), "assign a1 on_demand");
     // The spot rule is capped.
-    check(urgent().spot(SpotRule::Preferred), "assign a1 spot");
-    check(urgent().spot(SpotRule::Preferred).policy(team(|p| p.spot = SpotRule::Never)), "assign a1 on_demand");
+    check(urgent().spot_node("a1").spot(SpotRule::Preferred), "assign a1 spot");
+    check(urgent().spot_node("a1").spot(SpotRule::Preferred).policy(team(|p| p.spot = SpotRule::Never)), "launch aws:use1/p5 on_demand");
     // Bursting.
     check(w().pool(P5, "H100", 8, 80.0, None).job(1).policy(team(|p| p.burst_allowed = false)), &hold(&[("needs a new node but the team's policy forbids bursting", 1)]));
     check(w().pool(P5, "H100", 8, 80.0, None).job(1).team("web").policy(team(|p| p.burst_allowed = false)), "launch aws:use1/p5 on_demand");

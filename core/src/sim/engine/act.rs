@@ -1,9 +1,10 @@
 //! Applying a scheduler's actions to the world: assignments, launches (with their spot
-//! interruption drawn at launch) and preemptions, each checked first; an invalid action changes
-//! nothing.
+//! interruption drawn at launch) and preemptions, each checked first (an assignment needs a
+//! ready node with the GPUs free, and spot allowed if the node is spot); an invalid action
+//! changes nothing.
 
 use super::{Engine, Event, JobState, job_index};
-use crate::domain::Market;
+use crate::domain::{Market, SpotRule};
 use crate::sim::Action;
 
 impl Engine<'_> {
@@ -16,12 +17,15 @@ impl Engine<'_> {
                 else {
                     return false;
                 };
-                let gpus = self.jobs_in[j].spec.resources.gpus;
+                let spec = &self.jobs_in[j].spec;
                 let nr = &self.nodes[n];
+                // A job that never runs on spot is not put on a spot node.
+                let never_spot = spec.spot == SpotRule::Never && nr.market == Market::Spot;
                 if self.jobs[j].state != JobState::Queued
                     || !nr.ready
                     || nr.released
-                    || nr.gpus_free < gpus
+                    || nr.gpus_free < spec.resources.gpus
+                    || never_spot
                 {
                     return false;
                 }

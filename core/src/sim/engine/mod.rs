@@ -79,7 +79,6 @@ struct Engine<'w> {
     pool_by_id: HashMap<PoolId, usize>,
     region_by_id: HashMap<RegionId, usize>,
     live_per_pool: Vec<u32>,
-    markets: BTreeMap<NodeId, Market>,
     provisioning: BTreeMap<JobId, NodeId>,
     heap: BinaryHeap<Reverse<(i64, u64, Event)>>,
     seq: u64,
@@ -120,7 +119,6 @@ pub fn run(
             let view = View {
                 now: Timestamp(now),
                 snapshot: &e.snap,
-                markets: &e.markets,
                 provisioning: &e.provisioning,
             };
             let decisions = scheduler.decide(&view);
@@ -198,7 +196,6 @@ impl<'w> Engine<'w> {
             pool_by_id: HashMap::new(),
             region_by_id: HashMap::new(),
             live_per_pool: vec![0; world.pools.len()],
-            markets: BTreeMap::new(),
             provisioning: BTreeMap::new(),
             heap: BinaryHeap::new(),
             seq: 0,
@@ -325,9 +322,9 @@ impl<'w> Engine<'w> {
             healthy: false,
             draining: false,
             last_heartbeat: Timestamp(now),
+            market,
         });
         self.node_by_id.insert(id.clone(), idx);
-        self.markets.insert(id, market);
         self.live_per_pool[pool] += 1;
         idx
     }
@@ -515,7 +512,6 @@ impl<'w> Engine<'w> {
         let (pool_idx, id, region) = (nr.pool, nr.id.clone(), pool.region.clone());
         self.charge(now, &region, total);
         self.live_per_pool[pool_idx] -= 1;
-        self.markets.remove(&id);
         self.node_by_id.remove(&id);
         if let Some(pos) = self.node_at[node].take() {
             self.snap.nodes.swap_remove(pos);
