@@ -17,8 +17,8 @@ use switchyard_broker::error::ApiError;
 use switchyard_broker::json;
 use switchyard_broker::store::JobRecord;
 use switchyard_core::{
-    self as core, JobId, JobState, Money, Node, NodeId, Pool, PoolId, QueuedJob, Region, RegionId,
-    Snapshot, TeamPolicy, Timestamp,
+    self as core, JobId, JobState, Market, Money, Node, NodeId, Pool, PoolId, QueuedJob, Region,
+    RegionId, Snapshot, TeamPolicy, Timestamp,
 };
 use switchyard_protocol::api as wire;
 
@@ -107,15 +107,29 @@ fn world() -> (Vec<Region>, Vec<Pool>, Vec<Node>) {
             true,
         ),
     ];
-    let nodes = vec![Node {
-        id: NodeId("dc1-a".into()),
-        pool: PoolId("onprem-h100".into()),
-        gpus_total: 4,
-        gpus_free: 3,
-        healthy: true,
-        draining: false,
-        last_heartbeat: NOW,
-    }];
+    let nodes = vec![
+        Node {
+            id: NodeId("dc1-a".into()),
+            pool: PoolId("onprem-h100".into()),
+            gpus_total: 4,
+            gpus_free: 3,
+            healthy: true,
+            draining: false,
+            last_heartbeat: NOW,
+            market: Market::OnDemand,
+        },
+        // A spot instance: only jobs that allow spot may run there.
+        Node {
+            id: NodeId("gcp-l4-s1".into()),
+            pool: PoolId("gcp-l4".into()),
+            gpus_total: 1,
+            gpus_free: 1,
+            healthy: true,
+            draining: false,
+            last_heartbeat: NOW,
+            market: Market::Spot,
+        },
+    ];
     (regions, pools, nodes)
 }
 
@@ -290,8 +304,22 @@ fuzz_target!(|data: &[u8]| {
     assert!(plan.assignments.len() <= 1);
     for a in &plan.assignments {
         assert_eq!(a.job, record.id);
-        assert_eq!(a.node, NodeId("dc1-a".into()));
-        assert!(a.gpus == core_spec.resources.gpus && a.gpus <= 3, "{a:?}");
+        if a.node == NodeId("gcp-l4-s1".into()) {
+            // The spot instance runs only a job that allows spot, after its team's policies.
+            let covering = snapshot
+                .policies
+                .iter()
+                .filter(|p| p.applies_to(&core_spec.team, core_spec.project.as_deref()));
+            let never = core_spec.spot == core::SpotRule::Never
+                || covering
+                    .into_iter()
+                    .any(|p| p.spot == core::SpotRule::Never);
+            assert!(!never && a.market == Market::Spot, "{a:?}");
+            assert!(a.gpus == core_spec.resources.gpus && a.gpus <= 1, "{a:?}");
+        } else {
+            assert_eq!(a.node, NodeId("dc1-a".into()));
+            assert!(a.gpus == core_spec.resources.gpus && a.gpus <= 3, "{a:?}");
+        }
     }
     let explanation = plan
         .explanations
