@@ -282,16 +282,8 @@ async fn a_spot_node_takes_only_jobs_that_allow_spot() {
     let (app, fake) = spawn_with_fake(|c| {
         c.idle_ttl_s = 600;
         c.min_billed_s = 0;
-        // AWS p5.48xlarge from the bundled catalogue: spot about a third of on demand.
-        c.catalogue_regions
-            .push(switchyard_broker::config::CatalogueRegion {
-                id: "aws:us-east-1".into(),
-                instance_types: vec!["p5.48xlarge".into()],
-                latency_ms: 40,
-                egress_per_gb_usd: 0.09,
-                node_limit: 3,
-                boot_time_s: 60,
-            });
+        // Spot about a third of on demand.
+        c.catalogue_regions.push(aws_p5_catalogue(3));
     })
     .await;
     let dev = app.token("developer", Some("ml")).await;

@@ -612,17 +612,7 @@ async fn submissions_the_policy_never_allows_are_refused_naming_the_rule() {
 /// $55.04/h on demand ($6.88 per GPU-hour), $20.0775/h on spot (about $2.51 per GPU-hour).
 async fn with_spot_pool() -> TestApp {
     TestApp::spawn_with(
-        |c| {
-            c.catalogue_regions
-                .push(switchyard_broker::config::CatalogueRegion {
-                    id: "aws:us-east-1".into(),
-                    instance_types: vec!["p5.48xlarge".into()],
-                    latency_ms: 40,
-                    egress_per_gb_usd: 0.09,
-                    node_limit: 2,
-                    boot_time_s: 60,
-                });
-        },
+        |c| c.catalogue_regions.push(aws_p5_catalogue(2)),
         |_| switchyard_broker::app::ProviderSet::default(),
     )
     .await

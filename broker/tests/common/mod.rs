@@ -422,6 +422,19 @@ pub fn cloud_pool(id: &str, region: &str, price: f64) -> PoolConfig {
     }
 }
 
+/// AWS us-east-1 from the bundled catalogue with p5.48xlarge only (8 H100s: $55.04/h on
+/// demand, about $20.08/h on spot), `node_limit` instances at most, 60 s boot.
+pub fn aws_p5_catalogue(node_limit: u32) -> switchyard_broker::config::CatalogueRegion {
+    switchyard_broker::config::CatalogueRegion {
+        id: "aws:us-east-1".into(),
+        instance_types: vec!["p5.48xlarge".into()],
+        latency_ms: 40,
+        egress_per_gb_usd: 0.09,
+        node_limit,
+        boot_time_s: 60,
+    }
+}
+
 /// The cheaper of [`spawn_two_clouds`]' launchable pools (aws, $4/h) and the dearer (gcp, $5/h).
 pub const CHEAP: &str = "aws:test-east/gpu8";
 pub const DEAR: &str = "gcp:test-west/gpu8";

@@ -616,19 +616,11 @@ impl<'a> Round<'a> {
         let pool = self.index.pools[s.pool].pool;
         let until = ctx.releases_at(s.finish);
         let nodes: Vec<usize> = match (s.kind, s.node) {
+            // The gang `evaluate` found, on nodes of the markets the job may take.
             (CandidateKind::FreeNow, Some(node)) if ctx.nodes > 1 => {
-                // The gang `evaluate` found: on nodes of rank 0's market where they are
-                // enough, else of any market the job may take.
                 let markets = ctx.node_markets(&self.index, s.pool);
-                let (index, capacity) = (&self.index, &self.capacity);
-                let on_demand = index.nodes[node].market == Market::OnDemand;
-                let only = Markets {
-                    on_demand: on_demand && markets.on_demand,
-                    spot: !on_demand && markets.spot,
-                };
-                capacity
-                    .best_fit_n_in(index, s.pool, ctx.gpus, ctx.nodes, only)
-                    .or_else(|| capacity.best_fit_n_in(index, s.pool, ctx.gpus, ctx.nodes, markets))
+                self.capacity
+                    .best_fit_n_in(&self.index, s.pool, ctx.gpus, ctx.nodes, markets)
                     .unwrap_or_else(|| vec![node])
             }
             (CandidateKind::FreeNow | CandidateKind::Preempt, Some(node)) => vec![node],
