@@ -13,10 +13,10 @@ use super::index::{Index, PoolMask};
 use crate::domain::Market;
 use crate::time::Timestamp;
 
-/// The markets whose nodes a job may take in a pool: a job that never runs on spot keeps off
-/// spot nodes, and a price ceiling can rule out a market. The queries with `_in` answer for
-/// those nodes only; where they are all of the pool's nodes (nearly always: most pools have
-/// nodes of one market, most jobs take both) they are the pool-wide, memoised queries.
+/// The markets whose nodes a job may take in a pool (see
+/// [`super::estimate::JobCtx::node_markets`]). The queries with `_in` answer for those nodes
+/// only: the pool-wide queries where they are all of the pool's nodes (most pools have nodes
+/// of one market), nothing where they are none, else answers memoised per market.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Markets {
     pub on_demand: bool,
@@ -24,6 +24,28 @@ pub(crate) struct Markets {
 }
 
 impl Markets {
+    /// The nodes of `market` only.
+    pub(crate) fn only(market: Market) -> Markets {
+        Markets {
+            on_demand: market == Market::OnDemand,
+            spot: market == Market::Spot,
+        }
+    }
+
+    /// These, if `ok`; else none.
+    pub(crate) fn within(self, ok: bool) -> Markets {
+        Markets {
+            on_demand: self.on_demand && ok,
+            spot: self.spot && ok,
+        }
+    }
+
+    /// Nodes of either market.
+    pub(crate) const ANY: Markets = Markets {
+        on_demand: true,
+        spot: true,
+    };
+
     pub(crate) fn allows(self, market: Market) -> bool {
         match market {
             Market::OnDemand => self.on_demand,
@@ -326,18 +348,36 @@ impl Capacity {
         if n <= 1 {
             return self.earliest_free(index, pool, gpus);
         }
-        if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == (gpus, n, 0)) {
+        self.scan_waits(index, pool, gpus, n, Markets::ANY)
+    }
+
+    /// The earliest time `n` usable nodes of `pool` of the `markets` allowed are each expected
+    /// to have `gpus` free, and the first of them, from their releases one node at a time;
+    /// memoised until the pool changes.
+    fn scan_waits(
+        &mut self,
+        index: &Index,
+        pool: usize,
+        gpus: u32,
+        n: u32,
+        markets: Markets,
+    ) -> WaitEstimate {
+        let key = (gpus, n.max(1), markets.slot());
+        if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == key) {
             return known;
         }
-        let mut times: Vec<(Timestamp, usize)> = index.pools[pool]
-            .nodes
-            .iter()
-            .filter(|&&node| index.usable(node))
-            .filter_map(|&node| self.node_free_at(index, node, gpus).map(|t| (t, node)))
-            .collect();
-        times.sort_unstable();
-        let estimate = times.get(n as usize - 1).map(|&(at, _)| (at, times[0].1));
-        self.waits[pool].push(((gpus, n, 0), estimate));
+        let nodes = index.pools[pool].nodes.iter();
+        let times = nodes
+            .filter(|&&node| index.usable(node) && markets.allows(index.nodes[node].market))
+            .filter_map(|&node| self.node_free_at(index, node, gpus).map(|t| (t, node)));
+        let estimate = if n <= 1 {
+            times.min()
+        } else {
+            let mut times: Vec<(Timestamp, usize)> = times.collect();
+            times.sort_unstable();
+            times.get(n as usize - 1).map(|&(at, _)| (at, times[0].1))
+        };
+        self.waits[pool].push((key, estimate));
         estimate
     }
 
@@ -498,9 +538,7 @@ impl Capacity {
         (nodes.len() == n as usize).then_some(nodes)
     }
 
-    /// [`Capacity::earliest_free_n`] among the nodes of the `markets` allowed. Where those
-    /// are not all of the pool's, the nodes are looked at one by one (such pools are cloud
-    /// pools with a few nodes of each market).
+    /// [`Capacity::earliest_free_n`] among the nodes of the `markets` allowed.
     pub(crate) fn earliest_free_n_in(
         &mut self,
         index: &Index,
@@ -515,23 +553,7 @@ impl Capacity {
         if markets.take_none(index, pool) {
             return None;
         }
-        let key = (gpus, n.max(1), markets.slot());
-        if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == key) {
-            return known;
-        }
-        let nodes = index.pools[pool].nodes.iter();
-        let times = nodes
-            .filter(|&&node| index.usable(node) && markets.allows(index.nodes[node].market))
-            .filter_map(|&node| self.node_free_at(index, node, gpus).map(|t| (t, node)));
-        let estimate = if n <= 1 {
-            times.min()
-        } else {
-            let mut times: Vec<(Timestamp, usize)> = times.collect();
-            times.sort_unstable();
-            times.get(n as usize - 1).map(|&(at, _)| (at, times[0].1))
-        };
-        self.waits[pool].push((key, estimate));
-        estimate
+        self.scan_waits(index, pool, gpus, n, markets)
     }
 
     /// The usable node of `pool` with `gpus` free and the fewest left over, ties by node id.
@@ -565,17 +587,7 @@ impl Capacity {
             }
             return self.trees[pool][g].as_ref().and_then(MinTree::min);
         }
-        if let Some(&(_, known)) = self.waits[pool].iter().find(|(k, _)| *k == (gpus, 1, 0)) {
-            return known;
-        }
-        let estimate = index.pools[pool]
-            .nodes
-            .iter()
-            .filter(|&&node| index.usable(node))
-            .filter_map(|&node| self.node_free_at(index, node, gpus).map(|t| (t, node)))
-            .min();
-        self.waits[pool].push(((gpus, 1, 0), estimate));
-        estimate
+        self.scan_waits(index, pool, gpus, 1, Markets::ANY)
     }
 
     /// The earliest a one-node job of `gpus` GPUs could start in `pool`, before moving data:

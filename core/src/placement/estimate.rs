@@ -400,15 +400,16 @@ impl<'a> JobCtx<'a> {
     /// [`JobCtx::priced_out_everywhere`] has already ruled out pools where every market is.
     /// (On an existing node the market is the node's: [`JobCtx::on_node`].)
     pub(crate) fn launch_market(&self, index: &Index, pool: usize, ready: Timestamp) -> Estimate {
-        let (node, kind) = (None, CandidateKind::Launch);
         let p = index.pools[pool].pool;
         let spot_ok = p.cheapest_market(self.spot) == Market::Spot
             && self.priced_out(index, pool, Market::Spot).is_none();
-        let od = self.estimate(index, pool, node, kind, Market::OnDemand, ready);
+        let launch =
+            |market| self.estimate(index, pool, None, CandidateKind::Launch, market, ready);
+        let od = launch(Market::OnDemand);
         if !spot_ok {
             return od;
         }
-        let spot = self.estimate(index, pool, node, kind, Market::Spot, ready);
+        let spot = launch(Market::Spot);
         let od_ok = self.priced_out(index, pool, Market::OnDemand).is_none();
         let prefer = self.spot == SpotRule::Preferred && !spot.score.misses_deadline;
         if !od_ok || prefer || spot.score < od.score {
@@ -423,31 +424,18 @@ impl<'a> JobCtx<'a> {
     /// of the market it is cheapest for it to use there: spot nodes where the pool sells spot
     /// cheaper, and then not on-demand ones (whose price its scan, by spot price, could not
     /// bound), else nodes of either market, each paid on demand ([`JobCtx::node_market`]).
-    /// A market over one of the job's price ceilings is out, and then the other market's
-    /// nodes are in if it is not.
+    /// Nodes paid in a market over one of the job's price ceilings are out (where spot is
+    /// cheaper and over it, so is on demand).
     pub(crate) fn node_markets(&self, index: &Index, pool: usize) -> Markets {
-        let p = index.pools[pool].pool;
-        let cheap_spot = p.cheapest_market(self.spot) == Market::Spot;
         let within =
             |market| !self.has_price_ceiling() || self.priced_out(index, pool, market).is_none();
-        let on_demand = within(Market::OnDemand);
-        match (self.spot, cheap_spot) {
-            (SpotRule::Never, _) => Markets {
-                on_demand,
-                spot: false,
-            },
-            (_, true) if within(Market::Spot) => Markets {
-                on_demand: false,
-                spot: true,
-            },
-            (_, true) => Markets {
-                on_demand,
-                spot: false,
-            },
-            (_, false) => Markets {
-                on_demand,
-                spot: on_demand,
-            },
+        let cheapest = index.pools[pool].pool.cheapest_market(self.spot);
+        match (self.spot, cheapest) {
+            (SpotRule::Never, _) => {
+                Markets::only(Market::OnDemand).within(within(Market::OnDemand))
+            }
+            (_, Market::Spot) => Markets::only(Market::Spot).within(within(Market::Spot)),
+            (_, Market::OnDemand) => Markets::ANY.within(within(Market::OnDemand)),
         }
     }
 
@@ -737,10 +725,7 @@ pub(crate) fn on_demand_nodes(
     {
         return;
     }
-    let markets = Markets {
-        on_demand: true,
-        spot: false,
-    };
+    let markets = Markets::only(Market::OnDemand);
     if let Some(node) = capacity.best_fit_in(index, pool, job.gpus, markets) {
         viable.push(job.on_node(index, pool, node, CandidateKind::FreeNow, index.now));
     } else if let Some((at, node)) = capacity.earliest_free_n_in(index, pool, job.gpus, 1, markets)

@@ -154,8 +154,7 @@ pub(crate) fn plan_always_batched(snapshot: &Snapshot, now: Timestamp, scan: Sca
 /// After the per-job pass: whether free capacity may have been contended, so that the joint
 /// assignment could pin anything. It cannot when every pool that had room at the start for
 /// some job still has room for the largest of those jobs at the end, on nodes of each market
-/// apart (a job may take only one market's nodes, and one that may take both is offered the
-/// best fit of each): a job whose best choice was free capacity in a pool then found it still
+/// apart (some jobs may take only one market's nodes): a job whose best choice was free capacity in a pool then found it still
 /// there at its turn, at the same cost, and took it, so no pool was wanted beyond what it had.
 /// Budgets and preemption can change a job's choice during the pass, so with them this says
 /// yes.
@@ -183,10 +182,7 @@ fn contended(round: &mut Round, queue: &[&QueuedJob], start_free: &[[u32; 2]]) -
             .zip(free)
             .any(|(market, &free)| {
                 let fitting = sizes.partition_point(|&g| g <= free);
-                let only = Markets {
-                    on_demand: market == Market::OnDemand,
-                    spot: market == Market::Spot,
-                };
+                let only = Markets::only(market);
                 fitting > 0
                     && (capacity)
                         .best_fit_in(index, pool, sizes[fitting - 1], only)
@@ -408,10 +404,7 @@ impl<'a> Round<'a> {
         self.viable.clear();
         self.blocked.clear();
         let remaining = self.budgets.remaining(&ctx.policy);
-        let elsewhere = match job.and_then(|j| self.pins.get(&j)) {
-            Some(Pin::Elsewhere(pools)) => pools.as_slice(),
-            _ => &[],
-        };
+        let elsewhere = pinned_elsewhere(&self.pins, job);
         let mut bound = ScanBound::new(keep);
         let order = &self.index.price_orders()[ctx.scan_order()];
         let pruned = self.scan == Scan::Pruned;
@@ -498,10 +491,7 @@ impl<'a> Round<'a> {
             return;
         }
         let remaining = self.budgets.remaining(&ctx.policy);
-        let elsewhere = match job.and_then(|j| self.pins.get(&j)) {
-            Some(Pin::Elsewhere(pools)) => pools.as_slice(),
-            _ => &[],
-        };
+        let elsewhere = pinned_elsewhere(&self.pins, job);
         for pool in 0..self.index.pools.len() {
             let before = self.viable.len();
             let (index, capacity) = (&self.index, &mut self.capacity);
@@ -786,6 +776,17 @@ impl Phase<'_, '_> {
             next = phase.ones_from(end).next();
         }
         true
+    }
+}
+
+/// The pools whose free capacity the joint assignment left to others than `job`.
+fn pinned_elsewhere(
+    pins: &IdMap<crate::domain::JobId, Pin>,
+    job: Option<crate::domain::JobId>,
+) -> &[usize] {
+    match job.and_then(|j| pins.get(&j)) {
+        Some(Pin::Elsewhere(pools)) => pools.as_slice(),
+        _ => &[],
     }
 }
 
