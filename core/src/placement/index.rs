@@ -258,6 +258,9 @@ impl Catalogue {
 /// one in. Plans made with it are those made without it ([`super::plan_cached`]).
 #[derive(Debug, Default)]
 pub struct PlanCache {
+    /// Set by [`PlanCache::fixed_catalogue`]: the caller's catalogue never changes, so it is
+    /// not compared round by round (but in debug builds).
+    fixed_catalogue: bool,
     /// The catalogue `catalogue` was built from, to tell when it changes.
     regions: Vec<Region>,
     pools: Vec<Pool>,
@@ -274,17 +277,37 @@ pub struct PlanCache {
 }
 
 impl PlanCache {
+    /// A cache for a caller whose regions, pools and spot interruption rates stay the same
+    /// in every snapshot it plans (the simulator: its world is fixed for the run). It indexes
+    /// them once and then skips comparing them in full each round — with a few hundred pools,
+    /// their strings are the largest part of checking what changed. Debug builds still
+    /// compare, and panic if the promise is broken.
+    pub fn fixed_catalogue() -> PlanCache {
+        PlanCache {
+            fixed_catalogue: true,
+            ..PlanCache::default()
+        }
+    }
+
+    /// Whether `snapshot`'s catalogue is the one `catalogue` was built from.
+    fn same_catalogue(&self, snapshot: &Snapshot) -> bool {
+        self.pools == snapshot.pools
+            && self.regions == snapshot.regions
+            && self.rates == snapshot.spot_interruptions_per_hour_ppm
+    }
+
     /// The index of `snapshot`'s catalogue, and the order of its nodes: the kept ones while
     /// what they were built from is equal in `snapshot`.
     pub(crate) fn get(&mut self, snapshot: &Snapshot) -> (Arc<Catalogue>, Arc<NodeOrder>) {
         let catalogue = match &self.catalogue {
-            Some(c)
-                if self.pools == snapshot.pools
-                    && self.regions == snapshot.regions
-                    && self.rates == snapshot.spot_interruptions_per_hour_ppm =>
-            {
+            Some(c) if self.fixed_catalogue => {
+                debug_assert!(
+                    self.same_catalogue(snapshot),
+                    "a fixed catalogue changed between rounds"
+                );
                 Arc::clone(c)
             }
+            Some(c) if self.same_catalogue(snapshot) => Arc::clone(c),
             _ => {
                 self.pools.clone_from(&snapshot.pools);
                 self.regions.clone_from(&snapshot.regions);

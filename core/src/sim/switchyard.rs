@@ -15,10 +15,19 @@ use crate::placement::Outcome;
 /// Deadline margin `plan` keeps: `max(60 s, 5% of the runtime)`.
 const MIN_MARGIN_S: i64 = 60;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Switchyard {
-    /// The simulated catalogue changes only with the scenario: its index is kept.
+    /// The simulated catalogue changes only with the scenario, never during a run: it is
+    /// indexed once and not compared again.
     cache: crate::placement::PlanCache,
+}
+
+impl Default for Switchyard {
+    fn default() -> Self {
+        Switchyard {
+            cache: crate::placement::PlanCache::fixed_catalogue(),
+        }
+    }
 }
 
 impl Scheduler for Switchyard {

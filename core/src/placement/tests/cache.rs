@@ -43,6 +43,15 @@ fn change() -> impl Strategy<Value = Change> {
     ]
 }
 
+/// Whether `change` touches the regions, pools or spot rates (what a
+/// [`PlanCache::fixed_catalogue`] is promised never change).
+fn changes_catalogue(change: &Change) -> bool {
+    matches!(
+        change,
+        Change::Price(..) | Change::SpotRate(..) | Change::Latency(..) | Change::Reverse
+    )
+}
+
 fn apply(snapshot: &mut Snapshot, change: &Change) {
     let pick = |i: usize, len: usize| (len > 0).then(|| i % len);
     match *change {
@@ -120,14 +129,24 @@ proptest! {
     ) {
         let mut snapshot = fleet(seed, jobs, pools, nodes);
         let mut cache = PlanCache::default();
+        // The simulator's cache: the same changes but those to the catalogue.
+        let mut fixed_snapshot = snapshot.clone();
+        let mut fixed = PlanCache::fixed_catalogue();
         let mut now = NOW;
         for change in std::iter::once(None).chain(changes.iter().map(Some)) {
             if let Some(change) = change {
                 apply(&mut snapshot, change);
+                if !changes_catalogue(change) {
+                    apply(&mut fixed_snapshot, change);
+                }
             }
             now = now.plus_secs(30);
             let cached = plan_cached(&mut cache, &snapshot, now, Detail::Outcomes);
             prop_assert_eq!(&cached, &plan_with(&snapshot, now, Detail::Outcomes));
+            prop_assert_eq!(
+                plan_cached(&mut fixed, &fixed_snapshot, now, Detail::Outcomes),
+                plan_with(&fixed_snapshot, now, Detail::Outcomes)
+            );
             // The same round again, with nothing changed, from what the cache kept.
             prop_assert_eq!(&cached, &plan_cached(&mut cache, &snapshot, now, Detail::Outcomes));
         }
@@ -135,4 +154,16 @@ proptest! {
         let shared = plan_shared_cached(&mut cache, std::sync::Arc::new(snapshot.clone()), now);
         prop_assert_eq!(&shared, &super::plan(&snapshot, now));
     }
+}
+
+/// A fixed catalogue that changes anyway is a caller's bug: debug builds (the tests) catch it.
+#[cfg(debug_assertions)]
+#[test]
+#[should_panic(expected = "a fixed catalogue changed between rounds")]
+fn a_fixed_catalogue_that_changes_panics_in_debug_builds() {
+    let mut snapshot = fleet(1, 4, 6, 8);
+    let mut cache = PlanCache::fixed_catalogue();
+    let _ = plan_cached(&mut cache, &snapshot, NOW, Detail::Outcomes);
+    apply(&mut snapshot, &Change::Latency(0, 250));
+    let _ = plan_cached(&mut cache, &snapshot, NOW, Detail::Outcomes);
 }
