@@ -541,16 +541,28 @@ impl<'a> Round<'a> {
             .filter(|e| e.score.kind == CandidateKind::FreeNow)
             .copied()
             .collect();
-        self.viable.clear();
         if free.is_empty() {
+            self.viable.clear();
             return (free, None);
         }
         let mut bound = ScanBound::new(1);
         let pruned = self.scan == Scan::Pruned;
+        if pruned {
+            // The free pools' other candidates are all known already (evaluated in full
+            // above): the scan starts from the best of them and does not evaluate those pools
+            // again.
+            self.viable.retain(way_out);
+            self.viable.iter().for_each(|e| bound.offer(e));
+        } else {
+            self.viable.clear();
+        }
         let order = &self.index.price_orders()[ctx.scan_order()];
         let restricted = ctx.scan_mask(order, &mut self.mask);
         for (pos, &(_, pool)) in order.pools.iter().enumerate() {
             if restricted && !self.mask.contains(pos) {
+                continue;
+            }
+            if pruned && free_pools.contains(&pool) {
                 continue;
             }
             if pruned && bound.excludes(pos, order, ctx, self.index.now, false) {
