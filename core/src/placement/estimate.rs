@@ -753,14 +753,22 @@ pub(crate) struct ScanBound {
 }
 
 impl ScanBound {
-    pub(crate) fn new(keep: usize) -> ScanBound {
+    /// A bound keeping the best `keep` scores, in the buffer an earlier bound gave back
+    /// ([`ScanBound::into_buffer`]): a round scans for job after job without allocating a heap
+    /// for each.
+    pub(crate) fn reusing(keep: usize, mut best: BinaryHeap<Score>) -> ScanBound {
+        best.clear();
         ScanBound {
             keep,
-            best: BinaryHeap::with_capacity(keep + 1),
+            best,
             next: None,
             extra_cost: Money::ZERO,
             delay_s: 0,
         }
+    }
+
+    pub(crate) fn into_buffer(self) -> BinaryHeap<Score> {
+        self.best
     }
 
     /// From now on, bounds pools that each add at least `cost` and `delay_s` (moving data).

@@ -8,7 +8,7 @@ use super::batch::Pin;
 use super::capacity::{Capacity, Markets};
 use super::constraints::Reject;
 use super::estimate::{
-    Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, evaluate, on_demand_nodes,
+    Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, Score, evaluate, on_demand_nodes,
 };
 use super::explain::{Details, Explained, hold_reason, keep_best};
 use super::index::{IdMap, Index, PoolMask, PriceOrder};
@@ -233,6 +233,8 @@ pub(crate) struct Round<'a> {
     /// Scratch: the positions a job's scan looks at, and those of one phase of it.
     mask: PoolMask,
     phase: PoolMask,
+    /// Scratch: the heap of a scan's bound ([`ScanBound::reusing`]).
+    bound: std::collections::BinaryHeap<Score>,
     objective: Objective,
     /// With [`Detail::Full`], the jobs whose candidates are recorded (`None`: every job).
     only: Option<IdMap<crate::domain::JobId, ()>>,
@@ -276,6 +278,7 @@ impl<'a> Round<'a> {
             blocked: Vec::new(),
             mask: PoolMask::default(),
             phase: PoolMask::default(),
+            bound: std::collections::BinaryHeap::new(),
             objective: Objective::default(),
             only: None,
         }
@@ -405,14 +408,14 @@ impl<'a> Round<'a> {
         self.blocked.clear();
         let remaining = self.budgets.remaining(&ctx.policy);
         let elsewhere = pinned_elsewhere(&self.pins, job);
-        let mut bound = ScanBound::new(keep);
+        let mut bound = ScanBound::reusing(keep, std::mem::take(&mut self.bound));
         let order = &self.index.price_orders()[ctx.scan_order()];
         let pruned = self.scan == Scan::Pruned;
         // Pruned, the scan skips the pools the job's own constraints rule out; it looks at them
         // only if it ends up needing every blocked candidate.
         let restricted = pruned && ctx.scan_mask(order, &mut self.mask);
         if !restricted {
-            self.mask = PoolMask::full(order.pools.len());
+            self.mask.fill_to(order.pools.len());
         }
         // Pruned, a price tier of several pools is scanned in two passes: first its pools with
         // capacity free now for the job, then the others, whose candidates (waits, launches)
@@ -460,6 +463,7 @@ impl<'a> Round<'a> {
                 completed = false;
             }
         }
+        self.bound = bound.into_buffer();
         // Blocked candidates are shown only when fewer than `keep` are workable (the scan then
         // went through every wanted pool), and their count only for a hold.
         let full = job.map_or(self.detail == Detail::Full, |j| self.records(j));
@@ -545,7 +549,7 @@ impl<'a> Round<'a> {
             self.viable.clear();
             return (free, None);
         }
-        let mut bound = ScanBound::new(1);
+        let mut bound = ScanBound::reusing(1, std::mem::take(&mut self.bound));
         let pruned = self.scan == Scan::Pruned;
         if pruned {
             // The free pools' other candidates are all known already (evaluated in full
@@ -585,6 +589,7 @@ impl<'a> Round<'a> {
                 .filter(|e| way_out(e))
                 .for_each(|e| bound.offer(e));
         }
+        self.bound = bound.into_buffer();
         let other = self
             .viable
             .iter()

@@ -567,15 +567,15 @@ impl PoolMask {
         self.0.resize(len.div_ceil(64), 0);
     }
 
-    /// Every position below `len`.
-    pub(crate) fn full(len: usize) -> PoolMask {
-        let mut mask = PoolMask(vec![u64::MAX; len.div_ceil(64)]);
-        if let Some(last) = mask.0.last_mut()
+    /// Makes this every position below `len`, in the allocation it has.
+    pub(crate) fn fill_to(&mut self, len: usize) {
+        self.0.clear();
+        self.0.resize(len.div_ceil(64), u64::MAX);
+        if let Some(last) = self.0.last_mut()
             && !len.is_multiple_of(64)
         {
             *last = (1 << (len % 64)) - 1;
         }
-        mask
     }
 
     pub(crate) fn insert(&mut self, pos: usize) {
