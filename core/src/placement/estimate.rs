@@ -26,6 +26,15 @@ pub(crate) const DEFAULT_INGRESS_GBPS: u32 = 10;
 pub(crate) const SPOT_LOST_WORK_CAP_S: i64 = 1800;
 /// Seconds a preempted attempt gets to checkpoint and stop before its GPUs are taken.
 pub(crate) const PREEMPTION_GRACE_S: i64 = 120;
+/// A fixed pool (one that cannot launch: on-prem) is *protected* while less than one in this
+/// many of its usable GPUs are free at the start of the round ([`super::index::PoolInfo`]).
+pub(crate) const PROTECTED_BELOW_ONE_IN: u32 = 8;
+/// What a job that allows spot is charged per GPU-hour, in its score only, for a place on a
+/// protected pool (free now or a wait): the last GPUs of a nearly full on-prem pool are worth
+/// more to the jobs that cannot go to spot and would pay on demand in a cloud than the few
+/// cents a spot job saves there over spot (see BENCHMARKS.md, session 16). The job never pays
+/// it: plans, budgets and explanations show what it would pay ([`Estimate::cost`]).
+pub(crate) const ON_PREM_RESERVE_PER_GPU_HOUR: Money = Money::from_micros(300_000);
 
 /// Expected extra seconds of a spot run from interruptions: expected interruptions (rate ×
 /// runtime) times what each costs — a replacement node's boot plus the work lost since the last
@@ -58,9 +67,25 @@ pub(crate) struct Score {
 /// A way to run the job that works, with its estimates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Estimate {
+    /// Its score's cost includes `reserve`.
     pub score: Score,
     pub market: Market,
     pub start: Timestamp,
+    /// What the score adds to the cost for a place on a protected pool (see
+    /// [`ON_PREM_RESERVE_PER_GPU_HOUR`]); zero elsewhere.
+    pub reserve: Money,
+}
+
+impl Estimate {
+    /// What the job would pay: the score's cost without the reserve.
+    pub(crate) fn cost(&self) -> Money {
+        Money::from_micros(
+            self.score
+                .cost
+                .micros()
+                .saturating_sub(self.reserve.micros()),
+        )
+    }
 }
 
 /// A way to run the job that does not work, and why.
@@ -363,6 +388,7 @@ impl<'a> JobCtx<'a> {
             score: self.score(finish, cost, kind, pool, node),
             market,
             start,
+            reserve: Money::ZERO,
         }
     }
 
@@ -474,7 +500,18 @@ impl<'a> JobCtx<'a> {
         ready: Timestamp,
     ) -> Estimate {
         let market = JobCtx::node_market(index, pool, node);
-        self.estimate(index, pool, Some(node), kind, market, ready)
+        let mut estimate = self.estimate(index, pool, Some(node), kind, market, ready);
+        if self.spot != SpotRule::Never
+            && index.pools[pool].protected
+            && matches!(kind, CandidateKind::FreeNow | CandidateKind::Wait)
+        {
+            estimate.reserve = ON_PREM_RESERVE_PER_GPU_HOUR
+                .saturating_mul(i64::from(self.gpus))
+                .per_hour_for_secs(self.runtime_s)
+                .saturating_mul(i64::from(self.nodes));
+            estimate.score.cost = estimate.score.cost.saturating_add(estimate.reserve);
+        }
+        estimate
     }
 
     /// Whether a candidate finishing at `finish` misses the job's deadline (with the margin).

@@ -280,7 +280,7 @@ fn compact(e: &Estimate, why: Why) -> Compact {
         market: e.market,
         start: e.start,
         finish: e.score.finish,
-        cost: e.score.cost,
+        cost: e.cost(),
         why,
     }
 }

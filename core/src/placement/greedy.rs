@@ -638,10 +638,10 @@ impl<'a> Round<'a> {
                         pool: pool.id.clone(),
                         market: winner.market,
                         for_job: job.id,
-                        estimated_cost: s.cost,
+                        estimated_cost: winner.cost(),
                     });
                 }
-                self.budgets.spend(&ctx.policy, s.cost);
+                self.budgets.spend(&ctx.policy, winner.cost());
                 return Outcome::Launch {
                     pool: pool.id.clone(),
                     market: winner.market,
@@ -682,7 +682,7 @@ impl<'a> Round<'a> {
                 self.capacity.assign(&self.index, node, ctx.gpus, until);
             }
         }
-        self.budgets.spend(&ctx.policy, s.cost);
+        self.budgets.spend(&ctx.policy, winner.cost());
         for (rank, &node) in nodes.iter().enumerate() {
             self.plan.assignments.push(Assignment {
                 job: job.id,
@@ -691,7 +691,7 @@ impl<'a> Round<'a> {
                 gpus: ctx.gpus,
                 // Each node's (a gang's may have been bought in different markets), as priced.
                 market: JobCtx::node_market(&self.index, s.pool, node),
-                estimated_cost: s.cost,
+                estimated_cost: winner.cost(),
                 estimated_finish: s.finish,
                 rank: u32::try_from(rank).unwrap_or(u32::MAX),
             });
@@ -824,9 +824,9 @@ fn candidate_rule(
         return Some(Reject::OutsideTimeWindow);
     }
     remaining
-        .filter(|&left| e.score.cost > left)
+        .filter(|&left| e.cost() > left)
         .map(|left| Reject::BudgetExhausted {
-            cost: e.score.cost,
+            cost: e.cost(),
             remaining: left,
         })
 }

@@ -44,6 +44,12 @@ pub(crate) struct PoolInfo<'a> {
     /// spot: a job that may take only one market's nodes needs the others left out.
     pub on_demand_nodes: bool,
     pub spot_nodes: bool,
+    /// A fixed pool (it cannot launch) whose usable nodes have less than one in
+    /// [`PROTECTED_BELOW_ONE_IN`] of their GPUs free at the round's start: jobs that allow
+    /// spot are charged a reserve for a place there ([`super::estimate::JobCtx::on_node`]).
+    ///
+    /// [`PROTECTED_BELOW_ONE_IN`]: super::estimate::PROTECTED_BELOW_ONE_IN
+    pub protected: bool,
     /// Spot interruptions per hour, in millionths.
     pub spot_interruptions_ppm: u32,
 }
@@ -380,6 +386,7 @@ impl<'a> Index<'a> {
                 nodes: Vec::new(),
                 on_demand_nodes: false,
                 spot_nodes: false,
+                protected: false,
                 spot_interruptions_ppm: k.spot_interruptions_ppm,
             })
             .collect();
@@ -394,6 +401,19 @@ impl<'a> Index<'a> {
                 Market::OnDemand => info.on_demand_nodes = true,
                 Market::Spot => info.spot_nodes = true,
             }
+        }
+        for info in pools.iter_mut().filter(|p| !p.pool.launchable) {
+            let (free, total) = info
+                .nodes
+                .iter()
+                .map(|&n| nodes[n])
+                .filter(|n| n.healthy && !n.draining)
+                .fold((0u64, 0u64), |(f, t), n| {
+                    let total = n.gpus_total.max(n.gpus_free);
+                    (f + u64::from(n.gpus_free), t + u64::from(total))
+                });
+            info.protected =
+                total > 0 && free * u64::from(super::estimate::PROTECTED_BELOW_ONE_IN) < total;
         }
         let node_pos = &order.node_pos;
         // In the snapshot's order: what reads it goes through the per-node lists below (and

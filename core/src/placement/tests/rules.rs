@@ -324,3 +324,40 @@ fn the_planner_places_one_job_at_a_time_into_warm_state() {
     assert!(explained.candidates[0].rejected.is_none(), "{explained:?}");
     assert_eq!(planner.into_plan().explanations.len(), 2);
 }
+
+/// On-prem at $2/GPU-h: 16 nodes, `d1` with `free` GPUs free, the other 15 full for 10 h;
+/// and AWS p5 selling spot at `spot` dollars an hour for its 8 GPUs (no risk), boot 300 s.
+fn nearly_full(free: u32, spot: f64) -> W {
+    let mut world = w()
+        .onprem("dgx", 16.0)
+        .pool(P5, "H100", 8, 80.0, Some(spot))
+        .node(DGX, "d1", free);
+    for n in 2..=16 {
+        let id = format!("d{n}");
+        world = world.node(DGX, &id, 0).busy(&id, 8, 36_000);
+    }
+    world
+}
+
+#[rustfmt::skip]
+#[test]
+fn a_nearly_full_on_prem_pool_is_kept_for_jobs_that_cannot_use_spot() {
+    // 8 of 128 GPUs free (under one in eight): protected. A job that allows spot is charged
+    // $0.30/GPU-h for the place ($16 + $2.40) and a spot node ($16.80/h × 1 h 5 min = $18.20)
+    // is cheaper; a job that never runs on spot takes the on-prem GPUs ($16).
+    check(nearly_full(8, 16.8).job(8).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
+    check(nearly_full(8, 16.8).job(8), "assign d1 on_demand");
+    // Where spot costs more than the place and the reserve, it still takes the place, and
+    // pays (and is shown) what the place costs, not the reserve.
+    let plan = plan_of(nearly_full(8, 17.6).job(8).spot(SpotRule::Allowed));
+    assert_eq!(plan.assignments[0].node.0, "d1");
+    assert_eq!(plan.assignments[0].estimated_cost, usd(16.0));
+    let shown = explain(nearly_full(8, 17.6).job(8).spot(SpotRule::Allowed));
+    assert!(shown[0].contains("d1") && shown[0].contains("$16.00"), "{shown:?}");
+    // With 24 of 144 GPUs free (one in six) the pool is not protected: on-prem is cheapest.
+    let roomy = nearly_full(8, 16.8).node(DGX, "d17", 8).node(DGX, "d18", 8);
+    check(roomy.job(8).spot(SpotRule::Allowed), "assign d1 on_demand");
+    // A wait on a protected pool carries the reserve too.
+    check(nearly_full(0, 16.8).job(8).spot(SpotRule::Allowed).deadline_in(86_400), "launch aws:use1/p5 spot");
+    check(nearly_full(0, 16.8).job(8).deadline_in(86_400), "wait onprem:dc1/dgx +36000s");
+}
