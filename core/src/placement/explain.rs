@@ -11,7 +11,7 @@
 //! a 10,000-job round would otherwise clone some 600,000 id strings nobody reads.
 
 use super::constraints::Reject;
-use super::estimate::{Blocked, Estimate, JobCtx};
+use super::estimate::{Blocked, Estimate, JobCtx, Score};
 use super::index::{IdMap, Index};
 use super::{Candidate, CandidateKind, Rejection};
 use crate::domain::{JobId, Market, NodeId, PoolId, RegionId, Snapshot};
@@ -171,7 +171,13 @@ struct Compact {
 enum Why {
     Won,
     Contended,
-    MissesDeadline { deadline: Timestamp },
+    MissesDeadline {
+        deadline: Timestamp,
+    },
+    /// It would have won but for the reserve of a protected pool.
+    Reserved {
+        reserve: Money,
+    },
     Outscored,
     Blocked(Reject),
 }
@@ -223,6 +229,14 @@ impl Details {
                 (0, _) => Why::Won,
                 _ if i <= displaced => Why::Contended,
                 (_, Some(deadline)) if e.score.misses_deadline => Why::MissesDeadline { deadline },
+                _ if e.reserve > Money::ZERO
+                    && Score {
+                        cost: e.cost(),
+                        ..e.score
+                    } < viable[0].score =>
+                {
+                    Why::Reserved { reserve: e.reserve }
+                }
                 _ => Why::Outscored,
             };
             self.list.push(compact(e, why));
@@ -253,6 +267,9 @@ impl Details {
                         deadline,
                     }),
                     Why::Outscored => Some(Rejection::Outscored),
+                    Why::Reserved { reserve } => {
+                        Some(Rejection::ReservedForJobsWithoutSpot { reserve })
+                    }
                     Why::Blocked(reject) => Some(reject.to_rejection(model)),
                 };
                 Candidate {

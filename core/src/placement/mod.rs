@@ -262,6 +262,12 @@ pub enum Rejection {
     /// Cheaper, but the round's joint assignment gave this capacity to other jobs, for a lower
     /// total cost or to meet their deadlines.
     ContendedCapacity,
+    /// Cheaper, but on a nearly full on-prem pool whose last GPUs are kept for jobs that cannot
+    /// use spot: a job that allows spot is charged `reserve` there in its ranking (it never
+    /// pays it), and the winner beat the two together.
+    ReservedForJobsWithoutSpot {
+        reserve: Money,
+    },
 }
 
 /// One place a job could go, with the estimates that decided it. A candidate ruled out by a

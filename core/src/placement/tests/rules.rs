@@ -343,10 +343,18 @@ fn nearly_full(free: u32, spot: f64) -> W {
 #[test]
 fn a_nearly_full_on_prem_pool_is_kept_for_jobs_that_cannot_use_spot() {
     // 8 of 128 GPUs free (under one in eight): protected. A job that allows spot is charged
-    // $0.30/GPU-h for the place ($16 + $2.40) and a spot node ($16.80/h × 1 h 5 min = $18.20)
-    // is cheaper; a job that never runs on spot takes the on-prem GPUs ($16).
+    // $0.30/GPU-h for the place ($16 + $2.40) and a spot node ($16.80/h for 1 h, the 5-minute
+    // boot and 42 s of expected restarts: $18.40) is cheaper; a job that never runs on spot
+    // takes the on-prem GPUs ($16).
     check(nearly_full(8, 16.8).job(8).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
     check(nearly_full(8, 16.8).job(8), "assign d1 on_demand");
+    // The explanation says why the cheaper place lost, at what it would cost.
+    let shown = explain(nearly_full(8, 16.8).job(8).spot(SpotRule::Allowed));
+    assert_eq!(shown[0], "aws:use1/p5 - Launch spot $18.396000 WIN");
+    assert_eq!(
+        shown[1],
+        "onprem:dc1/dgx d1 FreeNow on_demand $16.000000 ReservedForJobsWithoutSpot { reserve: Money(2400000) }"
+    );
     // Where spot costs more than the place and the reserve, it still takes the place, and
     // pays (and is shown) what the place costs, not the reserve.
     let plan = plan_of(nearly_full(8, 17.6).job(8).spot(SpotRule::Allowed));
