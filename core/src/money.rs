@@ -61,6 +61,10 @@ impl Money {
         Money(self.0.saturating_add(other.0))
     }
 
+    pub fn saturating_sub(self, other: Money) -> Money {
+        Money(self.0.saturating_sub(other.0))
+    }
+
     pub fn saturating_mul(self, n: i64) -> Money {
         Money(self.0.saturating_mul(n))
     }

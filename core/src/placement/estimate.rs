@@ -79,12 +79,7 @@ pub(crate) struct Estimate {
 impl Estimate {
     /// What the job would pay: the score's cost without the reserve.
     pub(crate) fn cost(&self) -> Money {
-        Money::from_micros(
-            self.score
-                .cost
-                .micros()
-                .saturating_sub(self.reserve.micros()),
-        )
+        self.score.cost.saturating_sub(self.reserve)
     }
 }
 

@@ -403,6 +403,7 @@ impl<'a> Index<'a> {
             }
         }
         for info in pools.iter_mut().filter(|p| !p.pool.launchable) {
+            // Over the usable nodes (as `Index::usable`, which needs the index built).
             let (free, total) = info
                 .nodes
                 .iter()
