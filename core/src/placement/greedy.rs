@@ -154,8 +154,9 @@ pub(crate) fn plan_always_batched(snapshot: &Snapshot, now: Timestamp, scan: Sca
 /// After the per-job pass: whether free capacity may have been contended, so that the joint
 /// assignment could pin anything. It cannot when every pool that had room at the start for
 /// some job still has room for the largest of those jobs at the end, on nodes of each market
-/// apart (some jobs may take only one market's nodes): a job whose best choice was free capacity in a pool then found it still
-/// there at its turn, at the same cost, and took it, so no pool was wanted beyond what it had.
+/// apart (some jobs may take only one market's nodes): a job whose best choice was free
+/// capacity in a pool then found it still there at its turn, at the same cost, and took it, so
+/// no pool was wanted beyond what it had.
 /// Budgets and preemption can change a job's choice during the pass, so with them this says
 /// yes.
 fn contended(round: &mut Round, queue: &[&QueuedJob], start_free: &[[u32; 2]]) -> bool {
@@ -233,6 +234,8 @@ pub(crate) struct Round<'a> {
     /// Scratch: the positions a job's scan looks at, and those of one phase of it.
     mask: PoolMask,
     phase: PoolMask,
+    /// Scratch: the pools (by index, not price position) `batch_candidates` evaluated in full.
+    evaluated: PoolMask,
     /// Scratch: the heap of a scan's bound ([`ScanBound::reusing`]).
     bound: std::collections::BinaryHeap<Score>,
     objective: Objective,
@@ -278,6 +281,7 @@ impl<'a> Round<'a> {
             blocked: Vec::new(),
             mask: PoolMask::default(),
             phase: PoolMask::default(),
+            evaluated: PoolMask::default(),
             bound: std::collections::BinaryHeap::new(),
             objective: Objective::default(),
             only: None,
@@ -551,12 +555,14 @@ impl<'a> Round<'a> {
         }
         let mut bound = ScanBound::reusing(1, std::mem::take(&mut self.bound));
         let pruned = self.scan == Scan::Pruned;
+        self.evaluated.clear_to(self.index.pools.len());
         if pruned {
             // The free pools' other candidates are all known already (evaluated in full
             // above): the scan starts from the best of them and does not evaluate those pools
             // again.
             self.viable.retain(way_out);
             self.viable.iter().for_each(|e| bound.offer(e));
+            free_pools.iter().for_each(|&p| self.evaluated.insert(p));
         } else {
             self.viable.clear();
         }
@@ -566,7 +572,7 @@ impl<'a> Round<'a> {
             if restricted && !self.mask.contains(pos) {
                 continue;
             }
-            if pruned && free_pools.contains(&pool) {
+            if self.evaluated.contains(pool) {
                 continue;
             }
             if pruned && bound.excludes(pos, order, ctx, self.index.now, false) {
