@@ -667,6 +667,29 @@ pub(crate) fn pool_violation(index: &Index, job: &JobCtx, pool: usize) -> Option
         .or_else(|| job.priced_out_everywhere(index, pool))
 }
 
+/// The kind of candidate a pool ruled out whatever its capacity is reported as: a launch where
+/// it could only launch, else a place on its nodes.
+fn nominal_kind(info: &PoolInfo) -> CandidateKind {
+    if info.pool.launchable && info.nodes.is_empty() {
+        CandidateKind::Launch
+    } else {
+        CandidateKind::FreeNow
+    }
+}
+
+/// What [`evaluate`] records for a pool that breaks one of the job's own constraints (region,
+/// GPU model, shape, latency): that first one, without a look at the pool's policies or
+/// capacity. `None` when the pool breaks none.
+pub(crate) fn static_block(index: &Index, job: &JobCtx, pool: usize) -> Option<Blocked> {
+    let info = &index.pools[pool];
+    let reject = job.static_violation(info)?;
+    Some(Blocked {
+        pool,
+        kind: nominal_kind(info),
+        reject,
+    })
+}
+
 /// Adds the candidates `pool` offers the job to `viable`, and the ways it cannot to `blocked`.
 ///
 /// The job takes only nodes of the market it uses in the pool ([`JobCtx::node_markets`]) and
@@ -690,13 +713,8 @@ pub(crate) fn evaluate(
     let info = &index.pools[pool];
     let p = info.pool;
     let mut block = |kind, reject| blocked.push(Blocked { pool, kind, reject });
-    let nominal_kind = if p.launchable && info.nodes.is_empty() {
-        CandidateKind::Launch
-    } else {
-        CandidateKind::FreeNow
-    };
     if let Some(reject) = pool_violation(index, job, pool) {
-        block(nominal_kind, reject);
+        block(nominal_kind(info), reject);
         return;
     }
     let now = index.now;

@@ -9,6 +9,7 @@ use super::capacity::{Capacity, Markets};
 use super::constraints::Reject;
 use super::estimate::{
     Blocked, Estimate, JobCtx, PREEMPTION_GRACE_S, ScanBound, Score, evaluate, on_demand_nodes,
+    static_block,
 };
 use super::explain::{Details, Explained, hold_reason, keep_best};
 use super::index::{IdMap, Index, PoolMask, PriceOrder};
@@ -469,11 +470,18 @@ impl<'a> Round<'a> {
         }
         self.bound = bound.into_buffer();
         // Blocked candidates are shown only when fewer than `keep` are workable (the scan then
-        // went through every wanted pool), and their count only for a hold.
+        // went through every wanted pool), and their count only for a hold. A pool the mask
+        // left out breaks one of the job's own constraints ([`JobCtx::scan_mask`]): that is
+        // all `evaluate` would find there.
         let full = job.map_or(self.detail == Detail::Full, |j| self.records(j));
         if restricted && completed && (full || self.viable.is_empty()) {
             for (pos, &(_, pool)) in order.pools.iter().enumerate() {
-                if !self.mask.contains(pos) {
+                if self.mask.contains(pos) {
+                    continue;
+                }
+                if let Some(b) = static_block(&self.index, ctx, pool) {
+                    self.blocked.push(b);
+                } else {
                     let (index, capacity) = (&self.index, &mut self.capacity);
                     evaluate(
                         index,
@@ -500,7 +508,14 @@ impl<'a> Round<'a> {
         }
         let remaining = self.budgets.remaining(&ctx.policy);
         let elsewhere = pinned_elsewhere(&self.pins, job);
-        for pool in 0..self.index.pools.len() {
+        // Only pools that sell spot cheaper and have on-demand nodes offer anything here, and
+        // of those only the ones the job's scan mask kept: the others break one of its own
+        // constraints. Pool order as before, so candidates tie the same way.
+        let order = &self.index.price_orders()[ctx.scan_order()];
+        for &pool in &self.index.on_demand_in_spot_pools {
+            if !self.mask.contains(order.position[pool]) {
+                continue;
+            }
             let before = self.viable.len();
             let (index, capacity) = (&self.index, &mut self.capacity);
             on_demand_nodes(index, capacity, ctx, pool, &mut self.viable);

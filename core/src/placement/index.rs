@@ -88,6 +88,10 @@ pub(crate) struct Index<'a> {
     /// The fastest ingress of any pool's region, in Gb/s (a region that states none counts
     /// as [`DEFAULT_INGRESS_GBPS`]).
     pub max_ingress_gbps: u32,
+    /// The pools that sell spot cheaper and have nodes bought on demand, by position in
+    /// `pools`: where a job that allows spot may fall back to on-demand nodes
+    /// ([`super::estimate::on_demand_nodes`]).
+    pub on_demand_in_spot_pools: Vec<usize>,
 }
 
 /// What an index knows from a snapshot's catalogue alone (its regions, pools and spot
@@ -471,7 +475,14 @@ impl<'a> Index<'a> {
             .iter()
             .map(|&p| pools[p].pool.gpu_model.as_str())
             .collect();
+        let on_demand_in_spot_pools = (0..pools.len())
+            .filter(|&p| {
+                pools[p].on_demand_nodes
+                    && pools[p].pool.cheapest_market(SpotRule::Allowed) == Market::Spot
+            })
+            .collect();
         Index {
+            on_demand_in_spot_pools,
             max_ingress_gbps: cat.max_ingress_gbps,
             now,
             burst_enabled: snapshot.burst_enabled,
