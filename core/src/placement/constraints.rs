@@ -14,7 +14,7 @@ use crate::money::Money;
 /// Why a pool cannot take a job: [`Rejection`] without the allocation (`GpuModelNotAllowed`
 /// takes its model from the pool when made public). Variants are declared closest-to-feasible
 /// first; [`Reject::rank`] follows that order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Reject {
     /// Only ever shown, never a hold reason: the joint assignment gave the capacity away.
     ContendedCapacity,

@@ -70,6 +70,8 @@ pub(crate) struct Estimate {
     /// Its score's cost includes `reserve`.
     pub score: Score,
     pub market: Market,
+    /// When its place is ready (its node free or booted): `start` is later by moving the data.
+    pub ready: Timestamp,
     pub start: Timestamp,
     /// What the score adds to the cost for a place on a protected pool (see
     /// [`ON_PREM_RESERVE_PER_GPU_HOUR`]); zero elsewhere.
@@ -83,18 +85,43 @@ impl Estimate {
     }
 }
 
-/// A way to run the job that does not work, and why.
+/// A way to run the job that does not work, and why. What an explanation shows of it
+/// ([`JobCtx::nominal`]) is worked out again from its market and the time its place is ready:
+/// those of the candidate a policy rule blocked once it was worked out
+/// ([`Blocked::worked`]), or, for one ruled out before, its pool's cheapest market for the job
+/// and the earliest its kind can be ready ([`JobCtx::blocked`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Blocked {
     pub pool: usize,
     pub kind: CandidateKind,
+    pub market: Market,
+    pub ready: Timestamp,
     pub reject: Reject,
 }
 
 impl Blocked {
-    /// Explanation order: closest to feasible first, then by pool id and kind.
-    pub(crate) fn order_key(&self) -> (u8, usize, CandidateKind) {
-        (self.reject.rank(), self.pool, self.kind)
+    /// A worked-out candidate that `reject` blocks.
+    pub(crate) fn worked(e: &Estimate, reject: Reject) -> Blocked {
+        Blocked {
+            pool: e.score.pool,
+            kind: e.score.kind,
+            market: e.market,
+            ready: e.ready,
+            reject,
+        }
+    }
+
+    /// Explanation order: closest to feasible first, then by pool id, kind and market; the
+    /// reject last, so no two that show differently tie (the order never depends on which
+    /// other candidates a scan looked at).
+    pub(crate) fn order_key(&self) -> (u8, usize, CandidateKind, Market, Reject) {
+        (
+            self.reject.rank(),
+            self.pool,
+            self.kind,
+            self.market,
+            self.reject,
+        )
     }
 }
 
@@ -382,6 +409,7 @@ impl<'a> JobCtx<'a> {
         Estimate {
             score: self.score(finish, cost, kind, pool, node),
             market,
+            ready,
             start,
             reserve: Money::ZERO,
         }
@@ -585,16 +613,40 @@ impl<'a> JobCtx<'a> {
             .is_some_and(|&(price, _)| price.saturating_mul(i64::from(self.gpus.max(1))) > max)
     }
 
-    /// The estimate shown for a blocked candidate: what it would be had nothing blocked it.
-    pub(crate) fn nominal(&self, index: &Index, blocked: &Blocked) -> Estimate {
-        let pool = index.pools[blocked.pool].pool;
-        let ready = match blocked.kind {
-            CandidateKind::Launch => index.now.plus_secs(i64::from(pool.boot_time_s)),
+    /// A candidate of `kind` in `pool` that `reject` rules out before it is worked out: in the
+    /// pool's cheapest market for the job, ready as early as its kind can be.
+    pub(crate) fn blocked(
+        &self,
+        index: &Index,
+        pool: usize,
+        kind: CandidateKind,
+        reject: Reject,
+    ) -> Blocked {
+        let p = index.pools[pool].pool;
+        let ready = match kind {
+            CandidateKind::Launch => index.now.plus_secs(i64::from(p.boot_time_s)),
             CandidateKind::Preempt => index.now.plus_secs(PREEMPTION_GRACE_S),
             CandidateKind::FreeNow | CandidateKind::Wait => index.now,
         };
-        let market = pool.cheapest_market(self.spot);
-        self.estimate(index, blocked.pool, None, blocked.kind, market, ready)
+        Blocked {
+            pool,
+            kind,
+            market: p.cheapest_market(self.spot),
+            ready,
+            reject,
+        }
+    }
+
+    /// The estimate shown for a blocked candidate: what it would be had nothing blocked it.
+    pub(crate) fn nominal(&self, index: &Index, blocked: &Blocked) -> Estimate {
+        let Blocked {
+            pool,
+            kind,
+            market,
+            ready,
+            ..
+        } = *blocked;
+        self.estimate(index, pool, None, kind, market, ready)
     }
 
     /// The least any candidate in the pools from position `at` of `order` on can cost this
@@ -683,11 +735,7 @@ fn nominal_kind(info: &PoolInfo) -> CandidateKind {
 pub(crate) fn static_block(index: &Index, job: &JobCtx, pool: usize) -> Option<Blocked> {
     let info = &index.pools[pool];
     let reject = job.static_violation(info)?;
-    Some(Blocked {
-        pool,
-        kind: nominal_kind(info),
-        reject,
-    })
+    Some(job.blocked(index, pool, nominal_kind(info), reject))
 }
 
 /// Adds the candidates `pool` offers the job to `viable`, and the ways it cannot to `blocked`.
@@ -712,7 +760,7 @@ pub(crate) fn evaluate(
     let out = |kind, ready| worst.is_some_and(|w| job.cannot_beat(index, pool, kind, ready, w));
     let info = &index.pools[pool];
     let p = info.pool;
-    let mut block = |kind, reject| blocked.push(Blocked { pool, kind, reject });
+    let mut block = |kind, reject| blocked.push(job.blocked(index, pool, kind, reject));
     if let Some(reject) = pool_violation(index, job, pool) {
         block(nominal_kind(info), reject);
         return;

@@ -345,14 +345,13 @@ impl<'a> Round<'a> {
             let any_finish = best.is_none();
             if let Some((e, v)) = best_preemption(&self.index, &self.capacity, &ctx, any_finish) {
                 match remaining {
-                    Some(left) if e.score.cost > left => self.blocked.push(Blocked {
-                        pool: e.score.pool,
-                        kind: CandidateKind::Preempt,
-                        reject: Reject::BudgetExhausted {
-                            cost: e.score.cost,
+                    Some(left) if e.cost() > left => self.blocked.push(Blocked::worked(
+                        &e,
+                        Reject::BudgetExhausted {
+                            cost: e.cost(),
                             remaining: left,
                         },
-                    }),
+                    )),
                     _ => {
                         self.viable.push(e);
                         victims = v;
@@ -864,11 +863,7 @@ fn filter(
         match rule(&viable[i]) {
             Some(reject) => {
                 let e = viable.swap_remove(i);
-                blocked.push(Blocked {
-                    pool: e.score.pool,
-                    kind: e.score.kind,
-                    reject,
-                });
+                blocked.push(Blocked::worked(&e, reject));
             }
             None => i += 1,
         }

@@ -7,6 +7,8 @@
 use super::fleet::{NOW, fleet};
 use super::greedy::{self, Scan};
 use super::{Detail, Plan};
+use crate::domain::{Priority, PriorityWindows, RegionId, SpotRule, TeamPolicy, TimeWindow};
+use crate::money::Money;
 use proptest::prelude::*;
 
 proptest! {
@@ -79,6 +81,101 @@ proptest! {
         prop_assert_eq!(&pruned, &exhaustive);
         let batched = greedy::plan_always_batched(&snapshot, NOW, Scan::Pruned);
         prop_assert_eq!(&batched, &pruned);
+        let lean = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Outcomes);
+        prop_assert_eq!(without_candidates(pruned), lean);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The same with the rules the fleet alone lacks: gangs of two and three nodes, and team
+    /// and project policies — allow-lists, a GPU-hour ceiling, a spot cap, no bursting, time
+    /// windows shut now for some priorities, priority ceilings, and budgets small enough that
+    /// the round runs out of them.
+    #[test]
+    fn pruning_changes_nothing_under_policies_and_gangs(
+        seed in any::<u64>(),
+        jobs in 1usize..50,
+        pools in 1usize..120,
+        nodes in 0usize..180,
+        gang_every in 2usize..6,
+        budget in prop::sample::select(vec![0i64, 2_000_000, 40_000_000, 400_000_000]),
+        project_budget in prop::option::of(prop::sample::select(vec![1_000_000i64, 20_000_000])),
+        max_per_gpu_hour in prop::option::of(prop::sample::select(vec![1_000_000i64, 3_000_000])),
+        providers in prop::sample::subsequence(vec!["onprem", "aws", "gcp", "azure"], 0..=4),
+        spot_cap in prop::sample::select(vec![SpotRule::Never, SpotRule::Allowed, SpotRule::Preferred]),
+        burst_allowed in any::<bool>(),
+        shut in prop::sample::subsequence(vec![Priority::Low, Priority::Normal, Priority::High], 0..=3),
+        ceiling in prop::option::of(prop::sample::select(vec![Priority::Low, Priority::Normal])),
+    ) {
+        let mut snapshot = fleet(seed, jobs, pools, nodes);
+        let teams = ["ml", "research", "infra"];
+        for (i, job) in snapshot.queued.iter_mut().enumerate() {
+            job.spec.team = teams[i % teams.len()].into();
+            if i % 2 == 0 {
+                job.spec.project = Some("vision".into());
+            }
+            if i % gang_every == 0 {
+                job.spec.resources.nodes = 2 + (i % 2) as u32;
+            }
+        }
+        // A window that leaves out the current minute of the day.
+        let minute = u16::try_from(NOW.millis().rem_euclid(86_400_000) / 60_000).unwrap_or(0);
+        let later = TimeWindow {
+            start_minute: (minute + 1) % 1440,
+            end_minute: (minute + 60) % 1440,
+        };
+        let open = TimeWindow { start_minute: minute, end_minute: (minute + 1) % 1440 };
+        let regions: Vec<RegionId> =
+            snapshot.regions.iter().step_by(2).map(|r| r.id.clone()).collect();
+        snapshot.policies = vec![
+            TeamPolicy {
+                team: "research".into(),
+                project: None,
+                allowed_providers: providers.iter().map(|p| p.to_string()).collect(),
+                allowed_regions: vec![],
+                max_price_per_gpu_hour: max_per_gpu_hour.map(Money::from_micros),
+                spot: spot_cap,
+                burst_allowed,
+                windows: vec![
+                    PriorityWindows { priorities: shut, windows: vec![later] },
+                    PriorityWindows { priorities: vec![], windows: vec![open, later] },
+                ],
+                priority_ceiling: ceiling,
+                remaining_budget: Some(Money::from_micros(budget)),
+            },
+            TeamPolicy {
+                team: "infra".into(),
+                project: None,
+                allowed_providers: vec![],
+                allowed_regions: vec![],
+                max_price_per_gpu_hour: None,
+                spot: SpotRule::Preferred,
+                burst_allowed: true,
+                windows: vec![],
+                priority_ceiling: None,
+                remaining_budget: Some(Money::from_micros(budget.saturating_mul(10))),
+            },
+            TeamPolicy {
+                team: "infra".into(),
+                project: Some("vision".into()),
+                allowed_providers: vec![],
+                allowed_regions: regions,
+                max_price_per_gpu_hour: None,
+                spot: SpotRule::Allowed,
+                burst_allowed: true,
+                windows: vec![],
+                priority_ceiling: Some(Priority::Normal),
+                remaining_budget: project_budget.map(Money::from_micros),
+            },
+        ];
+        let pruned = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Full);
+        let exhaustive = greedy::plan(&snapshot, NOW, Scan::Exhaustive, Detail::Full);
+        prop_assert_eq!(&pruned, &exhaustive);
+        let batched = greedy::plan_always_batched(&snapshot, NOW, Scan::Pruned);
+        prop_assert_eq!(&batched, &pruned);
+        prop_assert_eq!(&super::plan(&snapshot, NOW), &pruned);
         let lean = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Outcomes);
         prop_assert_eq!(without_candidates(pruned), lean);
     }
