@@ -85,41 +85,56 @@ impl Estimate {
     }
 }
 
-/// A way to run the job that does not work, and why. What an explanation shows of it
-/// ([`JobCtx::nominal`]) is worked out again from its market and the time its place is ready:
-/// those of the candidate a policy rule blocked once it was worked out
-/// ([`Blocked::worked`]), or, for one ruled out before, its pool's cheapest market for the job
-/// and the earliest its kind can be ready ([`JobCtx::blocked`]).
+/// A way to run the job that does not work, and why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Blocked {
     pub pool: usize,
     pub kind: CandidateKind,
-    pub market: Market,
-    pub ready: Timestamp,
     pub reject: Reject,
+    /// The market and ready time of a candidate a policy rule blocked once it was worked out
+    /// ([`Blocked::worked`]); `None` for one ruled out before. An explanation shows it as
+    /// [`JobCtx::nominal`] works it out again from these.
+    pub worked: Option<(Market, Timestamp)>,
 }
 
 impl Blocked {
+    /// A candidate of `kind` in `pool` that `reject` rules out before it is worked out.
+    pub(crate) fn ruled_out(pool: usize, kind: CandidateKind, reject: Reject) -> Blocked {
+        Blocked {
+            pool,
+            kind,
+            reject,
+            worked: None,
+        }
+    }
+
     /// A worked-out candidate that `reject` blocks.
     pub(crate) fn worked(e: &Estimate, reject: Reject) -> Blocked {
         Blocked {
             pool: e.score.pool,
             kind: e.score.kind,
-            market: e.market,
-            ready: e.ready,
             reject,
+            worked: Some((e.market, e.ready)),
         }
     }
 
-    /// Explanation order: closest to feasible first, then by pool id, kind and market; the
-    /// reject last, so no two that show differently tie (the order never depends on which
-    /// other candidates a scan looked at).
-    pub(crate) fn order_key(&self) -> (u8, usize, CandidateKind, Market, Reject) {
+    /// Explanation order: closest to feasible first, then by pool id and kind; then the
+    /// market and the reject, so no two that show differently tie (the order never depends
+    /// on which other candidates a scan looked at).
+    pub(crate) fn order_key(
+        &self,
+    ) -> (
+        u8,
+        usize,
+        CandidateKind,
+        Option<(Market, Timestamp)>,
+        Reject,
+    ) {
         (
             self.reject.rank(),
             self.pool,
             self.kind,
-            self.market,
+            self.worked,
             self.reject,
         )
     }
@@ -613,39 +628,20 @@ impl<'a> JobCtx<'a> {
             .is_some_and(|&(price, _)| price.saturating_mul(i64::from(self.gpus.max(1))) > max)
     }
 
-    /// A candidate of `kind` in `pool` that `reject` rules out before it is worked out: in the
-    /// pool's cheapest market for the job, ready as early as its kind can be.
-    pub(crate) fn blocked(
-        &self,
-        index: &Index,
-        pool: usize,
-        kind: CandidateKind,
-        reject: Reject,
-    ) -> Blocked {
-        let p = index.pools[pool].pool;
-        let ready = match kind {
-            CandidateKind::Launch => index.now.plus_secs(i64::from(p.boot_time_s)),
-            CandidateKind::Preempt => index.now.plus_secs(PREEMPTION_GRACE_S),
-            CandidateKind::FreeNow | CandidateKind::Wait => index.now,
-        };
-        Blocked {
-            pool,
-            kind,
-            market: p.cheapest_market(self.spot),
-            ready,
-            reject,
-        }
-    }
-
-    /// The estimate shown for a blocked candidate: what it would be had nothing blocked it.
+    /// The estimate shown for a blocked candidate: what it was when a policy rule blocked it,
+    /// or, for one ruled out before it was worked out, what it would be had nothing ruled it
+    /// out, in the pool's cheapest market for the job and ready as early as its kind can be.
     pub(crate) fn nominal(&self, index: &Index, blocked: &Blocked) -> Estimate {
-        let Blocked {
-            pool,
-            kind,
-            market,
-            ready,
-            ..
-        } = *blocked;
+        let Blocked { pool, kind, .. } = *blocked;
+        let (market, ready) = blocked.worked.unwrap_or_else(|| {
+            let p = index.pools[pool].pool;
+            let ready = match kind {
+                CandidateKind::Launch => index.now.plus_secs(i64::from(p.boot_time_s)),
+                CandidateKind::Preempt => index.now.plus_secs(PREEMPTION_GRACE_S),
+                CandidateKind::FreeNow | CandidateKind::Wait => index.now,
+            };
+            (p.cheapest_market(self.spot), ready)
+        });
         self.estimate(index, pool, None, kind, market, ready)
     }
 
@@ -735,7 +731,7 @@ fn nominal_kind(info: &PoolInfo) -> CandidateKind {
 pub(crate) fn static_block(index: &Index, job: &JobCtx, pool: usize) -> Option<Blocked> {
     let info = &index.pools[pool];
     let reject = job.static_violation(info)?;
-    Some(job.blocked(index, pool, nominal_kind(info), reject))
+    Some(Blocked::ruled_out(pool, nominal_kind(info), reject))
 }
 
 /// Adds the candidates `pool` offers the job to `viable`, and the ways it cannot to `blocked`.
@@ -760,7 +756,7 @@ pub(crate) fn evaluate(
     let out = |kind, ready| worst.is_some_and(|w| job.cannot_beat(index, pool, kind, ready, w));
     let info = &index.pools[pool];
     let p = info.pool;
-    let mut block = |kind, reject| blocked.push(job.blocked(index, pool, kind, reject));
+    let mut block = |kind, reject| blocked.push(Blocked::ruled_out(pool, kind, reject));
     if let Some(reject) = pool_violation(index, job, pool) {
         block(nominal_kind(info), reject);
         return;

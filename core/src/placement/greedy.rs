@@ -359,7 +359,15 @@ impl<'a> Round<'a> {
                 }
             }
         }
-        keep_best(&mut self.viable, MAX_EXPLAINED_CANDIDATES, |e| e.score);
+        if keep == 1 {
+            // Only the winner is wanted: the best to the front, no sort (scores are unique).
+            if let Some(best) = (0..self.viable.len()).min_by_key(|&i| self.viable[i].score) {
+                self.viable.swap(0, best);
+                self.viable.truncate(1);
+            }
+        } else {
+            keep_best(&mut self.viable, MAX_EXPLAINED_CANDIDATES, |e| e.score);
+        }
         // The joint assignment's choice goes first; the better-scored ones it displaced lost
         // their capacity to other jobs.
         let displaced = self.pinned_winner(job).unwrap_or(0);
