@@ -515,14 +515,12 @@ impl<'a> Round<'a> {
         }
         let remaining = self.budgets.remaining(&ctx.policy);
         let elsewhere = pinned_elsewhere(&self.pins, job);
-        // Only pools that sell spot cheaper and have on-demand nodes offer anything here, and
-        // of those only the ones the job's scan mask kept: the others break one of its own
-        // constraints. Pool order as before, so candidates tie the same way.
+        // Only the pools the job's scan mask kept: the others break one of its own constraints.
+        // (The order they come in does not matter: scores and blocked candidates are ranked
+        // by total orders.)
         let order = &self.index.price_orders()[ctx.scan_order()];
-        for &pool in &self.index.on_demand_in_spot_pools {
-            if !self.mask.contains(order.position[pool]) {
-                continue;
-            }
+        for pos in self.mask.ones_from(0) {
+            let pool = order.pools[pos].1;
             let before = self.viable.len();
             let (index, capacity) = (&self.index, &mut self.capacity);
             on_demand_nodes(index, capacity, ctx, pool, &mut self.viable);

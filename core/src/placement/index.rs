@@ -88,10 +88,6 @@ pub(crate) struct Index<'a> {
     /// The fastest ingress of any pool's region, in Gb/s (a region that states none counts
     /// as [`DEFAULT_INGRESS_GBPS`]).
     pub max_ingress_gbps: u32,
-    /// The pools that sell spot cheaper and have nodes bought on demand, by position in
-    /// `pools`: where a job that allows spot may fall back to on-demand nodes
-    /// ([`super::estimate::on_demand_nodes`]).
-    pub on_demand_in_spot_pools: Vec<usize>,
 }
 
 /// What an index knows from a snapshot's catalogue alone (its regions, pools and spot
@@ -407,12 +403,11 @@ impl<'a> Index<'a> {
             }
         }
         for info in pools.iter_mut().filter(|p| !p.pool.launchable) {
-            // Over the usable nodes (as `Index::usable`, which needs the index built).
             let (free, total) = info
                 .nodes
                 .iter()
                 .map(|&n| nodes[n])
-                .filter(|n| n.healthy && !n.draining)
+                .filter(|n| usable(n))
                 .fold((0u64, 0u64), |(f, t), n| {
                     let total = n.gpus_total.max(n.gpus_free);
                     (f + u64::from(n.gpus_free), t + u64::from(total))
@@ -475,14 +470,7 @@ impl<'a> Index<'a> {
             .iter()
             .map(|&p| pools[p].pool.gpu_model.as_str())
             .collect();
-        let on_demand_in_spot_pools = (0..pools.len())
-            .filter(|&p| {
-                pools[p].on_demand_nodes
-                    && pools[p].pool.cheapest_market(SpotRule::Allowed) == Market::Spot
-            })
-            .collect();
         Index {
-            on_demand_in_spot_pools,
             max_ingress_gbps: cat.max_ingress_gbps,
             now,
             burst_enabled: snapshot.burst_enabled,
@@ -530,9 +518,13 @@ impl<'a> Index<'a> {
 
     /// Only healthy, non-draining nodes receive work or count for waiting.
     pub(crate) fn usable(&self, node: usize) -> bool {
-        let n = self.nodes[node];
-        n.healthy && !n.draining
+        usable(self.nodes[node])
     }
+}
+
+/// Whether a node receives work and counts for waiting: healthy and not draining.
+fn usable(node: &Node) -> bool {
+    node.healthy && !node.draining
 }
 
 /// Pools by the GPU-hour price a job pays there, cheapest first (ties by id), with what the
