@@ -1,7 +1,9 @@
 //! The enrolled agent's life: the heartbeat (inventory, running attempts → stops, drain), the
 //! work long-poll (leases to start, attempts to stop), a runner task per attempt, the outbox,
-//! and the orderly shutdown that stops every job and flushes what they said. It decides what to
-//! run and when to stop; running a process is [`crate::runner`]'s, talking HTTP the client's.
+//! and the orderly shutdown that drains: no new lease, every job gets SIGTERM (its checkpoint
+//! signal) and its grace and is reported `drained`, so that the broker requeues it; then the
+//! outbox flushes what they said. It decides what to run and when to stop; running a process
+//! is [`crate::runner`]'s, talking HTTP the client's.
 //!
 //! A spot interruption notice (from [`crate::interruption`]) drains the agent at once — no new
 //! leases — and is reported on an immediate heartbeat, then on every later one; the broker
@@ -237,8 +239,8 @@ impl Worker {
             tracing::info!(attempt.id = %id, "lease not renewed: not taking a new lease now");
             return;
         }
-        let opts = self.enrolled.run;
-        let Some(stop) = self.attempts.admit(&lease, runner::grace_of(&lease, opts)) else {
+        let opts = self.enrolled.run.clone();
+        let Some(stop) = self.attempts.admit(&lease, runner::grace_of(&lease, &opts)) else {
             tracing::debug!(attempt.id = %id, "lease delivered again; already taken");
             return;
         };
@@ -343,7 +345,10 @@ impl HeartbeatLoop {
     /// Re-reads GPU metrics; keeps the last good inventory when the probe fails.
     async fn refresh_inventory(&mut self) {
         let probe = self.probe.clone();
-        match tokio::task::spawn_blocking(move || inventory::inventory(probe.as_ref())).await {
+        let isolation = self.last_inventory.isolation;
+        match tokio::task::spawn_blocking(move || inventory::inventory(probe.as_ref(), isolation))
+            .await
+        {
             Ok(Ok(inventory)) => self.last_inventory = inventory,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "probing GPUs failed; reporting the last inventory")

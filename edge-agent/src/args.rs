@@ -97,6 +97,37 @@ pub struct AgentArgs {
         hide = true
     )]
     pub interruption_poll_s: u64,
+
+    /// Unix uids (each also the job's gid) to run jobs as, START-END: one per running job, never
+    /// shared by two jobs at once, never the agent's. Needs the agent to run as root
+    /// [default: 20000-20999 when the agent runs as root; otherwise jobs run as the agent's
+    /// own user, not isolated].
+    #[arg(long, env = "SWITCHYARD_JOB_UIDS", value_name = "START-END")]
+    pub job_uids: Option<UidRange>,
+
+    /// Directory under which each job gets its own working directory (also its HOME), removed
+    /// when the job ends [default: /var/lib/switchyard-agent/jobs as root, else
+    /// $TMPDIR/switchyard-jobs-UID].
+    #[arg(long, env = "SWITCHYARD_WORK_DIR", value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+
+    /// A variable of the agent's environment to copy into every job's environment (which is
+    /// otherwise clean: PATH, HOME, LANG, TZ, the job's own env and Switchyard's). Repeatable
+    /// or comma-separated.
+    #[arg(
+        long,
+        env = "SWITCHYARD_PASS_ENV",
+        value_name = "NAME",
+        value_delimiter = ',',
+        value_parser = parse_env_name
+    )]
+    pub pass_env: Vec<String>,
+
+    /// Shut down in an orderly way (drain, as on SIGTERM) when stdin reaches end of file: the
+    /// process that started the agent holds the other end of a pipe, so the agent ends when
+    /// that process dies, however it dies (`switchyard up` uses it).
+    #[arg(long, env = "SWITCHYARD_EXIT_ON_STDIN_EOF", hide = true)]
+    pub exit_on_stdin_eof: bool,
 }
 
 impl AgentArgs {
@@ -119,8 +150,67 @@ impl AgentArgs {
             interruption_url: None,
             interruption_poll_s: 5,
             ca_cert: None,
+            job_uids: None,
+            work_dir: None,
+            pass_env: Vec::new(),
+            exit_on_stdin_eof: false,
         }
     }
+}
+
+/// A `--job-uids` range, both ends included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UidRange {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl UidRange {
+    /// The range used when the agent runs as root and `--job-uids` is not given.
+    pub const DEFAULT: UidRange = UidRange {
+        start: 20_000,
+        end: 20_999,
+    };
+
+    pub fn contains(&self, uid: u32) -> bool {
+        (self.start..=self.end).contains(&uid)
+    }
+}
+
+impl FromStr for UidRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("invalid uid range `{s}`: expected START-END such as 20000-20999");
+        let (a, b) = s.trim().split_once('-').ok_or_else(bad)?;
+        let start: u32 = a.trim().parse().map_err(|_| bad())?;
+        let end: u32 = b.trim().parse().map_err(|_| bad())?;
+        if start > end {
+            return Err(format!("invalid uid range `{s}`: START is above END"));
+        }
+        // Uids below 1000 are the system's own accounts; u32::MAX is "no uid" to the kernel,
+        // and (u32::MAX - 1) is the overflow uid.
+        if start < 1000 || end >= u32::MAX - 1 {
+            return Err(format!(
+                "invalid uid range `{s}`: job uids must be between 1000 and 4294967293"
+            ));
+        }
+        Ok(UidRange { start, end })
+    }
+}
+
+/// An environment variable's name for `--pass-env`: not empty, no `=` or NUL.
+fn parse_env_name(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() || s.contains(['=', '\0']) {
+        return Err(format!("invalid environment variable name `{s}`"));
+    }
+    if s == ENROL_TOKEN_ENV {
+        return Err(format!(
+            "{ENROL_TOKEN_ENV} is the agent's secret: it is never passed to jobs"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 /// One `--fake-gpus` entry: `count` GPUs of a normalised `model` with `memory_gb` each.
@@ -336,6 +426,55 @@ mod tests {
         assert!(err.to_string().contains("empty broker URL"), "{err}");
         let err = parse(&["--broker", "http://a,b:8080"]).unwrap_err();
         assert!(err.to_string().contains("http or https"), "{err}");
+    }
+
+    #[test]
+    fn isolation_flags_parse_and_default_to_none() {
+        let a = parse(&["--broker", "http://b"]).unwrap();
+        assert_eq!((a.job_uids, a.work_dir.clone()), (None, None));
+        assert!(a.pass_env.is_empty() && !a.exit_on_stdin_eof);
+        let a = parse(&[
+            "--broker",
+            "http://b",
+            "--job-uids",
+            "30000-30009",
+            "--work-dir",
+            "/srv/jobs",
+            "--pass-env",
+            "HTTP_PROXY,NO_PROXY",
+            "--pass-env",
+            "HF_HOME",
+            "--exit-on-stdin-eof",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.job_uids,
+            Some(UidRange {
+                start: 30000,
+                end: 30009
+            })
+        );
+        assert!(a.job_uids.unwrap().contains(30009) && !a.job_uids.unwrap().contains(30010));
+        assert_eq!(a.work_dir, Some(PathBuf::from("/srv/jobs")));
+        assert_eq!(a.pass_env, ["HTTP_PROXY", "NO_PROXY", "HF_HOME"]);
+        assert!(a.exit_on_stdin_eof);
+    }
+
+    #[test]
+    fn bad_uid_ranges_and_env_names_are_refused() {
+        for bad in ["20000", "x-y", "5-1", "0-10", "999-2000", "1000-4294967295"] {
+            assert!(
+                parse(&["--broker", "http://b", "--job-uids", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(parse(&["--broker", "http://b", "--job-uids", "1000-1000"]).is_ok());
+        for bad in ["A=B", "", "SWITCHYARD_ENROL_TOKEN"] {
+            assert!(
+                parse(&["--broker", "http://b", "--pass-env", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -19,7 +19,8 @@ pub enum StopReason {
     Broker,
     /// The broker rejected the attempt's events: the lease is not ours, report nothing more.
     LeaseLost,
-    /// The agent itself is shutting down: reported as failed, not stopped.
+    /// The agent itself is shutting down in an orderly way (SIGTERM, SIGINT, stdin closed):
+    /// reported as `drained`, so that the broker requeues the job instead of failing it.
     Shutdown,
     /// The agent could not renew its lease in time (self-fencing, see [`crate::fence`]): the
     /// job gets SIGTERM and at most `grace` before SIGKILL, however long a stop already under

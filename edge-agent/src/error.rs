@@ -43,6 +43,9 @@ pub enum AgentError {
     #[error("no broker URL: pass --broker URL[,URL...] or set SWITCHYARD_BROKER")]
     NoBroker,
 
+    #[error("cannot isolate jobs: {0}")]
+    Isolation(String),
+
     #[error("cannot build the HTTP client: {0}")]
     HttpClient(String),
 }

@@ -1,12 +1,17 @@
-//! The runner against real processes: output, exit codes, spawn failures, and stopping whole
-//! process groups (SIGTERM, grace, SIGKILL). Tests may use `sh`; the agent itself never does.
+//! The runner against real processes: output, exit codes, spawn failures, stopping whole
+//! process groups (SIGTERM, grace, SIGKILL), the clean environment, and (as root) jobs that
+//! run as uids of their own. Tests may use `sh`; the agent itself never does.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use switchyard_agent::args::UidRange;
 use switchyard_agent::attempts::{AttemptTable, StopReason};
 use switchyard_agent::group;
+use switchyard_agent::isolation::{JOB_PATH, Sandbox, processes_of};
 use switchyard_agent::logs::MAX_CHUNK_BYTES;
 use switchyard_agent::outbox::EventSink;
 use switchyard_agent::runner::{RunOptions, run_attempt};
@@ -38,10 +43,25 @@ struct Attempt {
     table: Arc<AttemptTable>,
     events: mpsc::Receiver<AgentEvent>,
     seen: Vec<AgentEvent>,
+    _work: Option<tempfile::TempDir>,
+}
+
+/// A sandbox without uids (jobs run as the test's user) in a fresh work root.
+fn plain_sandbox(pass_env: Vec<(OsString, OsString)>) -> (tempfile::TempDir, Arc<Sandbox>) {
+    let dir = tempfile::tempdir().unwrap();
+    let sandbox = Sandbox::new(&dir.path().join("jobs"), None, pass_env).unwrap();
+    (dir, Arc::new(sandbox))
 }
 
 impl Attempt {
     fn start(lease: Lease) -> Attempt {
+        let (dir, sandbox) = plain_sandbox(Vec::new());
+        let mut attempt = Attempt::start_in(lease, sandbox);
+        attempt._work = Some(dir);
+        attempt
+    }
+
+    fn start_in(lease: Lease, sandbox: Arc<Sandbox>) -> Attempt {
         let table = Arc::new(AttemptTable::new());
         let id = lease.attempt.attempt_id;
         let stop = table
@@ -50,6 +70,7 @@ impl Attempt {
         let (sink, events) = EventSink::channel(1024);
         let opts = RunOptions {
             default_grace: Duration::from_secs(10),
+            sandbox,
         };
         tokio::spawn(run_attempt(lease, sink, stop, opts));
         Attempt {
@@ -57,6 +78,7 @@ impl Attempt {
             table,
             events,
             seen: Vec::new(),
+            _work: None,
         }
     }
 
@@ -313,15 +335,230 @@ async fn a_lost_lease_is_stopped_without_a_report() {
     assert_eq!(events.len(), 1, "only Started: {events:?}");
 }
 
+/// `drained` of the last event, which must be `Finished`.
+fn drained(events: &[AgentEvent]) -> bool {
+    match events.last() {
+        Some(AgentEvent::Finished { drained, .. }) => *drained,
+        other => panic!("expected Finished last, got {other:?}"),
+    }
+}
+
 #[tokio::test]
-async fn shutdown_stops_jobs_as_failures_not_broker_stops() {
+async fn shutdown_drains_jobs_with_the_checkpoint_signal_never_as_failures() {
     let mut a = Attempt::start(lease(&["sleep", "300"], 5));
     a.pid().await;
     a.stop(StopReason::Shutdown);
     let events = a.finish().await;
     let (_, signal, error, stopped) = finished(&events);
     assert_eq!((signal, stopped), (Some(15), false));
-    assert!(error.unwrap().contains("shutting down"));
+    assert!(drained(&events), "{events:?}");
+    assert_eq!(
+        error.unwrap(),
+        "stopped because the agent is shutting down: sent SIGTERM"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_not_started_when_the_agent_shuts_down_is_drained_too() {
+    let l = lease(&["sleep", "300"], 5);
+    let table = Arc::new(AttemptTable::new());
+    let stop = table.admit(&l, Duration::from_secs(5)).unwrap();
+    table.stop(l.attempt.attempt_id, StopReason::Shutdown);
+    let (sink, mut events) = EventSink::channel(16);
+    let (_dir, sandbox) = plain_sandbox(Vec::new());
+    let opts = RunOptions {
+        default_grace: Duration::from_secs(1),
+        sandbox,
+    };
+    run_attempt(l, sink, stop, opts).await;
+    let mut seen = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        seen.push(e);
+    }
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(drained(&seen));
+    assert_eq!(finished(&seen).0, None);
+}
+
+/// The names in `env` output (one `NAME=value` a line).
+fn names(env_output: &str) -> BTreeSet<String> {
+    env_output
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(n, _)| n.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_job_sees_a_clean_environment_with_only_what_it_is_given() {
+    let passed = vec![(OsString::from("PASSED_ON"), OsString::from("by --pass-env"))];
+    let (dir, sandbox) = plain_sandbox(passed);
+    let mut l = lease(&["env"], 1);
+    l.env.insert("FOO".into(), "bar".into());
+    l.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+    let id = l.attempt.attempt_id;
+    let events = Attempt::start_in(l, sandbox.clone()).finish().await;
+    let out = text(&events, Stream::Stdout);
+    let want: BTreeSet<String> = [
+        "PATH",
+        "HOME",
+        "LANG",
+        "TZ",
+        "FOO",
+        "PASSED_ON",
+        "SWITCHYARD_JOB_ID",
+        "SWITCHYARD_ATTEMPT_ID",
+        "CUDA_VISIBLE_DEVICES",
+        "TRACEPARENT",
+    ]
+    .map(String::from)
+    .into();
+    // Nothing of the test's own environment (cargo's variables, the user's) reaches it.
+    assert_eq!(names(&out), want, "{out}");
+    let home = sandbox.work_root().join(id.to_string());
+    assert!(
+        out.contains(&format!("\nHOME={}\n", home.display())),
+        "{out}"
+    );
+    assert!(out.contains(&format!("PATH={JOB_PATH}\n")), "{out}");
+    assert!(out.contains("PASSED_ON=by --pass-env\n"), "{out}");
+    assert!(
+        out.contains("LANG=C.UTF-8\n") && out.contains("TZ=UTC\n"),
+        "{out}"
+    );
+    assert!(
+        !home.exists(),
+        "the job's directory is removed when it ends"
+    );
+    drop(dir);
+}
+
+#[tokio::test]
+async fn a_job_runs_in_its_own_directory() {
+    let (_dir, sandbox) = plain_sandbox(Vec::new());
+    let l = lease(&["sh", "-c", "pwd; echo x > file; ls"], 1);
+    let want = sandbox.work_root().join(l.attempt.attempt_id.to_string());
+    let events = Attempt::start_in(l, sandbox).finish().await;
+    assert_eq!(
+        text(&events, Stream::Stdout),
+        format!("{}\nfile\n", want.display())
+    );
+    assert!(!want.exists());
+}
+
+fn root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: needs root (CI runs as root)");
+    false
+}
+
+/// An isolated sandbox on its own uids (as root), in a work root that job uids can reach.
+fn isolated_sandbox(start: u32, end: u32) -> (tempfile::TempDir, Arc<Sandbox>) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let range = UidRange { start, end };
+    let sandbox = Sandbox::new(&dir.path().join("jobs"), Some(range), Vec::new()).unwrap();
+    (dir, Arc::new(sandbox))
+}
+
+/// Root only: two jobs at once run as two different unprivileged uids with no supplementary
+/// groups, each in a 0700 directory of its own that the other cannot enter; both directories
+/// are gone afterwards.
+#[tokio::test]
+async fn isolated_jobs_run_as_uids_of_their_own() {
+    if !root() {
+        return;
+    }
+    let (_dir, sandbox) = isolated_sandbox(20_800, 20_849);
+    let script = "id -u; id -g; id -G; pwd; stat -c %a .; \
+                  while [ ! -e ../go ]; do sleep 0.05; done; \
+                  ls .. >/dev/null 2>&1 && echo listed || echo unlisted";
+    let (la, lb) = (
+        lease(&["sh", "-c", script], 1),
+        lease(&["sh", "-c", script], 1),
+    );
+    let dirs: Vec<PathBuf> = [&la, &lb]
+        .iter()
+        .map(|l| sandbox.work_root().join(l.attempt.attempt_id.to_string()))
+        .collect();
+    let mut a = Attempt::start_in(la, sandbox.clone());
+    let mut b = Attempt::start_in(lb, sandbox.clone());
+    a.pid().await;
+    b.pid().await;
+    let owners: Vec<u32> = {
+        use std::os::unix::fs::MetadataExt;
+        dirs.iter()
+            .map(|d| std::fs::metadata(d).unwrap().uid())
+            .collect()
+    };
+    // Both run now, each with its uid: let them go on (the root is not listable, but a
+    // name in it can be looked up).
+    std::fs::write(sandbox.work_root().join("go"), "").unwrap();
+    let (ea, eb) = (a.finish().await, b.finish().await);
+    let mut uids = Vec::new();
+    for (events, dir, owner) in [(&ea, &dirs[0], owners[0]), (&eb, &dirs[1], owners[1])] {
+        let out = text(events, Stream::Stdout);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 6, "{out}\n{}", text(events, Stream::Stderr));
+        let uid: u32 = lines[0].parse().unwrap();
+        assert!((20_800..=20_849).contains(&uid), "{out}");
+        assert_eq!(lines[1], lines[0], "gid = uid: {out}");
+        assert_eq!(lines[2], lines[0], "no supplementary groups: {out}");
+        assert_eq!(lines[3], dir.display().to_string());
+        assert_eq!(lines[4], "700");
+        assert_eq!(lines[5], "unlisted", "the work root is not listable: {out}");
+        assert_eq!(owner, uid);
+        assert!(!dir.exists(), "{} left behind", dir.display());
+        assert_eq!(finished(events).0, Some(0));
+        uids.push(uid);
+    }
+    assert_ne!(uids[0], uids[1]);
+}
+
+/// Root only: what a job leaves running outside its process group (setsid) is killed when
+/// the job ends, by its uid, so it cannot linger into the next job that gets the uid.
+#[tokio::test]
+async fn an_isolated_jobs_escaped_processes_are_killed_when_it_ends() {
+    if !root() {
+        return;
+    }
+    let (_dir, sandbox) = isolated_sandbox(20_850, 20_859);
+    let script = "setsid sh -c 'echo $$ > pid; exec sleep 300' & \
+                  while [ ! -s pid ]; do sleep 0.05; done; cat pid; id -u";
+    let events = Attempt::start_in(lease(&["sh", "-c", script], 1), sandbox)
+        .finish()
+        .await;
+    let out = text(&events, Stream::Stdout);
+    let mut lines = out.lines();
+    let escaped: u32 = lines.next().unwrap().parse().unwrap();
+    let uid: u32 = lines.next().unwrap().parse().unwrap();
+    assert!(!group::process_alive(escaped), "{escaped} outlived its job");
+    assert!(processes_of(uid).is_empty());
+    assert_eq!(finished(&events), (Some(0), None, None, false));
+}
+
+/// Root only: with every uid of the range taken, a job fails to start with the reason.
+#[tokio::test]
+async fn no_free_uid_is_a_start_failure_with_the_reason() {
+    if !root() {
+        return;
+    }
+    let (_dir, sandbox) = isolated_sandbox(20_860, 20_860);
+    let mut first = Attempt::start_in(lease(&["sleep", "300"], 1), sandbox.clone());
+    first.pid().await;
+    let events = Attempt::start_in(lease(&["true"], 1), sandbox)
+        .finish()
+        .await;
+    let (exit_code, _, error, _) = finished(&events);
+    assert_eq!(exit_code, None);
+    assert!(
+        error.unwrap().contains("no free job uid in 20860-20860"),
+        "{events:?}"
+    );
+    first.stop(StopReason::Broker);
+    first.finish().await;
 }
 
 #[tokio::test]
