@@ -7,6 +7,11 @@
 //! (5 s), sends SIGKILL to the group and reaps the leader. The shared table only records what
 //! the supervisors report, so no lock is held across an await.
 //!
+//! Every agent's stdin is a pipe whose write end its supervisor holds for as long as the agent
+//! should live, and the agent runs with `--exit-on-stdin-eof`: when this process dies, however
+//! (kill -9 of `switchyard up` included), the pipe closes and every agent drains its jobs and
+//! exits, instead of living on in its own process group.
+//!
 //! Semantics the broker relies on:
 //! - [`Provider::launch`] is idempotent on `instance_key` for the life of the provider: the same
 //!   key returns the same [`InstanceInfo`] (with its current state, even `Terminated`) and never
@@ -18,10 +23,12 @@
 //!   are not launched instances: `list` leaves them out, so the burst controller never takes them
 //!   for orphans. [`LocalProvider::shutdown`] and [`Provider::terminate`] stop them like the rest.
 //! - If the provider is dropped, supervisors stop their processes the same way (while the runtime
-//!   runs); `kill_on_drop` is the backstop when the runtime itself goes away.
+//!   runs). When the runtime itself goes away, or this process dies, the agents' stdin closes
+//!   and they drain and exit by themselves (not SIGKILL, which would orphan their jobs).
 //!
-//! The enrolment token is passed on the command line, so other local users can read it from the
-//! process table while the agent runs; it is single-use, and this provider is for one machine.
+//! The enrolment token is passed in the agent's environment (`SWITCHYARD_ENROL_TOKEN`), never on
+//! its command line, which every local user can read in the process table. The agent's
+//! environment is readable only by its own user (and root); its jobs get a clean one.
 
 use crate::{InstanceInfo, InstanceState, LaunchRequest, Offers, Provider, ProviderError};
 use async_trait::async_trait;
@@ -98,14 +105,21 @@ enum Start {
     Spawned(Child),
 }
 
+/// The agent's environment variable for its enrolment token (the agent's `ENROL_TOKEN_ENV`).
+const ENROL_TOKEN_ENV: &str = "SWITCHYARD_ENROL_TOKEN";
+
 /// A fully resolved agent command line.
 struct AgentCommand {
     program: PathBuf,
     args: Vec<String>,
+    /// The enrolment token, set as [`ENROL_TOKEN_ENV`] in the agent's environment only.
+    enrolment_token: String,
     log_path: PathBuf,
 }
 
 impl AgentCommand {
+    /// The agent with its stdin a pipe: the caller must keep the child's `stdin` open for as
+    /// long as the agent should run.
     fn spawn(&self) -> std::io::Result<Child> {
         let log = OpenOptions::new()
             .create(true)
@@ -114,11 +128,13 @@ impl AgentCommand {
         let err = log.try_clone()?;
         Command::new(&self.program)
             .args(&self.args)
-            .stdin(Stdio::null())
+            .env(ENROL_TOKEN_ENV, &self.enrolment_token)
+            .stdin(Stdio::piped())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(err))
             .process_group(0)
-            .kill_on_drop(true)
+            // The stdin pipe ends it gracefully instead (see the module docs).
+            .kill_on_drop(false)
             .spawn()
     }
 }
@@ -231,7 +247,7 @@ impl LocalProvider {
             .find(|p| p.id == *pool_id)
             .ok_or_else(|| ProviderError::UnknownPool(pool_id.clone()))?;
         let mut args = self.config.agent_args.clone();
-        args.extend(["--broker", broker_url, "--enrol-token", enrolment_token].map(String::from));
+        args.extend(["--broker", broker_url, "--exit-on-stdin-eof"].map(String::from));
         if let Some(decl) = fake_gpus(pool) {
             args.extend(["--fake-gpus".to_string(), decl]);
         }
@@ -239,6 +255,7 @@ impl LocalProvider {
         Ok(AgentCommand {
             program: self.config.agent_program.clone(),
             args,
+            enrolment_token: enrolment_token.to_string(),
             log_path: self.config.log_dir.join(log_file_name(name)),
         })
     }
@@ -399,6 +416,9 @@ impl Supervisor {
             }
         };
         if let Some(mut child) = child {
+            // Held until the agent is gone: its end of file is the agent's order to drain and
+            // exit, which it also gets when this whole process dies.
+            let _stdin = child.stdin.take();
             let group = child.id().map(|pid| Pid::from_raw(pid as i32));
             tokio::select! {
                 status = child.wait() => {

@@ -173,10 +173,13 @@ async fn a_tight_deadline_bursts_to_a_new_instance_that_is_released_when_idle() 
     );
 }
 
-/// Collects the `--enrol-token` of every agent process seen, looking every 50 ms until stopped.
+/// Collects the enrolment token of every agent process seen, looking every 50 ms until
+/// stopped. `up` passes it in the agent's environment (`SWITCHYARD_ENROL_TOKEN`); one on an
+/// agent's command line (`--enrol-token`, readable by everyone in the process table) is
+/// collected too, and fails the test when it is stopped.
 struct TokenWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<std::collections::BTreeSet<String>>,
+    thread: std::thread::JoinHandle<(std::collections::BTreeSet<String>, Vec<String>)>,
 }
 
 impl TokenWatch {
@@ -185,16 +188,24 @@ impl TokenWatch {
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut seen = std::collections::BTreeSet::new();
+            let mut on_command_lines = Vec::new();
             loop {
                 let done = flag.load(std::sync::atomic::Ordering::Relaxed);
-                for (_, cmdline) in processes_matching("--enrol-token") {
+                for (pid, cmdline) in processes_matching("--exit-on-stdin-eof") {
+                    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                    for var in environ.split(|b| *b == 0) {
+                        if let Some(token) = var.strip_prefix(b"SWITCHYARD_ENROL_TOKEN=") {
+                            seen.insert(String::from_utf8_lossy(token).into_owned());
+                        }
+                    }
                     let mut words = cmdline.split_whitespace();
                     if words.any(|w| w == "--enrol-token") {
                         seen.extend(words.next().map(str::to_string));
+                        on_command_lines.push(cmdline.clone());
                     }
                 }
                 if done {
-                    return seen;
+                    return (seen, on_command_lines);
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -204,7 +215,12 @@ impl TokenWatch {
 
     fn stop(self) -> Vec<String> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().unwrap().into_iter().collect()
+        let (seen, on_command_lines) = self.thread.join().unwrap();
+        assert!(
+            on_command_lines.is_empty(),
+            "an enrolment token in the process table: {on_command_lines:?}"
+        );
+        seen.into_iter().collect()
     }
 }
 

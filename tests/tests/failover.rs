@@ -181,16 +181,11 @@ async fn killing_the_leader_hands_over_within_10s_and_loses_nothing() {
             .to_string();
         let name = format!("agent-{i}");
         let mut cmd = Command::new(bin("switchyard-agent"));
-        cmd.args([
-            "--broker",
-            &brokers,
-            "--enrol-token",
-            &token,
-            "--name",
-            &name,
-        ])
-        .args(["--fake-gpus", "4xH100-80GB"])
-        .env("RUST_LOG", "info");
+        // The token in the environment, as `up` passes it: not in the process table.
+        cmd.args(["--broker", &brokers, "--name", &name])
+            .args(["--fake-gpus", "4xH100-80GB"])
+            .env("SWITCHYARD_ENROL_TOKEN", &token)
+            .env("RUST_LOG", "info");
         let log = dir.path().join(format!("{name}.log"));
         agents.push(Proc::spawn(&name, cmd, &log).unwrap());
     }

@@ -164,7 +164,7 @@ async fn launch_starts_the_agent_after_the_boot_delay_with_its_command_line() {
     assert!(t0.elapsed() >= boot, "started after {:?}", t0.elapsed());
     assert_eq!(
         log.trim(),
-        "started agent --broker http://127.0.0.1:9 --enrol-token tok-inst-1 \
+        "started agent --broker http://127.0.0.1:9 --exit-on-stdin-eof \
          --fake-gpus 8xH100-80GB --name inst-1"
     );
     wait_for("Running", || f.provider.pid(&info.provider_id).is_some()).await;
@@ -180,6 +180,98 @@ async fn launch_starts_the_agent_after_the_boot_delay_with_its_command_line() {
         .await
         .expect("terminate");
     assert!(!alive(pid));
+}
+
+/// Says where its enrolment token came from and what its stdin is, then stays.
+const INSPECTING_AGENT: &str = r#"echo "token=$SWITCHYARD_ENROL_TOKEN"; echo "stdin=$(readlink /proc/$$/fd/0)"; echo started "$@"; exec sleep 300"#;
+
+#[tokio::test]
+async fn the_token_is_in_the_agents_environment_not_its_command_line() {
+    let f = fixture(INSPECTING_AGENT, Duration::ZERO);
+    let info = f.provider.launch(&request("env-1")).await.expect("launch");
+    let pool = PoolId::new(POOL);
+    let onprem = f
+        .provider
+        .spawn_static_agent("onprem-env", &pool, "tok-static", "http://127.0.0.1:9")
+        .await
+        .expect("static agent");
+    for (name, token) in [("env-1", "tok-env-1"), ("onprem-env", "tok-static")] {
+        let log = f.wait_started(name).await;
+        assert!(log.contains(&format!("token={token}\n")), "{log}");
+        assert!(log.contains("stdin=pipe:["), "stdin is a pipe: {log}");
+        let argv = log.lines().find(|l| l.starts_with("started")).unwrap();
+        assert!(!argv.contains(token), "{argv}");
+        assert!(argv.contains("--exit-on-stdin-eof"), "{argv}");
+        // Not in the process table either: what `ps` shows is the command line.
+        let pid = pid_of(&f, name).await;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        assert!(!String::from_utf8_lossy(&cmdline).contains(token));
+    }
+    f.provider
+        .terminate(&info.provider_id)
+        .await
+        .expect("terminate");
+    f.provider
+        .terminate(&onprem.provider_id)
+        .await
+        .expect("terminate");
+}
+
+/// The pid of the agent named `name` once it runs.
+async fn pid_of(f: &Fixture, name: &str) -> u32 {
+    let mut pid = None;
+    wait_for(&format!("{name} to run"), || {
+        let state = f.provider.shared.lock();
+        pid = state
+            .instances
+            .values()
+            .find(|i| i.info.instance_key == name)
+            .and_then(|i| i.pid);
+        pid.is_some()
+    })
+    .await;
+    pid.unwrap()
+}
+
+/// Waits for end of file on stdin, says so, and exits: the agent's `--exit-on-stdin-eof`.
+const EOF_AGENT: &str =
+    r#"echo leader $$; echo started "$@"; cat >/dev/null; echo "stdin closed"; exit 0"#;
+
+/// The supervisor holds the agent's stdin for as long as the agent should run: while it runs,
+/// the agent sees no end of file. When the supervisor goes without a stop (here the runtime
+/// that ran it goes away, as everything does when `switchyard up` is killed), the pipe closes
+/// and the agent, reading end of file, exits by itself.
+#[test]
+fn an_agent_sees_end_of_file_only_when_its_supervisor_is_gone() {
+    let f = fixture(EOF_AGENT, Duration::ZERO);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let leader = rt.block_on(async {
+        f.provider.launch(&request("eof-1")).await.expect("launch");
+        let leader = pid_in(&f.wait_started("eof-1").await, "leader");
+        // Long enough for `cat` to have read an end of file, were there one.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !f.log("eof-1").contains("stdin closed"),
+            "{}",
+            f.log("eof-1")
+        );
+        assert!(alive(leader));
+        leader
+    });
+    rt.shutdown_background();
+    let deadline = Instant::now() + WAIT;
+    while !f.log("eof-1").contains("stdin closed") || alive(leader) {
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not exit on end of file: {}",
+            f.log("eof-1")
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[tokio::test]
