@@ -260,6 +260,18 @@ impl Broker {
         self.proc = Broker::spawn_serve(self.dir.path(), &self.url, &self.http).await;
     }
 
+    /// A directory under the test's directory that jobs can write to (mode 1777, the test's
+    /// directory made traversable): an agent that runs as root runs its jobs as uids of their
+    /// own, which cannot write to the test's private directories.
+    pub fn job_writable_dir(&self, name: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.dir.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        dir
+    }
+
     /// The broker's data directory.
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
@@ -349,6 +361,49 @@ impl Broker {
             (nodes as usize >= want).then_some(())
         })
         .await;
+    }
+
+    /// Starts a `switchyard-agent` as [`Broker::start_agent`] does, with its enrolment token in
+    /// its environment (never on its command line), `args` added to its command line and
+    /// `env` to its environment; waits until it joined. Its index for [`Broker::agent`].
+    pub async fn start_agent_with(
+        &mut self,
+        name: &str,
+        gpus: u32,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> usize {
+        let (status, body) = self
+            .call(
+                reqwest::Method::POST,
+                "/api/v1/enrolment-tokens",
+                Some(json!({"pool": POOL})),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        let token = body["token"].as_str().unwrap().to_string();
+        let mut cmd = Command::new(bin("switchyard-agent"));
+        cmd.args(["--broker", &self.url, "--name", name])
+            .arg("--fake-gpus")
+            .arg(format!("{gpus}xH100-80GB"))
+            .args(args)
+            .env("SWITCHYARD_ENROL_TOKEN", &token)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied());
+        let log = self.dir.path().join(format!("agent-{name}.log"));
+        self.agents.push(Proc::spawn(name, cmd, &log).unwrap());
+        let want = self.agents.len();
+        eventually("the agent to register", Duration::from_secs(20), || async {
+            let (_, pools) = self.call(reqwest::Method::GET, "/api/v1/pools", None).await;
+            let nodes = pools["pools"]
+                .as_array()?
+                .iter()
+                .find(|p| p["id"] == POOL)?["nodes"]
+                .as_u64()?;
+            (nodes as usize >= want).then_some(())
+        })
+        .await;
+        want - 1
     }
 
     pub fn agent(&mut self, i: usize) -> &mut Proc {
@@ -629,6 +684,24 @@ impl Up {
             .cloned()
             .unwrap_or_default()
     }
+}
+
+/// Whether this process runs as root (its effective uid, from `/proc/self/status`): tests of
+/// job isolation need it, and skip with one line when it is not there (CI runs as root).
+pub fn running_as_root() -> bool {
+    uid_of(std::process::id() as i32) == Some(0)
+}
+
+/// The effective uid of a live process, from `/proc/PID/status`.
+pub fn uid_of(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// An RFC 3339 time `secs` from now, for deadlines.
