@@ -126,9 +126,19 @@ impl BrokerClient {
         self.brokers.urls()
     }
 
-    pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, CallError> {
+    /// Enrols with a one-time token, sent as the bearer credential (the broker checks it
+    /// before it reads the body).
+    pub async fn register(
+        &self,
+        enrolment_token: &Secret,
+        req: &RegisterRequest,
+    ) -> Result<RegisterResponse, CallError> {
         self.call("register", CALL_TIMEOUT, |base| {
-            Ok(self.http.post(url(base, "agent/v1/register")?).json(req))
+            Ok(self
+                .http
+                .post(url(base, "agent/v1/register")?)
+                .bearer_auth(enrolment_token.expose())
+                .json(req))
         })
         .await
     }

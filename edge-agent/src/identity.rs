@@ -1,8 +1,8 @@
 //! Who this agent is to the broker: enrolment (register with a one-time token, retried until the
 //! broker answers) and, with `--state-dir`, the saved result so that a restarted agent keeps its
 //! id and token instead of needing a new enrolment token — with the same broker replicas, in
-//! any order, or a list that shares one of them. The state file holds a secret: it is
-//! written owner-only, atomically.
+//! any order, or a list that shares one of them. The state file holds a secret: the directory
+//! is kept 0700 and the file 0600 (written atomically), so that no job can read it.
 
 use crate::args::Secret;
 use crate::backoff::{Backoff, Streak};
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use switchyard_protocol::agent::{RegisterRequest, RegisterResponse};
@@ -76,6 +76,23 @@ fn bases<'a>(urls: impl IntoIterator<Item = &'a str>) -> BTreeSet<String> {
         .collect()
 }
 
+/// Creates the state directory owner-only (0700), or makes an existing one so, and keeps the
+/// state file in it 0600: an older agent, or an operator's `mkdir`, may have left them open.
+pub fn secure(dir: &Path) -> Result<(), AgentError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| state_error(dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| state_error(dir, e))?;
+    let path = state_path(dir);
+    match std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(state_error(&path, e)),
+        _ => Ok(()),
+    }
+}
+
 /// The saved enrolment, if it was made with the replicas of `brokers`. Replicas share one
 /// database, so an enrolment is good on every replica of the federation: it is re-used when
 /// the saved list and `brokers` have a URL in common (the same list, reordered, grown or
@@ -117,7 +134,7 @@ pub fn save(
     registration: &RegisterResponse,
 ) -> Result<(), AgentError> {
     let path = state_path(dir);
-    std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
+    secure(dir)?;
     let saved = Saved {
         broker: enrolled_with.to_string(),
         brokers: brokers.iter().map(|u| u.as_str().to_string()).collect(),
@@ -131,6 +148,9 @@ pub fn save(
         .truncate(true)
         .mode(0o600)
         .open(&tmp)
+        .map_err(|e| state_error(&tmp, e))?;
+    // `mode` applies only to a new file: one left behind keeps its mode unless set here.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
         .map_err(|e| state_error(&tmp, e))?;
     file.write_all(&text)
         .and_then(|()| file.sync_all())
@@ -152,12 +172,13 @@ pub fn forget(dir: &Path) {
 /// already used enrolment token).
 pub async fn register(
     client: &BrokerClient,
+    enrolment_token: &Secret,
     request: &RegisterRequest,
 ) -> Result<RegisterResponse, AgentError> {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
     let mut streak = Streak::new("register");
     loop {
-        match client.register(request).await {
+        match client.register(enrolment_token, request).await {
             Ok(response) => {
                 streak.succeeded();
                 return Ok(response);
@@ -236,6 +257,31 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         forget(dir.path());
         assert!(load(dir.path(), &b).unwrap().is_none());
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn an_open_state_directory_and_file_are_made_owner_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        secure(&dir).unwrap();
+        assert_eq!(mode_of(&dir), 0o700, "created owner-only");
+        let b = list(&["http://b/"]);
+        save(&dir, "http://b/", &b, &registration()).unwrap();
+        let file = dir.join(STATE_FILE);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        secure(&dir).unwrap();
+        assert_eq!((mode_of(&dir), mode_of(&file)), (0o700, 0o600));
+        // A temporary file left world-readable by a crash does not pass its mode on.
+        let tmp_file = dir.join(format!("{STATE_FILE}.tmp"));
+        std::fs::write(&tmp_file, "").unwrap();
+        std::fs::set_permissions(&tmp_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        save(&dir, "http://b/", &b, &registration()).unwrap();
+        assert_eq!(mode_of(&file), 0o600);
     }
 
     #[test]

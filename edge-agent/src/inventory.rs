@@ -137,8 +137,9 @@ pub fn probe_for(
     }
 }
 
-/// The full inventory: GPUs from the probe, CPUs and memory from the OS.
-pub fn inventory(probe: &dyn GpuProbe) -> Result<Inventory, AgentError> {
+/// The full inventory: GPUs from the probe, CPUs and memory from the OS, and whether jobs run
+/// isolated (see [`crate::isolation`]).
+pub fn inventory(probe: &dyn GpuProbe, isolation: bool) -> Result<Inventory, AgentError> {
     Ok(Inventory {
         gpus: probe.gpus()?,
         cpus: std::thread::available_parallelism()
@@ -148,6 +149,7 @@ pub fn inventory(probe: &dyn GpuProbe) -> Result<Inventory, AgentError> {
             .and_then(|m| mem_total_mb(&m))
             .unwrap_or(0),
         simulated: probe.simulated(),
+        isolation,
     })
 }
 
@@ -178,8 +180,10 @@ mod tests {
     #[test]
     fn fake_gpus_become_an_inventory() {
         let probe = FakeProbe::new(&[decl("2xL4"), decl("1xA100-80GB")], "node-a");
-        let inv = inventory(&probe).unwrap();
+        let inv = inventory(&probe, false).unwrap();
         assert!(inv.simulated);
+        assert!(!inv.isolation);
+        assert!(inventory(&probe, true).unwrap().isolation);
         let got: Vec<(u32, &str, u64)> = inv
             .gpus
             .iter()

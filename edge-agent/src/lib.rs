@@ -9,8 +9,9 @@
 //! Code map: `args` (flags), `inventory` (GPU probes), `identity` (enrolment, saved state),
 //! `client` (HTTP), `brokers` (the broker replicas, failover between them), `agent`
 //! (heartbeat, work, shutdown), `attempts` (what runs), `runner` and `group` (processes),
-//! `logs` (output → chunks), `outbox` (ordered delivery), `backoff`, `interruption` (the
-//! cloud's spot interruption notice).
+//! `isolation` (each job's uid, directory and clean environment), `logs` (output → chunks),
+//! `outbox` (ordered delivery), `backoff`, `interruption` (the cloud's spot interruption
+//! notice).
 //! The agent never touches the database and depends only on `protocol` and `core`.
 
 pub mod agent;
@@ -25,6 +26,7 @@ pub mod group;
 pub mod identity;
 pub mod interruption;
 pub mod inventory;
+pub mod isolation;
 pub mod logs;
 pub mod outbox;
 pub mod runner;
@@ -41,19 +43,38 @@ use std::sync::Arc;
 use std::time::Duration;
 use switchyard_protocol::agent::RegisterRequest;
 
-/// Runs the agent until SIGTERM or SIGINT (exit 0) or a fatal error.
+/// Runs the agent until SIGTERM or SIGINT (exit 0) or a fatal error; with
+/// `--exit-on-stdin-eof`, also until stdin closes.
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    run_until(args, shutdown_signal()).await
+    if args.exit_on_stdin_eof {
+        let closed = stdin_closed();
+        run_until(args, async {
+            tokio::select! {
+                () = shutdown_signal() => {}
+                () = closed => tracing::info!("stdin closed: whoever started the agent is gone"),
+            }
+        })
+        .await
+    } else {
+        run_until(args, shutdown_signal()).await
+    }
 }
 
 /// Runs the agent until `shutdown` resolves: the embeddable and testable form of [`run`].
 pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let name = args.name.clone().unwrap_or_else(hostname);
+    if let Some(dir) = &args.state_dir {
+        // Before anything is read from it or written to it: jobs must never read the token.
+        identity::secure(dir)?;
+    }
+    let sandbox = Arc::new(isolation::Sandbox::from_args(&args)?);
     let probe: Arc<dyn inventory::GpuProbe> =
         Arc::from(inventory::probe_for(&args.fake_gpus, &name)?);
     let inventory = {
         let probe = probe.clone();
-        tokio::task::spawn_blocking(move || inventory::inventory(probe.as_ref())).await??
+        let isolated = sandbox.is_isolated();
+        tokio::task::spawn_blocking(move || inventory::inventory(probe.as_ref(), isolated))
+            .await??
     };
     let brokers = brokers::dedup(&args.brokers);
     let broker_list = brokers
@@ -92,14 +113,13 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
                 .clone()
                 .ok_or(AgentError::NoEnrolmentToken)?;
             let request = RegisterRequest {
-                enrolment_token: token.expose().to_string(),
                 hostname: name.clone(),
                 agent_version: env!("CARGO_PKG_VERSION").to_string(),
                 inventory: inventory.clone(),
             };
             let registration = tokio::select! {
                 () = &mut shutdown => return Ok(()),
-                r = identity::register(&client, &request) => r?,
+                r = identity::register(&client, &token, &request) => r?,
             };
             // The replica that answered, as it was given.
             let current = client.current_broker();
@@ -177,6 +197,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         poll_wait_s: args.poll_wait_s.max(1),
         run: RunOptions {
             default_grace: Duration::from_secs(args.grace_s),
+            sandbox,
         },
         interruption,
         lease,
@@ -203,6 +224,40 @@ fn hostname() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "switchyard-agent".to_string())
+}
+
+/// Resolves when stdin reaches end of file (or cannot be read): the process holding the pipe's
+/// other end is gone. Read on a thread of its own, not tokio's blocking pool, whose reads
+/// cannot be cancelled and would keep the runtime from shutting down while stdin is open.
+fn stdin_closed() -> impl Future<Output = ()> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("stdin-watch".into())
+        .spawn(move || {
+            use std::io::Read;
+            let mut stdin = std::io::stdin().lock();
+            let mut buf = [0u8; 256];
+            loop {
+                match stdin.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                }
+            }
+            let _ = tx.send(());
+        });
+    async move {
+        match spawned {
+            Ok(_) => {
+                let _ = rx.await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch stdin");
+                std::future::pending::<()>().await;
+            }
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -1,16 +1,18 @@
 //! Runs one leased attempt: spawns its argv (never through a shell) as the leader of a new
-//! process group with the lease's environment and GPUs, reports `Started`, its output (see
-//! [`crate::logs`]) and `Finished`, and stops the whole group on request: SIGTERM, the grace
-//! period, SIGKILL. It reports through the outbox channel and never talks to the broker.
+//! process group, in the job's own space (uid, directory and clean environment, see
+//! [`crate::isolation`]) with its GPUs, reports `Started`, its output (see [`crate::logs`]) and
+//! `Finished`, and stops the whole group on request: SIGTERM, the grace period, SIGKILL. It
+//! reports through the outbox channel and never talks to the broker. The job's argv is the
+//! user's and may hold secrets: it is logged at DEBUG only.
 
-use crate::args::ENROL_TOKEN_ENV;
 use crate::attempts::{StopReason, StopSignal};
 use crate::group::{self, Termination};
-use crate::inventory::cuda_visible_devices;
+use crate::isolation::{JobSpace, Sandbox, job_env};
 use crate::logs::{self, COALESCE_WINDOW};
 use crate::outbox::EventSink;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, Lease, Stream};
 use tokio::process::{Child, Command};
@@ -22,10 +24,12 @@ use tracing::Instrument;
 const PIECE_QUEUE: usize = 64;
 
 /// Knobs of the runner that do not come from the lease.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RunOptions {
     /// Grace between SIGTERM and SIGKILL when the lease says 0.
     pub default_grace: Duration,
+    /// Where and as whom jobs run.
+    pub sandbox: Arc<Sandbox>,
 }
 
 /// The longest grace period the agent grants: a day. The lease comes from the network, and a
@@ -35,7 +39,7 @@ pub const MAX_GRACE: Duration = Duration::from_secs(86_400);
 
 /// The grace period of a lease: its own, or the agent's default when it names none (0); at
 /// most [`MAX_GRACE`].
-pub fn grace_of(lease: &Lease, opts: RunOptions) -> Duration {
+pub fn grace_of(lease: &Lease, opts: &RunOptions) -> Duration {
     let grace = if lease.grace_s > 0 {
         Duration::from_secs(lease.grace_s)
     } else {
@@ -57,7 +61,7 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
     };
     let launch = tracing::info_span!("job.launch", job.id = %attempt.job_id, attempt.id = %attempt.attempt_id);
     crate::telemetry::set_parent(&launch, lease.traceparent.as_deref());
-    let Some(child) = launch_attempt(&lease, &report, &mut stop)
+    let Some((child, space)) = launch_attempt(&lease, &report, &mut stop, &opts.sandbox)
         .instrument(launch)
         .await
     else {
@@ -66,47 +70,47 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
     let span =
         tracing::info_span!("job.run", job.id = %attempt.job_id, attempt.id = %attempt.attempt_id);
     crate::telemetry::set_parent(&span, lease.traceparent.as_deref());
-    supervise(child, &lease, &report, &sink, stop, grace_of(&lease, opts))
+    let grace = grace_of(&lease, &opts);
+    supervise(child, space, &lease, &report, &sink, stop, grace)
         .instrument(span)
         .await;
 }
 
-/// Spawns the lease's process, unless a stop came first; either way reports what kept it from
-/// starting. The child when it started.
+/// Spawns the lease's process in a space of its own, unless a stop came first; either way
+/// reports what kept it from starting. The child and its space when it started.
 async fn launch_attempt(
     lease: &Lease,
     report: &Reporter<'_>,
     stop: &mut StopSignal,
-) -> Option<Child> {
+    sandbox: &Sandbox,
+) -> Option<(Child, JobSpace)> {
     tracing::info!(gpus = ?lease.gpus, "lease taken");
     let stopped_early = *stop.borrow_and_update();
     if let Some(reason) = stopped_early {
         if reason != StopReason::LeaseLost {
             let message = stop_message(reason, "before it started");
-            let fenced = matches!(reason, StopReason::Fenced { .. });
             report
-                .finished(
-                    None,
-                    None,
-                    Some(message),
-                    reason == StopReason::Broker,
-                    fenced,
-                )
+                .finished(None, None, Some(message), Some(reason))
                 .await;
         }
         return None;
     }
-    match spawn(lease) {
-        Ok(child) => {
-            tracing::info!(pid = child.id().unwrap_or_default(), command = ?lease.command, "job started");
-            Some(child)
+    // A space whose process could not start is dropped: its directory goes, its uid is free.
+    let started = sandbox
+        .enter(&lease.attempt)
+        .and_then(|space| spawn(lease, &space, sandbox).map(|child| (child, space)));
+    match started {
+        Ok((child, space)) => {
+            let pid = child.id().unwrap_or_default();
+            tracing::info!(pid, uid = ?space.uid(), "job started");
+            // The argv is the user's and may hold secrets: never at INFO.
+            tracing::debug!(pid, command = ?lease.command, "job command");
+            Some((child, space))
         }
         Err(reason) => {
             tracing::warn!(error = %reason, "job could not be started");
             report.log(0, Stream::System, format!("{reason}\n")).await;
-            report
-                .finished(None, None, Some(reason), false, false)
-                .await;
+            report.finished(None, None, Some(reason), None).await;
             None
         }
     }
@@ -116,6 +120,7 @@ async fn launch_attempt(
 /// how it ended.
 async fn supervise(
     mut child: Child,
+    space: JobSpace,
     lease: &Lease,
     report: &Reporter<'_>,
     sink: &EventSink,
@@ -179,6 +184,16 @@ async fn supervise(
         }
     };
 
+    // Whatever still runs as the job's uid (out of its group, say) must not outlive it: it
+    // would hold the GPUs the broker now counts as free, and see the next job with that uid.
+    let left_behind = space.release().await;
+    if left_behind > 0 {
+        tracing::info!(
+            processes = left_behind,
+            "killed processes the job left behind"
+        );
+    }
+
     // Output already written is read to the end, however slow the outbox is.
     let _ = ended_tx.send(true);
     for reader in readers {
@@ -212,24 +227,15 @@ async fn supervise(
             report
                 .log(seq, Stream::System, format!("{message}\n"))
                 .await;
-            let fenced = matches!(reason, StopReason::Fenced { .. });
             report
-                .finished(
-                    exit_code,
-                    signal,
-                    Some(message),
-                    reason == StopReason::Broker,
-                    fenced,
-                )
+                .finished(exit_code, signal, Some(message), Some(reason))
                 .await;
         }
         None => {
             let error = status
                 .err()
                 .map(|e| format!("waiting for the job failed: {e}"));
-            report
-                .finished(exit_code, signal, error, false, false)
-                .await;
+            report.finished(exit_code, signal, error, None).await;
         }
     }
 }
@@ -294,25 +300,22 @@ fn stop_message(reason: StopReason, how: &str) -> String {
     }
 }
 
-/// The lease's argv as a new process group with piped output.
-fn spawn(lease: &Lease) -> Result<Child, String> {
+/// The lease's argv as a new process group with piped output, in its space: its directory,
+/// a clean environment (nothing of the agent's: its token, the operator's credentials) and,
+/// when isolated, its uid and gid (std drops the supplementary groups when root sets a uid).
+fn spawn(lease: &Lease, space: &JobSpace, sandbox: &Sandbox) -> Result<Child, String> {
     let Some((program, args)) = lease.command.split_first() else {
         return Err("failed to start the job: its command is empty".to_string());
     };
     let mut cmd = Command::new(program);
     cmd.args(args)
-        // The enrolment token is the agent's secret, not the job's.
-        .env_remove(ENROL_TOKEN_ENV)
-        .env("SWITCHYARD_JOB_ID", lease.attempt.job_id.to_string())
-        .env(
-            "SWITCHYARD_ATTEMPT_ID",
-            lease.attempt.attempt_id.to_string(),
-        )
-        .envs(&lease.env)
-        .envs(lease.traceparent.as_ref().map(|tp| ("TRACEPARENT", tp)))
-        // Set last: the agent, not the job spec, decides which GPUs a job sees.
-        .env("CUDA_VISIBLE_DEVICES", cuda_visible_devices(&lease.gpus))
-        .stdin(Stdio::null())
+        .env_clear()
+        .envs(job_env(lease, space.dir(), sandbox.pass_env()))
+        .current_dir(space.dir());
+    if let Some(uid) = space.uid() {
+        cmd.uid(uid).gid(uid);
+    }
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -342,21 +345,23 @@ impl Reporter<'_> {
         .await;
     }
 
+    /// `Finished`; `stopped_for` says why the agent stopped it, if it did: the broker asked
+    /// (`stopped`), a fence (`requeue`), or the agent's own orderly shutdown (`drained`).
     async fn finished(
         &self,
         exit_code: Option<i32>,
         signal: Option<i32>,
         error: Option<String>,
-        stopped: bool,
-        requeue: bool,
+        stopped_for: Option<StopReason>,
     ) {
         self.send(AgentEvent::Finished {
             attempt: self.attempt.clone(),
             exit_code,
             signal,
             error,
-            stopped,
-            requeue,
+            stopped: stopped_for == Some(StopReason::Broker),
+            requeue: matches!(stopped_for, Some(StopReason::Fenced { .. })),
+            drained: stopped_for == Some(StopReason::Shutdown),
         })
         .await;
     }
@@ -386,13 +391,21 @@ mod tests {
 
     /// Found by the `agent_protocol` fuzz target: a lease with `grace_s` near `u64::MAX` made
     /// `Instant::now() + grace` (group::terminate) and `grace + STOP_MARGIN` (shutdown) panic.
+    fn sandbox() -> (tempfile::TempDir, Arc<Sandbox>) {
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox = Sandbox::new(&dir.path().join("jobs"), None, Vec::new()).unwrap();
+        (dir, Arc::new(sandbox))
+    }
+
     #[test]
     fn a_huge_grace_from_the_broker_is_capped() {
+        let (_dir, sandbox) = sandbox();
         let opts = RunOptions {
             default_grace: Duration::from_secs(30),
+            sandbox: sandbox.clone(),
         };
         for grace_s in [u64::MAX, u64::MAX / 1000, 86_401] {
-            let grace = grace_of(&lease(grace_s), opts);
+            let grace = grace_of(&lease(grace_s), &opts);
             assert_eq!(grace, MAX_GRACE);
             assert!(
                 Instant::now()
@@ -400,12 +413,13 @@ mod tests {
                     .is_some()
             );
         }
-        assert_eq!(grace_of(&lease(5), opts), Duration::from_secs(5));
-        assert_eq!(grace_of(&lease(0), opts), Duration::from_secs(30));
+        assert_eq!(grace_of(&lease(5), &opts), Duration::from_secs(5));
+        assert_eq!(grace_of(&lease(0), &opts), Duration::from_secs(30));
         let huge_default = RunOptions {
             default_grace: Duration::MAX,
+            sandbox,
         };
-        assert_eq!(grace_of(&lease(0), huge_default), MAX_GRACE);
+        assert_eq!(grace_of(&lease(0), &huge_default), MAX_GRACE);
     }
 
     /// A stop under way with a long grace (here 30 s) is cut short by a fence that must kill
@@ -414,7 +428,9 @@ mod tests {
     async fn a_fence_cuts_a_slower_stop_short() {
         let mut l = lease(30);
         l.command = vec!["sh".into(), "-c".into(), "trap '' TERM; sleep 300".into()];
-        let mut child = spawn(&l).unwrap();
+        let (_dir, sandbox) = sandbox();
+        let space = sandbox.enter(&l.attempt).unwrap();
+        let mut child = spawn(&l, &space, &sandbox).unwrap();
         let pid = child.id().unwrap();
         // Let the shell set its trap before the first SIGTERM.
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -63,7 +63,11 @@ fn unauthorised() -> Response {
         .into_response()
 }
 
-async fn register(State(s): State<Shared>, Json(req): Json<RegisterRequest>) -> Response {
+async fn register(
+    State(s): State<Shared>,
+    headers: axum::http::HeaderMap,
+    Json(_req): Json<RegisterRequest>,
+) -> Response {
     let mut b = s.lock().unwrap();
     if let Some((status, message)) = &b.register_refusal {
         return (
@@ -72,7 +76,10 @@ async fn register(State(s): State<Shared>, Json(req): Json<RegisterRequest>) -> 
         )
             .into_response();
     }
-    assert_eq!(req.enrolment_token, "enrol-me");
+    assert_eq!(
+        headers.get("authorization").unwrap().to_str().unwrap(),
+        "Bearer enrol-me"
+    );
     b.registers += 1;
     Json(RegisterResponse {
         agent_id: Uuid::now_v7(),
@@ -328,7 +335,8 @@ async fn runs_a_lease_and_reports_it_in_order_through_broker_failures() {
                 signal: None,
                 error: None,
                 stopped: false,
-                requeue: false
+                requeue: false,
+                drained: false
             },
         ]
     );
@@ -443,8 +451,10 @@ async fn drain_takes_no_new_work_until_lifted() {
     agent.shut_down().await.unwrap();
 }
 
+/// An orderly shutdown drains: the job gets SIGTERM (its checkpoint signal) and is reported
+/// `drained`, for the broker to requeue, never as a plain failure.
 #[tokio::test]
-async fn shutdown_stops_running_jobs_and_flushes_their_end() {
+async fn shutdown_drains_running_jobs_and_flushes_their_end() {
     let l = lease(&["sleep", "300"]);
     let id = l.attempt.attempt_id;
     let (state, url) = broker(Broker {
@@ -462,11 +472,17 @@ async fn shutdown_stops_running_jobs_and_flushes_their_end() {
             stopped,
             error,
             signal,
+            drained,
+            requeue,
             ..
         }) => {
-            assert!(!stopped);
+            assert!(!stopped && !requeue);
+            assert!(drained, "reported as drained");
             assert_eq!(signal, Some(15));
-            assert!(error.unwrap().contains("shutting down"));
+            assert_eq!(
+                error.unwrap(),
+                "stopped because the agent is shutting down: sent SIGTERM"
+            );
         }
         other => panic!("no Finished flushed: {other:?}"),
     }

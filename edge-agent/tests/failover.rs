@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -147,11 +148,18 @@ fn unauthorised() -> Response {
         .into_response()
 }
 
-async fn register(State(r): State<Rep>, Json(req): Json<RegisterRequest>) -> Response {
+async fn register(
+    State(r): State<Rep>,
+    headers: axum::http::HeaderMap,
+    Json(_req): Json<RegisterRequest>,
+) -> Response {
     if !r.alive() {
         return gone();
     }
-    assert_eq!(req.enrolment_token, "enrol-me");
+    assert_eq!(
+        headers.get("authorization").unwrap().to_str().unwrap(),
+        "Bearer enrol-me"
+    );
     r.db.lock().unwrap().registers.push(r.name);
     Json(RegisterResponse {
         agent_id: Uuid::now_v7(),
@@ -457,6 +465,8 @@ async fn the_agent_fails_over_mid_job_and_every_report_arrives_in_order() {
     let db = Shared::default();
     let (a, b) = (replica("a", &db).await, replica("b", &db).await);
     let dir = tempfile::tempdir().unwrap();
+    // Run as root, the agent runs the job as a uid of its own: let it look for the gate.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let gate = dir.path().join("go");
     let job = gated_job(&gate);
     let id = job.attempt.attempt_id;

@@ -1,7 +1,8 @@
 //! The agent protocol under `/agent/v1`.
 //!
-//! - `POST /agent/v1/register` (no auth; carries a one-time enrolment token) → agent id and
-//!   agent token. All other calls send `Authorization: Bearer <agent token>`.
+//! - `POST /agent/v1/register` (`Authorization: Bearer <one-time enrolment token>`, checked
+//!   before the body is read; the body is at most 256 KiB) → agent id and agent token. All
+//!   other calls send `Authorization: Bearer <agent token>`.
 //! - `POST /agent/v1/heartbeat` every `heartbeat_interval_s`: inventory, metrics and the
 //!   attempts the agent runs → attempts to stop, drain. A heartbeat renews the node's lease.
 //!   A heartbeat carrying an [`InterruptionNotice`] (sent at once when the cloud announces the
@@ -44,12 +45,16 @@ pub struct Inventory {
     pub memory_mb: u64,
     /// True when the GPUs were declared with `--fake-gpus` rather than read from NVML.
     pub simulated: bool,
+    /// True when the agent runs each job as its own unprivileged uid with a clean environment
+    /// (it runs as root with a job uid range); false for an agent that runs jobs as its own
+    /// user (a developer's `switchyard up`). Absent from older agents: false.
+    #[serde(default)]
+    pub isolation: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegisterRequest {
-    pub enrolment_token: String,
     pub hostname: String,
     pub agent_version: String,
     pub inventory: Inventory,
@@ -176,6 +181,12 @@ pub enum AgentEvent {
         /// before this field still reads every other report (upgrade brokers before agents).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         requeue: bool,
+        /// The agent stopped it because the agent itself is shutting down in an orderly way
+        /// (SIGTERM, Ctrl-C of `switchyard up`): the job got its checkpoint signal, and the
+        /// broker ends the attempt as `preempted` and puts the job back in the queue instead
+        /// of failing it. Left out of the JSON when false.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        drained: bool,
     },
 }
 
