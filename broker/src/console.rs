@@ -5,7 +5,7 @@
 //! - `POST /console/login` — JSON `{"token": "sya_…"}` or a form field `token`: checks the token
 //!   as the bearer path does, then sets `sy_session` (HttpOnly) and `sy_csrf` (readable by the
 //!   script, which echoes it in `X-CSRF-Token` on every write). Both `SameSite=Strict; Path=/`,
-//!   `Secure` when the broker's public URL is https.
+//!   `Secure` when the broker serves TLS or its public URL is https.
 //! - `GET /console/session` — who the session is (role, team), for the page after a reload.
 //! - `POST /console/logout` — revokes the session (CSRF-checked) and clears the cookies.
 //!
@@ -114,11 +114,10 @@ fn check_origin(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 fn cookie_header(app: &App, name: &str, value: &str, http_only: bool, max_age_s: i64) -> String {
-    let secure = app
-        .config
-        .public_url
-        .as_deref()
-        .is_some_and(|u| u.starts_with("https://"));
+    // Served over TLS (a public URL or not), or behind a proxy that terminates it: a cookie
+    // without `Secure` would also be sent over plain http to the same host, where anyone on
+    // the path reads the session.
+    let secure = app.config.tls_cert.is_some() || app.config.public_url().starts_with("https://");
     format!(
         "{name}={value}; Path=/; SameSite=Strict; Max-Age={max_age_s}{}{}",
         if http_only { "; HttpOnly" } else { "" },

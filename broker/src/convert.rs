@@ -10,36 +10,72 @@ use crate::clock::{from_datetime, to_datetime};
 use crate::error::ApiError;
 use crate::store::{JobRecord, LogRecord};
 
-const MAX_NAME: usize = 128;
+/// The longest free-text name (job name, token name), in characters.
+pub const MAX_NAME: usize = 128;
+/// The longest team or project name, in bytes (they are ASCII).
+pub const MAX_SLUG: usize = 64;
+/// The longest runtime estimate a job may give: 30 days. A larger figure is a mistake or an
+/// attack, and overflows the planner's finish times and cost estimates into nonsense.
+pub const MAX_RUNTIME_S: i64 = 30 * 24 * 3600;
 const MAX_ARGS: usize = 1024;
 const MAX_ENV: usize = 256;
+const MAX_GPU_MODELS: usize = 64;
+const MAX_REGIONS: usize = 256;
 
-fn slug_ok(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
+/// Team and project names: 1 to 64 ASCII letters, digits, `-`, `_` or `.` (they appear in
+/// URLs, metrics labels and CSV exports).
+pub fn check_slug(field: &str, s: &str) -> Result<(), ApiError> {
+    let ok = !s.is_empty()
+        && s.len() <= MAX_SLUG
         && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            field,
+            "must be 1 to 64 letters, digits, '-', '_' or '.'",
+        ))
+    }
+}
+
+/// Whether `c` may appear in a stored name. Control characters (ESC, NUL, BEL, CR, LF, tab,
+/// DEL, C1) would drive the terminal of whoever lists the name; bidirectional overrides and
+/// isolates (U+202A–U+202E, U+2066–U+2069, the marks U+200E, U+200F, U+061C) and line or
+/// paragraph separators make a name read as something else than it is.
+pub fn printable(c: char) -> bool {
+    !c.is_control()
+        && !matches!(c,
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{2028}' | '\u{2029}'
+            | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+}
+
+/// Free-text names (a job's `name`, an API token's `name`): 1 to 128 printable characters, not
+/// all blank.
+pub fn check_display_name(field: &str, s: &str) -> Result<(), ApiError> {
+    if s.trim().is_empty() || s.chars().count() > MAX_NAME {
+        return Err(ApiError::invalid(field, "must be 1 to 128 characters"));
+    }
+    if let Some(c) = s.chars().find(|c| !printable(*c)) {
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "must be printable: control and bidirectional-override characters such as \
+                 U+{:04X} are refused",
+                u32::from(c)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Validates a submitted spec (the checks that need no catalogue). `now` rules out deadlines in
 /// the past.
 pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, ApiError> {
-    if spec.name.trim().is_empty() || spec.name.len() > MAX_NAME {
-        return Err(ApiError::invalid("name", "must be 1 to 128 characters"));
-    }
-    if !slug_ok(&spec.team) {
-        return Err(ApiError::invalid(
-            "team",
-            "must be 1 to 64 letters, digits, '-', '_' or '.'",
-        ));
-    }
-    if let Some(p) = &spec.project
-        && !slug_ok(p)
-    {
-        return Err(ApiError::invalid(
-            "project",
-            "must be 1 to 64 letters, digits, '-', '_' or '.'",
-        ));
+    check_display_name("name", &spec.name)?;
+    check_slug("team", &spec.team)?;
+    if let Some(p) = &spec.project {
+        check_slug("project", p)?;
     }
     match spec.command.first() {
         None => return Err(ApiError::invalid("command", "must not be empty")),
@@ -105,6 +141,12 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
             "multi-node jobs are not supported yet; ask for at most one node",
         ));
     }
+    if r.gpu_models.len() > MAX_GPU_MODELS {
+        return Err(ApiError::invalid(
+            "resources.gpu_models",
+            "at most 64 models",
+        ));
+    }
     let gpu_models: Vec<String> = r.gpu_models.iter().map(|m| m.trim().to_string()).collect();
     if gpu_models.iter().any(String::is_empty) {
         return Err(ApiError::invalid(
@@ -113,11 +155,11 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
         ));
     }
     if let Some(rt) = spec.estimated_runtime_s
-        && rt <= 0
+        && !(1..=MAX_RUNTIME_S).contains(&rt)
     {
         return Err(ApiError::invalid(
             "estimated_runtime_s",
-            "must be a positive number of seconds",
+            "must be a positive number of seconds, at most 30 days (2592000)",
         ));
     }
     let deadline = spec.deadline.map(from_datetime);
@@ -136,6 +178,9 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
                 })?,
         ),
     };
+    if spec.regions.len() > MAX_REGIONS {
+        return Err(ApiError::invalid("regions", "at most 256 regions"));
+    }
     let mut regions = Vec::with_capacity(spec.regions.len());
     for reg in &spec.regions {
         match reg.split_once(':') {
@@ -330,5 +375,6 @@ pub fn pool_view(
         latency_ms: region.map_or(0, |r| r.latency_ms),
         boot_time_s: pool.boot_time_s,
         price_updated_at: to_datetime(pool.price_updated_at),
+        node_list: Vec::new(),
     }
 }

@@ -1,5 +1,7 @@
 //! A JSON extractor that reports errors in the one error shape and names the field at fault
-//! (`resources.gpus: invalid type: string "x", expected i64`).
+//! (`resources.gpus: invalid type: string "x", expected i64`), and refuses a body that holds
+//! more than one JSON value. Every JSON body the broker reads (the REST API, the agent
+//! protocol, the console's sign-in) goes through [`parse`].
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -55,9 +57,23 @@ where
     }
 }
 
-/// Parses JSON, naming the path of the offending field.
+/// Parses one JSON value, naming the path of the offending field. Anything but whitespace
+/// after the value (`{…}xyz`, or a second object) is malformed: a body means one thing, and a
+/// proxy or logger that reads only the first value must not see another request than we do.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = deserialize(&mut de)?;
+    de.end().map_err(|e| ApiError::BadRequest {
+        code: "malformed_json",
+        field: None,
+        message: format!("trailing data after the JSON value: {e}"),
+    })?;
+    Ok(value)
+}
+
+fn deserialize<'de, T: DeserializeOwned>(
+    de: &mut serde_json::Deserializer<serde_json::de::SliceRead<'de>>,
+) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -76,4 +92,40 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             field,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Body {
+        #[allow(dead_code)]
+        a: u32,
+    }
+
+    fn code(bytes: &[u8]) -> Option<&'static str> {
+        match parse::<Body>(bytes) {
+            Ok(_) => None,
+            Err(ApiError::BadRequest { code, .. }) => Some(code),
+            Err(e) => panic!("unexpected error {e:?}"),
+        }
+    }
+
+    #[test]
+    fn one_value_with_whitespace_around_it_parses() {
+        assert_eq!(code(b" {\"a\": 1}\n\t "), None);
+    }
+
+    #[test]
+    fn trailing_data_or_a_second_value_is_malformed() {
+        for body in [
+            &b"{\"a\": 1}xyz"[..],
+            b"{\"a\": 1}{}",
+            b"{\"a\": 1} {\"a\": 2}",
+            b"{\"a\": 1}\0",
+        ] {
+            assert_eq!(code(body), Some("malformed_json"), "{body:?}");
+        }
+    }
 }

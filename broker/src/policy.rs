@@ -25,21 +25,17 @@ use crate::clock;
 use crate::error::ApiError;
 use crate::store::{JobRecord, PolicyRecord};
 
-/// Team and project names: the job spec's rule.
+/// Team and project names: the job spec's rule ([`crate::convert::check_slug`]).
 pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
-    let ok = !s.is_empty()
-        && s.len() <= 64
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            field,
-            "must be 1 to 64 letters, digits, '-', '_' or '.'",
-        ))
-    }
+    crate::convert::check_slug(field, s)
 }
+
+/// A policy's time windows, at most: each is checked on every scheduler round.
+pub const MAX_WINDOWS: usize = 64;
+/// A budget's alert thresholds, at most: each can alert once per period.
+pub const MAX_ALERTS: usize = 16;
+/// Allow-lists of providers or regions and on-prem rates, at most (a catalogue has fewer).
+pub const MAX_LIST: usize = 1024;
 
 fn positive_dollars(field: &str, v: f64) -> Result<Money, ApiError> {
     Money::from_dollars(v)
@@ -109,6 +105,12 @@ pub fn validate(body: &PolicyBody, regions: &[Region], pools: &[Pool]) -> Result
                 }
             }
         }
+        if b.alert_at.len() > MAX_ALERTS {
+            return Err(ApiError::invalid(
+                "budget.alert_at",
+                "at most 16 thresholds",
+            ));
+        }
         for (i, a) in b.alert_at.iter().enumerate() {
             if !(a.is_finite() && *a > 0.0 && *a <= 1.0) {
                 return Err(ApiError::invalid(
@@ -120,6 +122,21 @@ pub fn validate(body: &PolicyBody, regions: &[Region], pools: &[Pool]) -> Result
     }
     if let Some(p) = body.max_price_per_gpu_hour {
         positive_dollars("max_price_per_gpu_hour", p)?;
+    }
+    for (field, len) in [
+        (
+            "allowed_providers",
+            body.allowed_providers.as_ref().map(Vec::len),
+        ),
+        (
+            "allowed_regions",
+            body.allowed_regions.as_ref().map(Vec::len),
+        ),
+        ("onprem_rates", body.onprem_rates.as_ref().map(|r| r.len())),
+    ] {
+        if len.is_some_and(|n| n > MAX_LIST) {
+            return Err(ApiError::invalid(field, "at most 1024 entries"));
+        }
     }
     if let Some(list) = &body.allowed_providers {
         if list.is_empty() {
@@ -160,6 +177,9 @@ pub fn validate(body: &PolicyBody, regions: &[Region], pools: &[Pool]) -> Result
                 ));
             }
         }
+    }
+    if body.windows.as_ref().is_some_and(|w| w.len() > MAX_WINDOWS) {
+        return Err(ApiError::invalid("windows", "at most 64 windows"));
     }
     for (i, w) in body.windows.iter().flatten().enumerate() {
         if parse_hhmm(&w.from).filter(|m| *m < 1440).is_none() {

@@ -145,6 +145,19 @@ fn dollars_text(m: Money) -> String {
     format!("{sign}{}.{:06}", abs / 1_000_000, abs % 1_000_000)
 }
 
+/// A text cell as a spreadsheet will not run it (OWASP "CSV injection"): a cell that starts
+/// with `=`, `+`, `-`, `@`, a tab or a carriage return is a formula to Excel, LibreOffice and
+/// Google Sheets, so it gets a leading `'`, which they show as text. Only the key column (team,
+/// project, pool, region or provider names, which users choose) goes through this; the amount
+/// is a number we format, and stays one even when negative (a refund or correction).
+fn neutralise_cell(cell: &str) -> std::borrow::Cow<'_, str> {
+    if cell.starts_with(['=', '+', '-', '@', '\t', '\r']) {
+        std::borrow::Cow::Owned(format!("'{cell}"))
+    } else {
+        std::borrow::Cow::Borrowed(cell)
+    }
+}
+
 fn csv_response(
     group: SpendGroup,
     bucketed: bool,
@@ -159,7 +172,8 @@ fn csv_response(
     head.push("amount_usd");
     w.write_record(&head).map_err(|e| broken(&e))?;
     for r in rows {
-        let mut record = vec![r.key.clone().unwrap_or_default()];
+        let key = r.key.as_deref().unwrap_or_default();
+        let mut record = vec![neutralise_cell(key).into_owned()];
         if bucketed {
             record.push(
                 r.bucket_start
@@ -184,6 +198,7 @@ fn csv_response(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -192,5 +207,50 @@ mod tests {
         assert_eq!(dollars_text(Money(12_500_000)), "12.500000");
         assert_eq!(dollars_text(Money(1)), "0.000001");
         assert_eq!(dollars_text(Money(-2_000_001)), "-2.000001");
+    }
+
+    #[test]
+    fn cells_a_spreadsheet_would_run_as_formulas_are_quoted() {
+        for (cell, want) in [
+            ("=HYPERLINK(\"http://x\")", "'=HYPERLINK(\"http://x\")"),
+            ("+1+1", "'+1+1"),
+            ("-2+3", "'-2+3"),
+            ("@SUM(A1)", "'@SUM(A1)"),
+            ("\t=1", "'\t=1"),
+            ("\r=1", "'\r=1"),
+            ("ml-research", "ml-research"),
+            ("aws:us-east-1", "aws:us-east-1"),
+            ("", ""),
+        ] {
+            assert_eq!(neutralise_cell(cell), want, "{cell:?}");
+        }
+    }
+
+    #[test]
+    fn the_csv_quotes_formula_keys_and_keeps_negative_amounts_numeric() {
+        let rows = [
+            SpendGroupRow {
+                key: Some("=cmd|' /C calc'!A0".into()),
+                bucket_start: None,
+                amount: Money(-1_500_000),
+            },
+            SpendGroupRow {
+                key: Some("ml".into()),
+                bucket_start: None,
+                amount: Money(2_000_000),
+            },
+        ];
+        let res = csv_response(SpendGroup::Team, false, &rows).unwrap();
+        let body =
+            futures::executor::block_on(axum::body::to_bytes(res.into_body(), 1 << 20)).unwrap();
+        let mut reader = csv::Reader::from_reader(&body[..]);
+        let cells: Vec<Vec<String>> = reader
+            .records()
+            .map(|r| r.unwrap().iter().map(str::to_string).collect())
+            .collect();
+        assert_eq!(
+            cells,
+            [["'=cmd|' /C calc'!A0", "-1.500000"], ["ml", "2.000000"]]
+        );
     }
 }

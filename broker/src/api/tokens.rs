@@ -40,15 +40,19 @@ pub async fn create(
     ApiJson(req): ApiJson<CreateToken>,
 ) -> Result<(StatusCode, Json<TokenCreated>), ApiError> {
     caller.require(&[Role::Admin])?;
+    // A token's team is the team its jobs are submitted and scoped under: a team name.
     let team = match (req.role, req.team) {
         (Role::Developer, None) => {
             return Err(ApiError::invalid("team", "developer tokens need a team"));
         }
-        (_, Some(t)) if t.is_empty() || t.len() > 64 => {
-            return Err(ApiError::invalid("team", "must be 1 to 64 characters"));
-        }
         (_, team) => team,
     };
+    if let Some(t) = &team {
+        crate::convert::check_slug("team", t)?;
+    }
+    if let Some(name) = &req.name {
+        crate::convert::check_display_name("name", name)?;
+    }
     let token = new_token(API_TOKEN_PREFIX);
     let id = Uuid::now_v7();
     app.store
@@ -86,7 +90,8 @@ pub async fn create(
     ))
 }
 
-/// Create a one-time enrolment token for an agent to join a pool.
+/// Create a one-time enrolment token for an agent to join a pool. Audited as
+/// `enrolment_token.create` (pool and expiry; never the token).
 #[utoipa::path(post, path = "/enrolment-tokens", tag = "auth", request_body = CreateEnrolmentToken,
     responses(
         (status = 201, body = EnrolmentTokenCreated),
@@ -114,6 +119,23 @@ pub async fn create_enrolment(
     }
     let (token, record) = issue_enrolment_token(&pool, None, ttl);
     app.store.insert_enrolment_token(&record).await?;
+    // Who let a machine join which pool, until when (the shape of `audit::system_enrolment`);
+    // never the token, nor its hash, which is what a registration looks up.
+    let after = serde_json::json!({
+        "pool": pool.to_string(),
+        "expires_at": clock::to_datetime(record.expires_at),
+    });
+    app.store
+        .append_audit(&crate::api::audit::entry(
+            &caller,
+            "enrolment_token.create",
+            format!("pool:{pool}"),
+            None,
+            Some(&after),
+        ))
+        .await?;
+    tracing::info!(pool.id = %pool, expires_at = %clock::to_datetime(record.expires_at),
+        "enrolment token created");
     Ok((
         StatusCode::CREATED,
         Json(EnrolmentTokenCreated {
