@@ -1,7 +1,8 @@
 //! The agent protocol under `/agent/v1` (shapes and rules in `switchyard_protocol::agent`):
 //! enrolment, heartbeats that renew a node's lease (and carry spot interruption notices, which
 //! drain the node and requeue its work), the work long-poll, and events (started, log chunks,
-//! finished) checked against the lease that the reporting agent holds.
+//! finished) checked against the lease that the reporting agent holds. What agents report
+//! (inventory, telemetry, names) is range-checked before it is stored ([`check_inventory`]).
 
 use axum::Json;
 use axum::Router;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use switchyard_core::NodeId;
 use switchyard_protocol::agent::{
     AttemptRef, EventBatch, EventBatchResponse, Heartbeat, HeartbeatResponse, InterruptionNotice,
-    Lease, RegisterRequest, RegisterResponse, WorkResponse,
+    Inventory, Lease, RegisterRequest, RegisterResponse, WorkResponse,
 };
 
 use crate::app::App;
@@ -23,11 +24,18 @@ use crate::clock;
 use crate::error::ApiError;
 use crate::json::ApiJson;
 use crate::scheduler::SchedulerEvent;
-use crate::store::{NewNode, NodeRecord, RegisterRefusal};
+use crate::store::{NewNode, NodeRecord};
 
-pub fn router() -> Router<App> {
+pub fn router(app: App) -> Router<App> {
     Router::new()
-        .route("/register", post(register))
+        .route(
+            "/register",
+            // The one-time token is checked before the body is read (`limits.rs`).
+            post(register).route_layer(axum::middleware::from_fn_with_state(
+                app,
+                crate::limits::enrolment_gate,
+            )),
+        )
         .route("/heartbeat", post(heartbeat))
         .route("/work", get(work))
         .route("/events", post(events))
@@ -45,22 +53,32 @@ impl FromRequestParts<App> for AgentCaller {
             return Err(ApiError::Unauthorized);
         }
         match app.store.node_by_token_hash(&hash_token(token)).await? {
-            Some(node) if !node.revoked => Ok(AgentCaller(node)),
+            Some(node) if !node.revoked => {
+                crate::limits::authenticated(&parts.extensions);
+                Ok(AgentCaller(node))
+            }
             _ => Err(ApiError::Unauthorized),
         }
     }
 }
 
+/// The enrolment token comes in `Authorization: Bearer` (checked by
+/// [`crate::limits::enrolment_gate`] before the body was read; consumed here).
 async fn register(
     State(app): State<App>,
+    headers: axum::http::HeaderMap,
     ApiJson(req): ApiJson<RegisterRequest>,
 ) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
+    let enrolment_token = crate::auth::bearer_of(&headers).ok_or(ApiError::Unauthorized)?;
     if req.inventory.gpus.is_empty() {
         return Err(ApiError::invalid(
             "inventory.gpus",
             "an agent needs at least one GPU",
         ));
     }
+    check_text("hostname", &req.hostname, MAX_HOSTNAME)?;
+    check_text("agent_version", &req.agent_version, MAX_TEXT)?;
+    check_inventory(&req.inventory)?;
     let agent_token = new_token(AGENT_TOKEN_PREFIX);
     let agent_id = uuid::Uuid::now_v7();
     let hostname: String = req.hostname.chars().take(128).collect();
@@ -79,21 +97,11 @@ async fn register(
     };
     let node = match app
         .store
-        .register_node(&hash_token(&req.enrolment_token), node, clock::now())
+        .register_node(&hash_token(enrolment_token), node, clock::now())
         .await?
     {
         Ok(node) => node,
-        Err(refusal) => {
-            let why = match refusal {
-                RegisterRefusal::UnknownToken => "unknown enrolment token",
-                RegisterRefusal::AlreadyUsed => "enrolment token already used",
-                RegisterRefusal::Expired => "enrolment token expired",
-                RegisterRefusal::InstanceGone => {
-                    "the instance this enrolment token was issued for is no longer booting"
-                }
-            };
-            return Err(ApiError::Forbidden(why.into()));
-        }
+        Err(refusal) => return Err(ApiError::Forbidden(refusal.to_string())),
     };
     tracing::info!(node.id = %node.id, pool.id = %node.pool, gpus = node.gpus_total, "agent registered");
     // A new node may be a burst instance its job was waiting for: reload all of it.
@@ -131,11 +139,99 @@ pub fn sanitize(s: &str) -> String {
     }
 }
 
+// ---- What an agent may report -------------------------------------------------------------
+//
+// An agent's readings go into the node's stored inventory and from there to `/metrics` and
+// the pool views; an agent is a machine that may be broken or taken over, so what it says is
+// checked like any other input: out of range is refused (400, naming the field), never stored.
+
+/// GPUs on one node, at most (the largest job asks for 64 on one node).
+pub const MAX_GPUS: usize = 64;
+/// A GPU's memory, at most: 4 TiB in MiB.
+pub const MAX_GPU_MEMORY_MB: u64 = 4 * 1024 * 1024;
+/// A GPU's temperature (°C), at most: silicon is long dead beyond it.
+pub const MAX_TEMPERATURE_C: u32 = 200;
+/// A GPU's power draw (W), at most: several times the largest board's.
+pub const MAX_POWER_W: f64 = 5000.0;
+/// Text an agent reports (GPU uuid and model, agent version, notices), at most, in characters.
+const MAX_TEXT: usize = 128;
+/// A hostname, at most: DNS's limit.
+const MAX_HOSTNAME: usize = 253;
+
+/// Agent-reported text: bounded and printable (it is shown in listings and metrics labels).
+fn check_text(field: &str, s: &str, max: usize) -> Result<(), ApiError> {
+    if s.chars().count() > max {
+        return Err(ApiError::invalid(
+            field,
+            format!("at most {max} characters"),
+        ));
+    }
+    if !s.chars().all(crate::convert::printable) {
+        return Err(ApiError::invalid(
+            field,
+            "must be printable (no control or bidirectional-override characters)",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an inventory as register and heartbeat receive it (`inventory.…` fields).
+pub fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
+    if inv.gpus.len() > MAX_GPUS {
+        return Err(ApiError::invalid("inventory.gpus", "at most 64 GPUs"));
+    }
+    for (i, g) in inv.gpus.iter().enumerate() {
+        let field = |name: &str| format!("inventory.gpus[{i}].{name}");
+        check_text(&field("uuid"), &g.uuid, MAX_TEXT)?;
+        check_text(&field("model"), &g.model, MAX_TEXT)?;
+        if g.memory_mb > MAX_GPU_MEMORY_MB {
+            return Err(ApiError::invalid(
+                field("memory_mb"),
+                "at most 4194304 (4 TiB)",
+            ));
+        }
+        if g.memory_used_mb.is_some_and(|used| used > g.memory_mb) {
+            return Err(ApiError::invalid(
+                field("memory_used_mb"),
+                "must be at most memory_mb",
+            ));
+        }
+        if g.utilization_pct.is_some_and(|u| u > 100) {
+            return Err(ApiError::invalid(
+                field("utilization_pct"),
+                "must be 0 to 100",
+            ));
+        }
+        if g.temperature_c.is_some_and(|t| t > MAX_TEMPERATURE_C) {
+            return Err(ApiError::invalid(
+                field("temperature_c"),
+                "must be at most 200 °C",
+            ));
+        }
+        if g.power_w
+            .is_some_and(|p| !(p.is_finite() && (0.0..=MAX_POWER_W).contains(&p)))
+        {
+            return Err(ApiError::invalid(
+                field("power_w"),
+                "must be a finite number of watts, 0 to 5000",
+            ));
+        }
+    }
+    Ok(())
+}
+
 async fn heartbeat(
     State(app): State<App>,
     AgentCaller(node): AgentCaller,
     ApiJson(hb): ApiJson<Heartbeat>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
+    check_inventory(&hb.inventory)?;
+    if let Some(notice) = &hb.interruption {
+        check_text("interruption.action", &notice.action, MAX_TEXT)?;
+        if let Some(at) = &notice.at {
+            check_text("interruption.at", at, MAX_TEXT)?;
+        }
+    }
     let now = clock::now();
     let mut stop = if node.healthy {
         // The common case: written with other heartbeats (heartbeats.rs), answered once that

@@ -5,6 +5,9 @@
 //! The console signs in with a token and then authenticates by a session cookie instead (see
 //! [`ConsoleSession`]); writes made with the cookie need the session's CSRF token.
 //!
+//! Every failure to authenticate is a 401 here; `limits.rs` counts those against the client's
+//! address, and the extractors tell it (`limits::authenticated`) when a credential proved good.
+//!
 //! Roles: `admin` (everything), `finance` (policies, budgets, spend; reads jobs), `infra`
 //! (pools, instances, enrolment tokens; reads jobs), `developer` (their own team's jobs only).
 
@@ -92,7 +95,12 @@ impl Caller {
 }
 
 pub fn bearer(parts: &Parts) -> Option<&str> {
-    let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
+    bearer_of(&parts.headers)
+}
+
+/// The bearer token of `Authorization`, if there is one.
+pub fn bearer_of(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -132,11 +140,15 @@ impl FromRequestParts<App> for Caller {
     async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Caller, ApiError> {
         if parts.headers.contains_key(AUTHORIZATION) {
             let token = bearer(parts).ok_or(ApiError::Unauthorized)?;
-            return Ok(caller_for(api_token(app, token).await?));
+            let record = api_token(app, token).await?;
+            crate::limits::authenticated(&parts.extensions);
+            return Ok(caller_for(record));
         }
         let session = console_session(&parts.headers, app)
             .await?
             .ok_or(ApiError::Unauthorized)?;
+        // The cookie is good even when the CSRF token is not: that is no guess at a session.
+        crate::limits::authenticated(&parts.extensions);
         check_csrf(&parts.method, &parts.headers, &session)?;
         Ok(caller_for(session.token))
     }
