@@ -1,6 +1,13 @@
 //! The `switchyard` client commands: submit, jobs, job, logs, cancel, pools, token create. They
 //! talk to a broker over REST with a bearer token from `--token`, `SWITCHYARD_TOKEN`, or the
 //! `admin.token` file that `switchyard up` writes.
+//!
+//! What they print comes from other people (job names, teams, output): every field is passed
+//! through [`printable`], which escapes control characters and bidirectional overrides, so a
+//! name cannot move the cursor, ring the bell or reverse the line in the reader's terminal
+//! (`logs` is the exception: it is the job's own output, byte for byte). Output goes through
+//! [`out!`], which returns an error instead of panicking when stdout is a closed pipe
+//! (`switchyard jobs | head -1`); `main` ends quietly on that error ([`is_broken_pipe`]).
 
 use anyhow::{Context, bail};
 use reqwest::{Method, StatusCode};
@@ -12,6 +19,68 @@ use switchyard_protocol::api::{
     CreateToken, ErrorBody, JobList, JobSpec, JobView, LogPage, LogStream, PolicyBody, PolicyView,
     PoolList, Role, TokenCreated,
 };
+
+/// `println!` that returns the write error (a closed pipe) instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
+/// Whether `e` is a write to a closed pipe: the reader went away (`| head`), which is no
+/// failure of the command.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// `s` with every control character (C0, DEL, C1) and every bidirectional formatting
+/// character (U+061C, U+200E–U+200F, U+202A–U+202E, U+2066–U+2069) written as `\u{…}`
+/// (`\t`, `\n` and `\r` as such), so that text from the broker prints as what it is.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A character that must not reach a terminal as it is: a control character (C0, DEL, C1) or
+/// a bidirectional formatting character.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}'
+            | '\u{2066}'..='\u{2069}')
+}
+
+/// Pretty JSON for the terminal: JSON already escapes C0 controls; the rest (DEL, C1 and the
+/// bidirectional overrides) are written as `\uXXXX` escapes, which read back as the same JSON.
+fn json_text<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
+    let text = serde_json::to_string_pretty(value)?;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        // Outside strings only JSON's own whitespace can occur, and inside them serde_json
+        // escaped the C0 controls already.
+        if needs_escape(c) && !matches!(c, '\n' | ' ') {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
 
 pub struct Client {
     http: reqwest::Client,
@@ -64,25 +133,84 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<T> {
+        self.call_with(method, path, body, None).await
+    }
+
+    /// One request; with an idempotency key, also its retries: connection errors and 502,
+    /// 503 and 504 are tried again (up to [`SUBMIT_TRIES`] times, backing off) with the same
+    /// key, so that the broker creates the job once however many answers were lost.
+    async fn call_with<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        idempotency_key: Option<&str>,
+    ) -> anyhow::Result<T> {
         let url = format!("{}/api/v1{path}", self.base);
-        let mut req = self.http.request(method, &url).bearer_auth(&self.token);
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let res = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the broker at {}", self.base))?;
+        let tries = if idempotency_key.is_some() {
+            SUBMIT_TRIES
+        } else {
+            1
+        };
+        let mut delay = Duration::from_millis(250);
+        let mut attempt = 1;
+        let res = loop {
+            let mut req = self
+                .http
+                .request(method.clone(), &url)
+                .bearer_auth(&self.token);
+            if let Some(key) = idempotency_key {
+                req = req.header("Idempotency-Key", key);
+            }
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            let retry_reason = match req.send().await {
+                Ok(res) if !retryable(res.status()) || attempt >= tries => break res,
+                Ok(res) => format!("{} {}", res.status().as_u16(), reason(res.status())),
+                Err(e)
+                    if attempt >= tries
+                        || !(e.is_connect() || e.is_timeout() || e.is_request()) =>
+                {
+                    return Err(anyhow::Error::new(e))
+                        .with_context(|| format!("cannot reach the broker at {}", self.base));
+                }
+                Err(e) => e.to_string(),
+            };
+            eprintln!(
+                "switchyard: {retry_reason}; retrying in {} ms with the same idempotency key",
+                delay.as_millis()
+            );
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(4));
+            attempt += 1;
+        };
         let status = res.status();
         let bytes = res.bytes().await.context("reading the response")?;
         if !status.is_success() {
             let detail = serde_json::from_slice::<ErrorBody>(&bytes)
                 .map(|e| format!("{} ({})", e.error.message, e.error.code))
                 .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-            bail!("{} {}: {detail}", status.as_u16(), reason(status));
+            bail!(
+                "{} {}: {}",
+                status.as_u16(),
+                reason(status),
+                printable(&detail)
+            );
         }
         serde_json::from_slice(&bytes).with_context(|| format!("unexpected response from {url}"))
     }
+}
+
+/// How many times `submit` sends one job (the first try and its retries).
+const SUBMIT_TRIES: u32 = 6;
+
+/// Statuses that say the broker (or a proxy before it) could not answer now: worth a retry.
+fn retryable(s: StatusCode) -> bool {
+    matches!(
+        s,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
 }
 
 fn reason(s: StatusCode) -> &'static str {
@@ -114,8 +242,12 @@ pub fn read_spec(path: &Path) -> anyhow::Result<Value> {
 
 pub async fn submit(c: &Client, file: &Path) -> anyhow::Result<()> {
     let spec = read_spec(file)?;
-    let job: JobView = c.call(Method::POST, "/jobs", Some(&spec)).await?;
-    println!("{}", job.id);
+    // A fresh key per submit; its retries reuse it, so a lost answer never makes a second job.
+    let key = uuid::Uuid::now_v7().to_string();
+    let job: JobView = c
+        .call_with(Method::POST, "/jobs", Some(&spec), Some(&key))
+        .await?;
+    out!("{}", job.id);
     Ok(())
 }
 
@@ -137,24 +269,29 @@ pub async fn jobs(
         .call(Method::GET, &format!("/jobs?{}", query.join("&")), None)
         .await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        out!("{}", json_text(&list)?);
         return Ok(());
     }
-    println!(
+    out!(
         "{:<36}  {:<20}  {:<12}  {:<10}  {:>4}  {:<28}",
-        "ID", "NAME", "TEAM", "STATE", "EXIT", "PLACEMENT"
+        "ID",
+        "NAME",
+        "TEAM",
+        "STATE",
+        "EXIT",
+        "PLACEMENT"
     );
     for j in list.jobs {
-        println!(
+        out!(
             "{:<36}  {:<20}  {:<12}  {:<10}  {:>4}  {:<28}",
             j.id,
-            truncate(&j.name, 20),
-            truncate(&j.team, 12),
+            truncate(&printable(&j.name), 20),
+            truncate(&printable(&j.team), 12),
             state_name(&j),
             j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
             j.placement
                 .as_ref()
-                .map(|p| format!("{} {:?}", p.node, p.gpus))
+                .map(|p| format!("{} {:?}", printable(&p.node), p.gpus))
                 .unwrap_or_default()
         );
     }
@@ -180,7 +317,7 @@ fn truncate(s: &str, n: usize) -> String {
 
 pub async fn job(c: &Client, id: &str) -> anyhow::Result<()> {
     let job: Value = c.call(Method::GET, &format!("/jobs/{id}"), None).await?;
-    println!("{}", serde_json::to_string_pretty(&job)?);
+    out!("{}", json_text(&job)?);
     Ok(())
 }
 
@@ -197,7 +334,9 @@ pub async fn logs(c: &Client, id: &str, follow: bool) -> anyhow::Result<()> {
             match e.stream {
                 LogStream::Stdout => out.write_all(e.text.as_bytes())?,
                 LogStream::Stderr => err.write_all(e.text.as_bytes())?,
-                LogStream::System => writeln!(err, "[switchyard] {}", e.text.trim_end())?,
+                LogStream::System => {
+                    writeln!(err, "[switchyard] {}", printable(e.text.trim_end()))?
+                }
             }
         }
         out.flush()?;
@@ -215,25 +354,31 @@ pub async fn cancel(c: &Client, id: &str) -> anyhow::Result<()> {
     let job: JobView = c
         .call(Method::POST, &format!("/jobs/{id}/cancel"), None)
         .await?;
-    println!("{} {}", job.id, state_name(&job));
+    out!("{} {}", job.id, state_name(&job));
     Ok(())
 }
 
 pub async fn pools(c: &Client, json: bool) -> anyhow::Result<()> {
     let list: PoolList = c.call(Method::GET, "/pools", None).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        out!("{}", json_text(&list)?);
         return Ok(());
     }
-    println!(
+    out!(
         "{:<40}  {:<10}  {:>5}  {:>9}  {:>10}  {:>10}  {:>7}",
-        "POOL", "GPU", "NODES", "GPUS FREE", "$/GPU-H", "SPOT", "LAT MS"
+        "POOL",
+        "GPU",
+        "NODES",
+        "GPUS FREE",
+        "$/GPU-H",
+        "SPOT",
+        "LAT MS"
     );
     for p in list.pools {
-        println!(
+        out!(
             "{:<40}  {:<10}  {:>5}  {:>9}  {:>10.4}  {:>10}  {:>7}",
-            truncate(&p.id, 40),
-            p.gpu_model,
+            truncate(&printable(&p.id), 40),
+            printable(&p.gpu_model),
             p.nodes,
             format!("{}/{}", p.gpus_free, p.gpus_total),
             p.price_per_gpu_hour,
@@ -253,7 +398,7 @@ pub async fn token_create(c: &Client, role: Role, team: Option<String>) -> anyho
         name: None,
     })?;
     let created: TokenCreated = c.call(Method::POST, "/tokens", Some(&body)).await?;
-    println!("{}", created.token);
+    out!("{}", printable(&created.token));
     Ok(())
 }
 
@@ -270,7 +415,7 @@ pub async fn policy_get(c: &Client, team: &str, project: Option<&str>) -> anyhow
     let view: PolicyView = c
         .call(Method::GET, &policy_path(team, project), None)
         .await?;
-    println!("{}", serde_json::to_string_pretty(&view)?);
+    out!("{}", json_text(&view)?);
     Ok(())
 }
 
@@ -288,10 +433,12 @@ pub async fn policy_set(
     let view: PolicyView = c
         .call(Method::PUT, &policy_path(team, project), Some(&body))
         .await?;
-    println!(
+    out!(
         "policy of {}{} saved: version {}",
-        view.team,
-        view.project.map(|p| format!("/{p}")).unwrap_or_default(),
+        printable(&view.team),
+        view.project
+            .map(|p| format!("/{}", printable(&p)))
+            .unwrap_or_default(),
         view.version
     );
     Ok(())
@@ -338,20 +485,31 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
         let detail = serde_json::from_str::<ErrorBody>(&text)
             .map(|e| format!("{} ({})", e.error.message, e.error.code))
             .unwrap_or(text);
-        bail!("{} {}: {detail}", status.as_u16(), reason(status));
+        bail!(
+            "{} {}: {}",
+            status.as_u16(),
+            reason(status),
+            printable(&detail)
+        );
     }
     if csv {
-        print!("{text}");
+        // The broker's CSV as it came (its cells are neutralised there), minus terminal
+        // controls.
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        for line in text.lines() {
+            writeln!(stdout, "{}", printable(line))?;
+        }
         return Ok(());
     }
     let report: switchyard_protocol::api::SpendReport =
         serde_json::from_str(&text).with_context(|| format!("unexpected response from {url}"))?;
     let bucketed = report.rows.iter().any(|r| r.bucket_start.is_some());
-    let key_name = report.group_by.to_uppercase();
+    let key_name = printable(&report.group_by).to_uppercase();
     if bucketed {
-        println!("{:<20}  {:<40}  {:>14}", "BUCKET", key_name, "USD");
+        out!("{:<20}  {:<40}  {:>14}", "BUCKET", key_name, "USD");
     } else {
-        println!("{:<40}  {:>14}", key_name, "USD");
+        out!("{:<40}  {:>14}", key_name, "USD");
     }
     for row in &report.rows {
         let key = row
@@ -360,22 +518,23 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
             .cloned()
             .flatten()
             .unwrap_or_else(|| "-".into());
+        let key = printable(&key);
         match row.bucket_start {
-            Some(b) => println!(
+            Some(b) => out!(
                 "{:<20}  {:<40}  {:>14.6}",
                 b.format("%Y-%m-%d %H:%M"),
                 truncate(&key, 40),
                 row.amount_usd
             ),
-            None => println!("{:<40}  {:>14.6}", truncate(&key, 40), row.amount_usd),
+            None => out!("{:<40}  {:>14.6}", truncate(&key, 40), row.amount_usd),
         }
     }
     let width = if bucketed { 78 } else { 56 };
-    println!("{}", "-".repeat(width));
+    out!("{}", "-".repeat(width));
     if bucketed {
-        println!("{:<20}  {:<40}  {:>14.6}", "", "TOTAL", report.total_usd);
+        out!("{:<20}  {:<40}  {:>14.6}", "", "TOTAL", report.total_usd);
     } else {
-        println!("{:<40}  {:>14.6}", "TOTAL", report.total_usd);
+        out!("{:<40}  {:>14.6}", "TOTAL", report.total_usd);
     }
     Ok(())
 }

@@ -215,7 +215,11 @@ fn main() -> anyhow::Result<()> {
     let result = runtime.block_on(run(args));
     drop(runtime);
     drop(telemetry);
-    result
+    match result {
+        // The reader of our output went away (`switchyard jobs | head -1`): not a failure.
+        Err(e) if cli::is_broken_pipe(&e) => Ok(()),
+        other => other,
+    }
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
