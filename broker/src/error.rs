@@ -43,6 +43,13 @@ pub enum ApiError {
     /// the request field, the message the policy rule.
     #[error("{message}")]
     PolicyViolation { field: String, message: String },
+    /// 422 `idempotency_key_reused`: an `Idempotency-Key` already names a job created by a
+    /// request with another spec.
+    #[error(
+        "Idempotency-Key: this key was used within 24 hours for another request (job {job}); \
+         use a new key for a new job"
+    )]
+    IdempotencyKeyReused { job: String },
     #[error("service unavailable: {0}")]
     Unavailable(String),
     /// 408 `request_timeout`: the request's body did not arrive in time.
@@ -93,6 +100,9 @@ impl ApiError {
             ApiError::PolicyViolation { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "policy_violation")
             }
+            ApiError::IdempotencyKeyReused { .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused")
+            }
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
@@ -123,6 +133,7 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest { field, .. } => (field, None),
             ApiError::Unprocessable { field, details, .. } => (field, details),
             ApiError::PolicyViolation { field, .. } => (Some(field), None),
+            ApiError::IdempotencyKeyReused { .. } => (Some("Idempotency-Key".to_string()), None),
             _ => (None, None),
         };
         let body = ErrorBody {

@@ -185,6 +185,7 @@ async fn times_ids_and_documents_round_trip_exactly() {
             error: None,
             stopped: false,
             requeue: false,
+            drained: false,
         },
     ];
     let (results, ended) = store
@@ -270,6 +271,7 @@ async fn a_fenced_report_requeues_the_job() {
         error: Some("stopped by the agent because it could not renew its lease".into()),
         stopped: false,
         requeue: true,
+        drained: false,
     };
     let events = [
         AgentEvent::Started {
@@ -506,6 +508,7 @@ async fn a_cancel_racing_a_start_leaves_one_consistent_outcome() {
                             error: None,
                             stopped: true,
                             requeue: false,
+                            drained: false,
                         }],
                         T0.plus_secs(3),
                     )
@@ -803,5 +806,95 @@ async fn the_leader_lease_is_exclusive_and_its_epoch_fences_a_deposed_leader() {
     assert_eq!(
         a.job(job.id).await.unwrap().unwrap().state,
         JobState::Queued
+    );
+}
+
+/// `Idempotency-Key`: racing inserts under one key create one job; the key names it to later
+/// requests (telling the same request from another), in its scope only, until it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_idempotency_key_makes_one_job_however_many_race_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = seeded(dir.path()).await;
+    let key = |scope: &str, hash: &str| IdempotencyKey {
+        scope: scope.into(),
+        key: "k-1".into(),
+        request_hash: hash.into(),
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (store, k) = (store.clone(), key("team:ml", "h1"));
+        tasks.push(tokio::spawn(async move {
+            let job = new_job("batch");
+            let r = store
+                .insert_job_idempotent(&job, &k, T0.plus_secs(-60))
+                .await
+                .unwrap();
+            (job.id, r)
+        }));
+    }
+    let mut inserted = Vec::new();
+    let mut existing = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            (id, IdempotentInsert::Inserted) => inserted.push(id),
+            (_, IdempotentInsert::Existing { job, same_request }) => {
+                assert!(same_request);
+                existing.push(job);
+            }
+        }
+    }
+    assert_eq!(inserted.len(), 1, "{inserted:?}");
+    assert_eq!(existing.len(), 19);
+    assert!(existing.iter().all(|j| *j == inserted[0]));
+    assert!(store.job(inserted[0]).await.unwrap().is_some());
+    let since = T0.plus_secs(-60);
+    assert_eq!(
+        store
+            .idempotent_job(&key("team:ml", "h1"), since)
+            .await
+            .unwrap(),
+        Some((inserted[0], true))
+    );
+    assert_eq!(
+        store
+            .idempotent_job(&key("team:ml", "other"), since)
+            .await
+            .unwrap(),
+        Some((inserted[0], false))
+    );
+    // Another team's key of the same name is another key.
+    assert_eq!(
+        store
+            .idempotent_job(&key("team:cv", "h1"), since)
+            .await
+            .unwrap(),
+        None
+    );
+    // Past its lifetime the key names nothing, and a new request takes it over.
+    let later = T0.plus_secs(86_400);
+    assert_eq!(
+        store
+            .idempotent_job(&key("team:ml", "h1"), later)
+            .await
+            .unwrap(),
+        None
+    );
+    let job = NewJob {
+        submitted_at: later,
+        ..new_job("batch")
+    };
+    assert_eq!(
+        store
+            .insert_job_idempotent(&job, &key("team:ml", "h2"), later)
+            .await
+            .unwrap(),
+        IdempotentInsert::Inserted
+    );
+    assert_eq!(
+        store
+            .idempotent_job(&key("team:ml", "h2"), later)
+            .await
+            .unwrap(),
+        Some((job.id, true))
     );
 }

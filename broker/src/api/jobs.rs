@@ -3,8 +3,9 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 use switchyard_core::{JobId, JobState, Priority, check_satisfiable};
 use switchyard_protocol::api::{
     ErrorBody, JobList, JobSpec, JobView, LogPage, PlacementExplanation, Role,
@@ -19,21 +20,32 @@ use crate::convert;
 use crate::error::ApiError;
 use crate::json::ApiJson;
 use crate::scheduler::SchedulerEvent;
-use crate::store::{CancelOutcome, JobFilter, JobRecord, NewJob};
+use crate::store::{CancelOutcome, IdempotencyKey, IdempotentInsert, JobFilter, JobRecord, NewJob};
 
-/// Submit a job.
+/// How long an `Idempotency-Key` names the job its first request created.
+pub const IDEMPOTENCY_KEY_TTL_MS: i64 = 24 * 3_600_000;
+/// The longest `Idempotency-Key`.
+const IDEMPOTENCY_KEY_MAX: usize = 255;
+
+/// Submit a job. With an `Idempotency-Key` header, a retry of the same request (same key and
+/// same spec, within 24 hours, from the same team) returns the job the first one created
+/// (200) instead of creating another; the same key with another spec is refused (422).
 #[utoipa::path(post, path = "/jobs", tag = "jobs", request_body = JobSpec,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "Up to 255 visible ASCII characters; scoped to the token's team (or to the token when it has none), kept 24 hours")),
     responses(
+        (status = 200, description = "A retry: the job this `Idempotency-Key` created", body = JobView),
         (status = 201, description = "Accepted and stored", body = JobView),
         (status = 400, description = "Malformed or invalid field", body = ErrorBody),
         (status = 401, description = "No or bad token", body = ErrorBody),
         (status = 403, description = "Not allowed for this role or team", body = ErrorBody),
-        (status = 422, description = "No pool can ever run it (`unsatisfiable`), or the team's policy never allows it (`policy_violation`)", body = ErrorBody),
+        (status = 422, description = "No pool can ever run it (`unsatisfiable`), the team's policy never allows it (`policy_violation`), or the `Idempotency-Key` was used with another spec (`idempotency_key_reused`)", body = ErrorBody),
     ),
     security(("bearer" = [])))]
 pub async fn submit(
     State(app): State<App>,
     caller: Caller,
+    headers: HeaderMap,
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
     caller.require(&[Role::Admin, Role::Developer])?;
@@ -45,6 +57,17 @@ pub async fn submit(
         )));
     }
     let now = clock::now();
+    let spec_json = serde_json::to_string(&spec)
+        .map_err(|e| ApiError::Internal(format!("serialising a spec: {e}")))?;
+    let key = idempotency_key(&headers, &caller, &spec_json)?;
+    let since = switchyard_core::Timestamp(now.millis() - IDEMPOTENCY_KEY_TTL_MS);
+    // A retry is answered before anything else is checked again: the first answer stands
+    // even when a policy changed since.
+    if let Some(key) = &key
+        && let Some((job, same)) = app.store.idempotent_job(key, since).await?
+    {
+        return retried(&app, job, same).await;
+    }
     let core_spec = convert::job_spec(&spec, now)?;
     let pools = app.store.pools().await?;
     check_satisfiable(&pools, &core_spec)
@@ -60,8 +83,6 @@ pub async fn submit(
         }
     }
     let id = JobId(Uuid::now_v7());
-    let spec_json = serde_json::to_string(&spec)
-        .map_err(|e| ApiError::Internal(format!("serialising a spec: {e}")))?;
     // The root of the job's trace (exported only when an OTLP endpoint is configured).
     let span = tracing::info_span!("job.submit", job.id = %id, team = %spec.team);
     let job = NewJob {
@@ -71,7 +92,19 @@ pub async fn submit(
         submitted_at: now,
         trace_parent: switchyard_agent::telemetry::traceparent(&span),
     };
-    tracing::Instrument::instrument(app.store.insert_job(&job), span).await?;
+    match &key {
+        None => tracing::Instrument::instrument(app.store.insert_job(&job), span).await?,
+        Some(key) => {
+            let insert = app.store.insert_job_idempotent(&job, key, since);
+            match tracing::Instrument::instrument(insert, span).await? {
+                IdempotentInsert::Inserted => {}
+                // Another request with this key won the race.
+                IdempotentInsert::Existing { job, same_request } => {
+                    return retried(&app, job, same_request).await;
+                }
+            }
+        }
+    }
     app.metrics.job_submitted();
     let record = JobRecord {
         id,
@@ -95,6 +128,62 @@ pub async fn submit(
     app.scheduler
         .send(SchedulerEvent::JobSubmitted(Box::new(record)));
     Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// The request's `Idempotency-Key`, if it sent one: up to 255 visible ASCII characters,
+/// scoped to the caller's team (a token without a team: to the token), with a digest of the
+/// spec as parsed (so that whitespace or field order do not make a retry "different").
+fn idempotency_key(
+    headers: &HeaderMap,
+    caller: &Caller,
+    spec_json: &str,
+) -> Result<Option<IdempotencyKey>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|k| {
+            !k.is_empty()
+                && k.len() <= IDEMPOTENCY_KEY_MAX
+                && k.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "Idempotency-Key",
+                format!("must be 1 to {IDEMPOTENCY_KEY_MAX} visible ASCII characters"),
+            )
+        })?;
+    let scope = match &caller.team {
+        Some(team) => format!("team:{team}"),
+        None => format!("token:{}", caller.token_id),
+    };
+    Ok(Some(IdempotencyKey {
+        scope,
+        key: key.to_string(),
+        request_hash: hex::encode(Sha256::digest(spec_json.as_bytes())),
+    }))
+}
+
+/// The answer to a request whose `Idempotency-Key` names `job` already: the job (200) when
+/// the spec is the same, else 422.
+async fn retried(
+    app: &App,
+    job: JobId,
+    same: bool,
+) -> Result<(StatusCode, Json<JobView>), ApiError> {
+    if !same {
+        return Err(ApiError::IdempotencyKeyReused {
+            job: job.to_string(),
+        });
+    }
+    let record =
+        app.store.job(job).await?.ok_or_else(|| {
+            ApiError::Internal(format!("idempotency key names missing job {job}"))
+        })?;
+    tracing::info!(job.id = %job, "job submitted again under its idempotency key");
+    Ok((StatusCode::OK, Json(convert::job_view(&record)?)))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -298,6 +387,12 @@ pub async fn logs(
         return Err(ApiError::invalid("limit", "must be between 1 and 10000"));
     }
     let after = params.after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::invalid(
+            "after",
+            "must be 0 or more (the `next_after` of the previous page)",
+        ));
+    }
     // Read the state first: if the job had finished before the read, every entry is in.
     let job = visible_job(&app, &caller, &id).await?;
     let records = app.store.logs(job.id, after, limit).await?;

@@ -222,21 +222,27 @@ pub(crate) enum Requeue<'a> {
     /// (`requeue` on its report, with the agent's message): the attempt is `lost`, as when
     /// the lease expires, and the job runs again.
     Fenced(Option<&'a str>),
+    /// Its agent was shut down in an orderly way and stopped it with the checkpoint signal
+    /// (`drained` on its report, with the agent's message): the attempt is `preempted`, and
+    /// the job runs again. Never `failed`: the job did nothing wrong.
+    Drained(Option<&'a str>),
 }
 
 impl<'a> Requeue<'a> {
     /// Whether a `finished` report from an attempt in `state` puts its job back in the queue,
     /// and why: the end of a preemption, or of a job its agent stopped because it could not
-    /// renew its lease (`requeue` on the report, with the agent's `error`). The one rule both
-    /// stores apply.
+    /// renew its lease (`requeue` on the report, with the agent's `error`), or of a job its
+    /// agent stopped because it was shutting down (`drained`). The one rule both stores apply.
     pub(crate) fn of_finished(
         state: &str,
         requeue: bool,
+        drained: bool,
         error: Option<&'a str>,
     ) -> Option<Requeue<'a>> {
         match state {
             "preempting" => Some(Requeue::Preempted),
             "assigned" | "running" if requeue => Some(Requeue::Fenced(error)),
+            "assigned" | "running" if drained => Some(Requeue::Drained(error)),
             _ => None,
         }
     }
@@ -249,6 +255,11 @@ impl<'a> Requeue<'a> {
                 "lost",
                 error,
                 Some("requeued: its agent could not renew the lease in time and stopped it"),
+            ),
+            Requeue::Drained(error) => (
+                "preempted",
+                error,
+                Some("requeued: its agent was shut down and stopped it with the checkpoint signal"),
             ),
         }
     }
@@ -369,6 +380,14 @@ pub trait Store: Send + Sync + 'static {
     // Enrolment and nodes.
     async fn insert_enrolment_token(&self, token: &EnrolmentTokenRecord) -> StoreResult<()>;
     /// Consumes a one-time enrolment token and creates the node in one transaction.
+    /// Whether `enrolment_hash` names an enrolment token that could enrol an agent now (issued,
+    /// unused, unexpired); read only, so that a registration's token is checked before its
+    /// body is read. [`Store::register_node`] checks again and consumes it.
+    async fn check_enrolment_token(
+        &self,
+        enrolment_hash: &str,
+        now: Timestamp,
+    ) -> StoreResult<Result<(), RegisterRefusal>>;
     async fn register_node(
         &self,
         enrolment_hash: &str,
@@ -416,6 +435,22 @@ pub trait Store: Send + Sync + 'static {
 
     // Jobs.
     async fn insert_job(&self, job: &NewJob) -> StoreResult<()>;
+    /// Inserts `job` under an `Idempotency-Key`, in one transaction with the key, unless the
+    /// key (made at or after `since`) already names a job: then nothing is written and that
+    /// job is returned. Keys made before `since` are deleted on the way.
+    async fn insert_job_idempotent(
+        &self,
+        job: &NewJob,
+        key: &IdempotencyKey,
+        since: Timestamp,
+    ) -> StoreResult<IdempotentInsert>;
+    /// The job a key made at or after `since` names, and whether its request digest is
+    /// `key.request_hash`.
+    async fn idempotent_job(
+        &self,
+        key: &IdempotencyKey,
+        since: Timestamp,
+    ) -> StoreResult<Option<(JobId, bool)>>;
     async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>>;
     async fn list_jobs(&self, filter: &JobFilter) -> StoreResult<Vec<JobRecord>>;
     async fn cancel_job(&self, id: JobId, now: Timestamp) -> StoreResult<CancelOutcome>;

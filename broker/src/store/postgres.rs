@@ -622,6 +622,28 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn check_enrolment_token(
+        &self,
+        enrolment_hash: &str,
+        now: Timestamp,
+    ) -> StoreResult<Result<(), RegisterRefusal>> {
+        let Some(row) =
+            sqlx::query("SELECT used_at, expires_at FROM enrolment_tokens WHERE token_hash = $1")
+                .bind(enrolment_hash)
+                .fetch_optional(&self.pool)
+                .await?
+        else {
+            return Ok(Err(RegisterRefusal::UnknownToken));
+        };
+        if get_ts_opt(&row, "used_at")?.is_some() {
+            return Ok(Err(RegisterRefusal::AlreadyUsed));
+        }
+        if get_ts(&row, "expires_at")? < now {
+            return Ok(Err(RegisterRefusal::Expired));
+        }
+        Ok(Ok(()))
+    }
+
     async fn register_node(
         &self,
         enrolment_hash: &str,
@@ -866,6 +888,87 @@ impl Store for PgStore {
     async fn insert_job(&self, job: &NewJob) -> StoreResult<()> {
         // Batched with the submissions arriving meanwhile; answered after its commit.
         self.submits.insert(job).await
+    }
+
+    async fn insert_job_idempotent(
+        &self,
+        job: &NewJob,
+        key: &IdempotencyKey,
+        since: Timestamp,
+    ) -> StoreResult<IdempotentInsert> {
+        // Not batched: the key and its job commit together, under the write lock, so two
+        // requests with one key cannot both insert.
+        let mut tx = self.write_tx().await?;
+        sqlx::query("DELETE FROM idempotency_keys WHERE created_at < $1")
+            .bind(tz(since))
+            .execute(&mut *tx)
+            .await?;
+        let existing: Option<(Uuid, String)> = sqlx::query_as(
+            "SELECT job_id, request_hash FROM idempotency_keys WHERE scope = $1 AND key = $2",
+        )
+        .bind(&key.scope)
+        .bind(&key.key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some((id, hash)) = existing {
+            return Ok(IdempotentInsert::Existing {
+                job: JobId(id),
+                same_request: hash == key.request_hash,
+            });
+        }
+        let core_spec = serde_json::to_string(&job.spec)
+            .map_err(|e| StoreError::Corrupt(format!("spec: {e}")))?;
+        sqlx::query(
+            "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
+             core_spec_json, submitted_at, deadline, trace_parent) \
+             VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(job.id.0)
+        .bind(&job.spec.team)
+        .bind(&job.spec.project)
+        .bind(&job.spec.name)
+        .bind(job.spec.priority.as_str())
+        .bind(match job.spec.kind {
+            switchyard_core::JobKind::Batch => "batch",
+            switchyard_core::JobKind::Service => "service",
+        })
+        .bind(&job.spec_json)
+        .bind(&core_spec)
+        .bind(tz(job.submitted_at))
+        .bind(tz_opt(job.spec.deadline))
+        .bind(&job.trace_parent)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO idempotency_keys (scope, key, request_hash, job_id, created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&key.scope)
+        .bind(&key.key)
+        .bind(&key.request_hash)
+        .bind(job.id.0)
+        .bind(tz(job.submitted_at))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(IdempotentInsert::Inserted)
+    }
+
+    async fn idempotent_job(
+        &self,
+        key: &IdempotencyKey,
+        since: Timestamp,
+    ) -> StoreResult<Option<(JobId, bool)>> {
+        let row: Option<(Uuid, String)> = sqlx::query_as(
+            "SELECT job_id, request_hash FROM idempotency_keys \
+             WHERE scope = $1 AND key = $2 AND created_at >= $3",
+        )
+        .bind(&key.scope)
+        .bind(&key.key)
+        .bind(tz(since))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(id, hash)| (JobId(id), hash == key.request_hash)))
     }
 
     async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
@@ -1744,8 +1847,33 @@ impl Store for PgStore {
                         state.as_str(),
                         "assigned" | "running" | "finished" | "preempting"
                     ) {
-                        let seq = i64::try_from(*seq)
-                            .map_err(|_| corrupt(format!("log seq out of range: {seq}")))?;
+                        let Ok(seq) = i64::try_from(*seq) else {
+                            results.push(rejected("log chunk sequence number out of range"));
+                            continue;
+                        };
+                        let id = attempt.attempt_id;
+                        let stored = async |tx: &mut Tx, n: i64| -> StoreResult<bool> {
+                            let found: Option<i64> = sqlx::query_scalar(
+                                "SELECT seq FROM log_chunks WHERE attempt_id = $1 AND seq = $2",
+                            )
+                            .bind(id)
+                            .bind(n)
+                            .fetch_optional(&mut **tx)
+                            .await?;
+                            Ok(found.is_some())
+                        };
+                        // Chunks are numbered from 0 without gaps: one that does not follow a
+                        // stored one is a retry (already stored) or a broken agent.
+                        if seq > 0 && !stored(&mut tx, seq - 1).await? {
+                            results.push(if stored(&mut tx, seq).await? {
+                                duplicate()
+                            } else {
+                                rejected(
+                                    "log chunk out of sequence: the one before it was never sent",
+                                )
+                            });
+                            continue;
+                        }
                         let inserted = sqlx::query(
                             "INSERT INTO log_chunks (job_id, attempt_id, attempt_no, seq, stream, \
                              data, at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
@@ -1775,10 +1903,11 @@ impl Store for PgStore {
                     error,
                     stopped,
                     requeue,
+                    drained,
                     ..
                 } => match (
                     state.as_str(),
-                    super::Requeue::of_finished(&state, *requeue, error.as_deref()),
+                    super::Requeue::of_finished(&state, *requeue, *drained, error.as_deref()),
                 ) {
                     (_, Some(how)) => {
                         let job = finish_requeued(&mut tx, attempt, *exit_code, *signal, now, how)

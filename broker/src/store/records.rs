@@ -58,6 +58,19 @@ pub enum RegisterRefusal {
     InstanceGone,
 }
 
+impl std::fmt::Display for RegisterRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RegisterRefusal::UnknownToken => "unknown enrolment token",
+            RegisterRefusal::AlreadyUsed => "enrolment token already used",
+            RegisterRefusal::Expired => "enrolment token expired",
+            RegisterRefusal::InstanceGone => {
+                "the instance this enrolment token was issued for is no longer booting"
+            }
+        })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeRecord {
     pub id: NodeId,
@@ -87,6 +100,25 @@ pub struct NewJob {
     pub submitted_at: Timestamp,
     /// W3C trace context of the submit span (only when traces are exported).
     pub trace_parent: Option<String>,
+}
+
+/// The `Idempotency-Key` of a submission: the key as sent, the scope it lives in (the
+/// caller's team, or its token when it has none) and a digest of the request's spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    pub scope: String,
+    pub key: String,
+    pub request_hash: String,
+}
+
+/// What [`crate::store::Store::insert_job_idempotent`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IdempotentInsert {
+    /// The job was inserted with its key.
+    Inserted,
+    /// The key already names `job` (within the key lifetime); `same_request` when its
+    /// request digest is this one's. Nothing was written.
+    Existing { job: JobId, same_request: bool },
 }
 
 #[derive(Clone, Debug, PartialEq)]

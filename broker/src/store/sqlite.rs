@@ -39,6 +39,7 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
+        owner_only(options.get_filename())?;
         Self::connect(options).await
     }
 
@@ -532,6 +533,25 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn check_enrolment_token(
+        &self,
+        enrolment_hash: &str,
+        now: Timestamp,
+    ) -> StoreResult<Result<(), RegisterRefusal>> {
+        let row: Option<(Option<i64>, i64)> = sqlx::query_as(
+            "SELECT used_at, expires_at FROM enrolment_tokens WHERE token_hash = $1",
+        )
+        .bind(enrolment_hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            None => Err(RegisterRefusal::UnknownToken),
+            Some((Some(_), _)) => Err(RegisterRefusal::AlreadyUsed),
+            Some((None, expires)) if expires < now.millis() => Err(RegisterRefusal::Expired),
+            Some(_) => Ok(()),
+        })
+    }
+
     async fn register_node(
         &self,
         enrolment_hash: &str,
@@ -767,30 +787,65 @@ impl Store for SqliteStore {
     }
 
     async fn insert_job(&self, job: &NewJob) -> StoreResult<()> {
-        let core_spec =
-            serde_json::to_string(&job.spec).map_err(|e| corrupt(format!("spec: {e}")))?;
-        sqlx::query(
-            "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
-             core_spec_json, submitted_at, deadline, trace_parent) \
-             VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11)",
+        insert_job_row(&self.pool, job).await
+    }
+
+    async fn insert_job_idempotent(
+        &self,
+        job: &NewJob,
+        key: &IdempotencyKey,
+        since: Timestamp,
+    ) -> StoreResult<IdempotentInsert> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("DELETE FROM idempotency_keys WHERE created_at < $1")
+            .bind(since.millis())
+            .execute(&mut *tx)
+            .await?;
+        let existing: Option<(String, String)> = sqlx::query_as(
+            "SELECT job_id, request_hash FROM idempotency_keys WHERE scope = $1 AND key = $2",
         )
-        .bind(job.id.to_string())
-        .bind(&job.spec.team)
-        .bind(&job.spec.project)
-        .bind(&job.spec.name)
-        .bind(job.spec.priority.as_str())
-        .bind(match job.spec.kind {
-            switchyard_core::JobKind::Batch => "batch",
-            switchyard_core::JobKind::Service => "service",
-        })
-        .bind(&job.spec_json)
-        .bind(&core_spec)
-        .bind(job.submitted_at.millis())
-        .bind(job.spec.deadline.map(Timestamp::millis))
-        .bind(&job.trace_parent)
-        .execute(&self.pool)
+        .bind(&key.scope)
+        .bind(&key.key)
+        .fetch_optional(&mut *tx)
         .await?;
-        Ok(())
+        if let Some((id, hash)) = existing {
+            return Ok(IdempotentInsert::Existing {
+                job: JobId(parse_uuid(&id)?),
+                same_request: hash == key.request_hash,
+            });
+        }
+        insert_job_row(&mut *tx, job).await?;
+        sqlx::query(
+            "INSERT INTO idempotency_keys (scope, key, request_hash, job_id, created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&key.scope)
+        .bind(&key.key)
+        .bind(&key.request_hash)
+        .bind(job.id.to_string())
+        .bind(job.submitted_at.millis())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(IdempotentInsert::Inserted)
+    }
+
+    async fn idempotent_job(
+        &self,
+        key: &IdempotencyKey,
+        since: Timestamp,
+    ) -> StoreResult<Option<(JobId, bool)>> {
+        let row: Option<(String, String)> = sqlx::query_as(
+            "SELECT job_id, request_hash FROM idempotency_keys \
+             WHERE scope = $1 AND key = $2 AND created_at >= $3",
+        )
+        .bind(&key.scope)
+        .bind(&key.key)
+        .bind(since.millis())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|(id, hash)| Ok((JobId(parse_uuid(&id)?), hash == key.request_hash)))
+            .transpose()
     }
 
     async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>> {
@@ -1431,15 +1486,42 @@ impl Store for SqliteStore {
                         state.as_str(),
                         "assigned" | "running" | "finished" | "preempting"
                     ) {
+                        let Ok(seq) = i64::try_from(*seq) else {
+                            results.push(rejected("log chunk sequence number out of range"));
+                            continue;
+                        };
+                        let id = attempt.attempt_id.to_string();
+                        let stored = async |tx: &mut Tx, n: i64| -> StoreResult<bool> {
+                            let found: Option<i64> = sqlx::query_scalar(
+                                "SELECT seq FROM log_chunks WHERE attempt_id = $1 AND seq = $2",
+                            )
+                            .bind(&id)
+                            .bind(n)
+                            .fetch_optional(&mut **tx)
+                            .await?;
+                            Ok(found.is_some())
+                        };
+                        // Chunks are numbered from 0 without gaps: one that does not follow a
+                        // stored one is a retry (already stored) or a broken agent.
+                        if seq > 0 && !stored(&mut tx, seq - 1).await? {
+                            results.push(if stored(&mut tx, seq).await? {
+                                duplicate()
+                            } else {
+                                rejected(
+                                    "log chunk out of sequence: the one before it was never sent",
+                                )
+                            });
+                            continue;
+                        }
                         let inserted = sqlx::query(
                             "INSERT INTO log_chunks (job_id, attempt_id, attempt_no, seq, stream, \
                              data, at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
                              ON CONFLICT (attempt_id, seq) DO NOTHING",
                         )
                         .bind(attempt.job_id.to_string())
-                        .bind(attempt.attempt_id.to_string())
+                        .bind(&id)
                         .bind(attempt_no)
-                        .bind(*seq as i64)
+                        .bind(seq)
                         .bind(stream_str(*stream))
                         .bind(data)
                         .bind(now.millis())
@@ -1460,10 +1542,11 @@ impl Store for SqliteStore {
                     error,
                     stopped,
                     requeue,
+                    drained,
                     ..
                 } => match (
                     state.as_str(),
-                    super::Requeue::of_finished(&state, *requeue, error.as_deref()),
+                    super::Requeue::of_finished(&state, *requeue, *drained, error.as_deref()),
                 ) {
                     (_, Some(how)) => {
                         let job = finish_requeued(&mut tx, attempt, *exit_code, *signal, now, how)
@@ -2062,4 +2145,53 @@ fn sql_list_jobs() -> &'static str {
 
 fn sql_pending_jobs() -> &'static str {
     job_select!("WHERE j.state IN ('queued', 'provisioning', 'held') ORDER BY j.id")
+}
+
+/// The database holds token hashes, job specs (with their environment) and the ledger: it is
+/// created readable by its owner only (SQLite gives its `-wal` and `-shm` files the same
+/// mode), and an existing file is narrowed to that. In-memory databases have no file.
+fn owner_only(path: &std::path::Path) -> StoreResult<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let name = path.to_string_lossy();
+    if name.is_empty() || name == ":memory:" || name.starts_with("file::memory:") {
+        return Ok(());
+    }
+    let io = |e: std::io::Error| corrupt(format!("database file {}: {e}", path.display()));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)
+}
+
+/// Inserts a new job row (`queued`).
+async fn insert_job_row<'e, E>(ex: E, job: &NewJob) -> StoreResult<()>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Sqlite>,
+{
+    let core_spec = serde_json::to_string(&job.spec).map_err(|e| corrupt(format!("spec: {e}")))?;
+    sqlx::query(
+        "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
+         core_spec_json, submitted_at, deadline, trace_parent) \
+         VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(job.id.to_string())
+    .bind(&job.spec.team)
+    .bind(&job.spec.project)
+    .bind(&job.spec.name)
+    .bind(job.spec.priority.as_str())
+    .bind(match job.spec.kind {
+        switchyard_core::JobKind::Batch => "batch",
+        switchyard_core::JobKind::Service => "service",
+    })
+    .bind(&job.spec_json)
+    .bind(&core_spec)
+    .bind(job.submitted_at.millis())
+    .bind(job.spec.deadline.map(Timestamp::millis))
+    .bind(&job.trace_parent)
+    .execute(ex)
+    .await?;
+    Ok(())
 }
