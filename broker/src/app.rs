@@ -194,6 +194,9 @@ impl App {
             }
         }
         let created_admin_token = ensure_admin_token(store.as_ref(), &config).await?;
+        if config.retire_nodes_at_start {
+            retire_previous_run(store.as_ref()).await?;
+        }
         let agents = AgentWakers::new(bus.clone());
         let (handle, worker) = scheduler::channel(bus);
         let app = App(Arc::new(AppInner {
@@ -223,6 +226,22 @@ impl App {
             created_admin_token,
         })
     }
+}
+
+/// `switchyard up` starts its own agents at every start; the nodes in the database are those of
+/// an earlier run, whose agents exited with it (or were killed with it). They are revoked — an
+/// agent of theirs that somehow still runs can no longer report — and their live attempts end
+/// `lost` with their jobs back in the queue, before the scheduler's first round.
+async fn retire_previous_run(store: &dyn Store) -> anyhow::Result<()> {
+    let why = "its node belonged to an earlier run of `switchyard up`";
+    let now = crate::clock::now();
+    for node in store.nodes().await? {
+        if let Some(requeued) = store.revoke_node(&node.id, why, now).await? {
+            tracing::info!(node.id = %node.id, jobs.requeued = requeued.len(),
+                "retired a node of the previous run");
+        }
+    }
+    Ok(())
 }
 
 #[cfg(feature = "postgres")]

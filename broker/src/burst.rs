@@ -133,6 +133,8 @@ async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
     let ttl = (app.config.boot_timeout_s as i64).max(60) + 300;
     let (token, record) = issue_enrolment_token(&inst.pool, Some(&inst.id), ttl);
     app.store.insert_enrolment_token(&record).await?;
+    let audit = crate::api::audit::system_enrolment("system:burst", &inst.pool, &inst.id, &record);
+    app.store.append_audit(&audit).await?;
     let request = LaunchRequest {
         pool: inst.pool.clone(),
         market: inst.market,

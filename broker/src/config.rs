@@ -11,6 +11,11 @@ use std::path::{Path, PathBuf};
 pub struct Config {
     /// Where the API, the agent protocol and the console listen.
     pub listen: SocketAddr,
+    /// Set by `switchyard up` only (never from a file): every node in the database belongs to
+    /// an earlier run whose agents are gone, so at start they are revoked and their work is
+    /// requeued before the scheduler plans anything.
+    #[serde(skip)]
+    pub retire_nodes_at_start: bool,
     /// The URL agents and the CLI use to reach this broker; defaults to `http://{listen}`.
     pub public_url: Option<String>,
     /// Holds the SQLite file and `admin.token`.
@@ -189,6 +194,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            retire_nodes_at_start: false,
             public_url: None,
             data_dir: PathBuf::from(".switchyard"),
             database_url: None,

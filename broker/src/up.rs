@@ -1,7 +1,10 @@
 //! `switchyard up`: the whole federation on this machine — the broker with SQLite in the data
 //! directory, an on-prem region with two local agents of four simulated H100s each, and cloud
 //! regions priced from the bundled catalogue. Ctrl-C stops everything it started, agents
-//! included.
+//! included: planning stops, the agents drain (their running jobs get the checkpoint signal
+//! and go back to the queue), then the broker. The agents also exit when `up` dies without a
+//! word (kill -9): they watch the pipe `up` holds open on their stdin. A restart retires the
+//! nodes of the previous run (`Config::retire_nodes_at_start`) and requeues their work.
 
 use anyhow::Context;
 use std::path::PathBuf;
@@ -43,6 +46,7 @@ pub fn up_config(opts: &UpOptions) -> Config {
     };
     Config {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], opts.port)),
+        retire_nodes_at_start: true,
         data_dir: opts.data_dir.clone(),
         database_url: opts.database_url.clone(),
         burst_enabled: true,
@@ -128,12 +132,15 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
 
     let pool = PoolId(ONPREM_POOL.into());
     for i in 1..=opts.agents {
+        let name = format!("onprem-{i}");
         let (token, record) = issue_enrolment_token(&pool, None, 900);
         app.store.insert_enrolment_token(&record).await?;
+        let audit = crate::api::audit::system_enrolment("system:up", &pool, &name, &record);
+        app.store.append_audit(&audit).await?;
         provider
-            .spawn_static_agent(&format!("onprem-{i}"), &pool, &token, &url)
+            .spawn_static_agent(&name, &pool, &token, &url)
             .await
-            .with_context(|| format!("starting local agent onprem-{i}"))?;
+            .with_context(|| format!("starting local agent {name}"))?;
     }
 
     let token_path = opts.data_dir.join("admin.token");
@@ -160,9 +167,12 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         res = &mut server => Some(res),
     };
     println!("Stopping agents and the broker…");
+    // Planning stops first, so that no job is handed to an agent that is about to stop; the
+    // API stays up while the agents drain: each running job gets its checkpoint signal, and
+    // their reports put the jobs back in the queue (attempt `preempted`) for the next start.
+    running.stop().await;
     provider.shutdown().await;
     if let Some(res) = stopped_by_itself {
-        running.stop().await;
         res.context("server task")??;
         anyhow::bail!("the server stopped unexpectedly");
     }
@@ -171,6 +181,5 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         Ok(res) => res.context("server task")??,
         Err(_) => tracing::warn!("server did not stop within 10 s"),
     }
-    running.stop().await;
     Ok(())
 }

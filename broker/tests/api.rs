@@ -580,8 +580,8 @@ async fn agents_cannot_report_for_leases_they_do_not_hold() {
         .call(
             Method::POST,
             "/agent/v1/register",
-            None,
-            Some(register_body(&a.enrol, 4)),
+            Some(&a.enrol),
+            Some(register_body(4)),
         )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
@@ -589,8 +589,8 @@ async fn agents_cannot_report_for_leases_they_do_not_hold() {
         .call(
             Method::POST,
             "/agent/v1/register",
-            None,
-            Some(register_body("sye_unknown", 4)),
+            Some("sye_unknown"),
+            Some(register_body(4)),
         )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);

@@ -243,6 +243,7 @@ fn the_json_reader_stops_at_serde_jsons_recursion_limit() {
 async fn deeply_nested_json_is_refused_with_400_on_every_json_route() {
     let app = TestApp::spawn().await;
     let agent = app.agent(1).await;
+    let enrol = app.enrolment_token().await;
     let deep = nested(200_000);
     // Where a value is buffered before its type is known (the agent events' internally tagged
     // enum), the nesting is really parsed: serde_json's recursion limit is what stops it.
@@ -263,13 +264,26 @@ async fn deeply_nested_json_is_refused_with_400_on_every_json_route() {
             Some(&app.admin),
         ),
         ("PATCH", format!("/api/v1/pools/{pool}"), Some(&app.admin)),
-        ("POST", "/agent/v1/register".into(), None),
+        // Registration reads at most 256 KiB, and only with a live enrolment token: its
+        // bodies are nested less deeply below (still far past serde_json's limit).
+        ("POST", "/agent/v1/register".into(), Some(&enrol)),
         ("POST", "/agent/v1/heartbeat".into(), Some(&agent.token)),
         ("POST", "/agent/v1/events".into(), Some(&agent.token)),
         ("POST", "/console/login".into(), None),
     ];
+    let shallower = nested(100_000);
+    let register_bodies = [
+        shallower.clone(),
+        format!(r#"{{"hostname": {shallower}}}"#),
+        format!(r#"{{"inventory": {shallower}}}"#),
+    ];
     for (m, path, token) in &routes {
-        for body in [&deep, &in_field, &tagged] {
+        let bodies: Vec<&String> = if path == "/agent/v1/register" {
+            register_bodies.iter().collect()
+        } else {
+            vec![&deep, &in_field, &tagged]
+        };
+        for body in bodies {
             let mut req = app
                 .http
                 .request(m.parse().unwrap(), format!("{}{path}", app.url))
@@ -609,8 +623,8 @@ async fn no_token_or_secret_reaches_the_logs() {
         .call(
             Method::POST,
             "/agent/v1/register",
-            None,
-            Some(register_body(&hand.enrol, 1)),
+            Some(&hand.enrol),
+            Some(register_body(1)),
         )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
@@ -675,8 +689,8 @@ async fn no_token_or_secret_reaches_the_logs() {
         .call(
             Method::POST,
             "/agent/v1/register",
-            None,
-            Some(register_body(&made_up[2], 1)),
+            Some(&made_up[2]),
+            Some(register_body(1)),
         )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);

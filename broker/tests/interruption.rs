@@ -21,7 +21,7 @@ fn notice() -> Value {
 }
 
 fn inventory(gpus: u32) -> Value {
-    register_body("unused", gpus)["inventory"].clone()
+    register_body(gpus)["inventory"].clone()
 }
 
 /// One heartbeat from `agent` saying it runs `running`, with or without a notice.

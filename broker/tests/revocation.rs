@@ -337,8 +337,8 @@ async fn enrolment_tokens_are_one_time_and_expire() {
         app.call(
             Method::POST,
             "/agent/v1/register",
-            None,
-            Some(register_body(token, 1)),
+            Some(token),
+            Some(register_body(1)),
         )
         .await
     };
@@ -420,8 +420,8 @@ async fn an_instance_enrolment_token_binds_to_its_instance_while_it_boots() {
         .call(
             Method::POST,
             "/agent/v1/register",
-            None,
-            Some(register_body(&first.enrolment_token, 8)),
+            Some(&first.enrolment_token),
+            Some(register_body(8)),
         )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);

@@ -639,8 +639,8 @@ async fn accrual_shows_spend_to_date_and_settles_exactly_once_across_a_restart()
         .call(
             Method::POST,
             "/agent/v1/register",
-            "",
-            Some(register_body(enrol["token"].as_str().unwrap(), 4)),
+            enrol["token"].as_str().unwrap(),
+            Some(register_body(4)),
         )
         .await;
     let agent_token = agent["agent_token"].as_str().unwrap().to_string();
@@ -962,6 +962,7 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
         error: None,
         stopped: false,
         requeue: false,
+        drained: false,
     };
     store
         .apply_events(&node, &[started(&r1)], at(30))
@@ -1152,6 +1153,7 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
                 error: None,
                 stopped: false,
                 requeue: false,
+                drained: false,
             }],
             at_ms(11_000),
         )

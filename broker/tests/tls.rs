@@ -182,7 +182,10 @@ async fn a_certificate_for_another_host_is_refused() {
         switchyard_agent::client::BrokerClient::with_ca(&[b.url.parse().unwrap()], Some(&ca_path))
             .unwrap();
     let err = agent
-        .register(&serde_json::from_value(register_body("sye_x", 1)).unwrap())
+        .register(
+            &switchyard_agent::args::Secret::new("sye_x"),
+            &serde_json::from_value(register_body(1)).unwrap(),
+        )
         .await
         .unwrap_err();
     assert!(
@@ -492,7 +495,8 @@ impl<'a> TestAppLike<'a> {
             .unwrap();
         let r = http
             .post(format!("{}/agent/v1/register", self.0.url))
-            .json(&register_body(r["token"].as_str().unwrap(), 1))
+            .bearer_auth(r["token"].as_str().unwrap())
+            .json(&register_body(1))
             .send()
             .await
             .unwrap();

@@ -242,6 +242,26 @@ pub struct PoolView {
     pub latency_ms: u32,
     pub boot_time_s: u32,
     pub price_updated_at: DateTime<Utc>,
+    /// The nodes that joined the pool (revoked ones left out).
+    #[serde(default)]
+    pub node_list: Vec<PoolNode>,
+}
+
+/// One node of a pool, as its agent last reported it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PoolNode {
+    pub id: String,
+    pub hostname: String,
+    pub healthy: bool,
+    pub draining: bool,
+    pub gpus_total: u32,
+    /// Whether its agent runs every job as its own unprivileged uid with a clean environment.
+    /// False for an agent that is not root (a developer's `switchyard up`): there, jobs run as
+    /// the agent's own user and can read each other's processes.
+    pub isolation: bool,
+    /// GPUs declared with `--fake-gpus` rather than read from NVML.
+    pub simulated: bool,
+    pub last_heartbeat: DateTime<Utc>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

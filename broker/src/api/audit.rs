@@ -44,6 +44,29 @@ pub fn entry_view(r: &AuditRecord) -> AuditEntry {
     }
 }
 
+/// The `enrolment_token.create` audit row of a token the broker minted for an agent it starts
+/// itself (`switchyard up`'s agents, burst instances): pool, agent and expiry, never the token.
+pub fn system_enrolment(
+    actor: &str,
+    pool: &switchyard_core::PoolId,
+    agent: &str,
+    record: &crate::store::EnrolmentTokenRecord,
+) -> NewAuditEntry {
+    let after = serde_json::json!({
+        "pool": pool.to_string(),
+        "agent": agent,
+        "expires_at": clock::to_datetime(record.expires_at),
+    });
+    NewAuditEntry {
+        at: clock::now(),
+        actor: actor.to_string(),
+        action: "enrolment_token.create".to_string(),
+        target: format!("pool:{pool}"),
+        before_json: None,
+        after_json: Some(after.to_string()),
+    }
+}
+
 /// A new audit row for `action` on `target` by `caller`, with values before and after.
 pub fn entry(
     caller: &Caller,

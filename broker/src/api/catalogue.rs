@@ -37,13 +37,15 @@ pub async fn pools(State(app): State<App>, _caller: Caller) -> Result<Json<PoolL
                 .iter()
                 .map(|n| busy.get(n.id.as_str()).copied().unwrap_or(0))
                 .sum();
-            convert::pool_view(
+            let mut view = convert::pool_view(
                 p,
                 regions.iter().find(|r| r.id == p.region),
                 members.len() as u32,
                 total,
                 total.saturating_sub(used),
-            )
+            );
+            view.node_list = members.iter().map(|n| pool_node(n)).collect();
+            view
         })
         .collect();
     Ok(Json(PoolList { pools }))
@@ -115,13 +117,36 @@ pub async fn patch_pool(
         .iter()
         .map(|n| busy.get(n.id.as_str()).copied().unwrap_or(0))
         .sum();
-    Ok(Json(convert::pool_view(
+    let mut view = convert::pool_view(
         &after,
         regions.iter().find(|r| r.id == after.region),
         nodes.iter().filter(|n| n.pool == id).count() as u32,
         total,
         total.saturating_sub(used),
-    )))
+    );
+    view.node_list = nodes
+        .iter()
+        .filter(|n| n.pool == id)
+        .map(pool_node)
+        .collect();
+    Ok(Json(view))
+}
+
+/// A node as the pools API shows it; what its agent says of itself comes from the inventory
+/// it last reported (an unreadable one shows as not isolated, not simulated).
+fn pool_node(n: &crate::store::NodeRecord) -> switchyard_protocol::api::PoolNode {
+    let inventory =
+        serde_json::from_str::<switchyard_protocol::agent::Inventory>(&n.inventory_json).ok();
+    switchyard_protocol::api::PoolNode {
+        id: n.id.to_string(),
+        hostname: n.hostname.clone(),
+        healthy: n.healthy,
+        draining: n.draining,
+        gpus_total: n.gpus_total,
+        isolation: inventory.as_ref().is_some_and(|i| i.isolation),
+        simulated: inventory.as_ref().is_some_and(|i| i.simulated),
+        last_heartbeat: clock::to_datetime(n.last_heartbeat),
+    }
 }
 
 async fn busy_gpus(app: &App) -> Result<HashMap<String, u32>, ApiError> {

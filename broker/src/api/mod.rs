@@ -147,7 +147,7 @@ pub fn router(app: App) -> Router {
     let hsts = app.config.public_url().starts_with("https://");
     Router::new()
         .nest("/api/v1", api)
-        .nest("/agent/v1", agent_api::router())
+        .nest("/agent/v1", agent_api::router(app.clone()))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -330,8 +330,8 @@ impl TestApp {
             .call(
                 Method::POST,
                 "/agent/v1/register",
-                None,
-                Some(register_body(enrol, gpus)),
+                Some(enrol),
+                Some(register_body(gpus)),
             )
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
@@ -340,6 +340,20 @@ impl TestApp {
             node: r.body["node_id"].as_str().unwrap().to_string(),
             enrol: enrol.to_string(),
         }
+    }
+
+    /// A fresh one-time enrolment token for the test pool.
+    pub async fn enrolment_token(&self) -> String {
+        let r = self
+            .call(
+                Method::POST,
+                "/api/v1/enrolment-tokens",
+                Some(&self.admin),
+                Some(json!({"pool": POOL})),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        r.body["token"].as_str().unwrap().to_string()
     }
 
     /// Registers a hand-driven agent in the test pool.
@@ -358,8 +372,8 @@ impl TestApp {
             .call(
                 Method::POST,
                 "/agent/v1/register",
-                None,
-                Some(register_body(&enrol, gpus)),
+                Some(&enrol),
+                Some(register_body(gpus)),
             )
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
@@ -371,12 +385,12 @@ impl TestApp {
     }
 }
 
-pub fn register_body(enrol: &str, gpus: u32) -> Value {
+/// A registration body (its one-time token goes in `Authorization`).
+pub fn register_body(gpus: u32) -> Value {
     let gpus: Vec<Value> = (0..gpus)
         .map(|i| json!({"index": i, "uuid": format!("GPU-fake-{i}"), "model": "H100", "memory_mb": 81920}))
         .collect();
     json!({
-        "enrolment_token": enrol,
         "hostname": "test-host",
         "agent_version": "test",
         "inventory": {"gpus": gpus, "cpus": 8, "memory_mb": 65536, "simulated": true}

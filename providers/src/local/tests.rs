@@ -1,6 +1,8 @@
 //! Tests of the local provider with real processes: a `/bin/sh` stand-in agent that prints its
 //! argv (and pids) to its log file. No fixed sleeps: every wait polls with a deadline.
 
+#![allow(clippy::unwrap_used)]
+
 use super::*;
 use std::time::Instant;
 use switchyard_core::{Money, RegionId, Timestamp};

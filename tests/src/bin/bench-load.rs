@@ -215,10 +215,9 @@ async fn heartbeat_phase(agents: usize) {
             let enrol = r["token"].as_str().unwrap().to_string();
             let r: Value = http
                 .post(format!("{url}/agent/v1/register"))
-                .json(
-                    &json!({"enrolment_token": enrol, "hostname": format!("sim-{i}"),
-                              "agent_version": "bench", "inventory": inventory()}),
-                )
+                .bearer_auth(&enrol)
+                .json(&json!({"hostname": format!("sim-{i}"),
+                              "agent_version": "bench", "inventory": inventory()}))
                 .send()
                 .await
                 .unwrap()
