@@ -709,3 +709,14 @@ pub fn in_secs(secs: u64) -> String {
     chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now() + Duration::from_secs(secs))
         .to_rfc3339()
 }
+
+/// Opens `dir` (made if missing) to the jobs' own uids: agents that run as root run each job
+/// as an unprivileged uid of its own, so a directory a job writes its marks into must be
+/// world-writable (sticky, like /tmp) and its parent traversable. `parent` is that parent (a
+/// test's private temp dir, mode 0700 until now).
+pub fn open_to_jobs(parent: &Path, dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711)).unwrap();
+}

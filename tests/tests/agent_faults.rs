@@ -74,8 +74,7 @@ async fn setup(agent_via_proxy: bool) -> (Broker, std::path::PathBuf, Option<Fau
         "lease_ttl_s = {TTL_S}\nledger_accrual_interval_ms = 1000\n"
     ))
     .await;
-    let marks = broker.dir.path().join("marks");
-    std::fs::create_dir_all(&marks).unwrap();
+    let marks = broker.job_writable_dir("marks");
     let proxy = if agent_via_proxy {
         let upstream = broker.url.trim_start_matches("http://").parse().unwrap();
         Some(FaultProxy::start(upstream).await.unwrap())

@@ -107,8 +107,7 @@ async fn crash_under_load(pg: Option<String>) {
         extra.push_str(&format!("database_url = \"{url}\"\n"));
     }
     let mut broker = Broker::start_with(&extra).await;
-    let marks = broker.dir.path().join("marks");
-    std::fs::create_dir_all(&marks).unwrap();
+    let marks = broker.job_writable_dir("marks");
     for i in 0..AGENTS {
         broker.start_agent(&format!("crash-{i}"), 4).await;
     }
@@ -326,8 +325,7 @@ async fn kill_9_under_load_loses_nothing_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_longer_than_the_lease_ttl_fences_and_requeues_running_work() {
     let mut broker = Broker::start_with("lease_ttl_s = 2\n").await;
-    let marks = broker.dir.path().join("marks");
-    std::fs::create_dir_all(&marks).unwrap();
+    let marks = broker.job_writable_dir("marks");
     broker.start_agent("resync-0", 1).await;
     let id = broker.submit(spec("through-the-outage", "5", &marks)).await;
     broker

@@ -142,7 +142,7 @@ async fn killing_the_leader_hands_over_within_10s_and_loses_nothing() {
     let server = server.trim_end_matches('/').to_string();
     let dir = tempfile::tempdir().unwrap();
     let marks = dir.path().join("marks");
-    std::fs::create_dir_all(&marks).unwrap();
+    switchyard_tests::open_to_jobs(dir.path(), &marks);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
