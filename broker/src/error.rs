@@ -59,7 +59,7 @@ pub enum ApiError {
     #[error("{0}")]
     PayloadTooLarge(String),
     /// 429 `rate_limited`, with `Retry-After` (whole seconds).
-    #[error("too many requests with this credential; retry in {retry_after_s} s")]
+    #[error("too many requests (or failed sign-ins) from this caller; retry in {retry_after_s} s")]
     TooManyRequests { retry_after_s: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -84,9 +84,10 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
+                Ok((stream, peer)) => {
                     connections.spawn(connection(
                         stream,
+                        peer,
                         router.clone(),
                         settings.clone(),
                         stop_rx.clone(),
@@ -123,6 +124,7 @@ pub async fn serve(
 /// bound is crossed or the server stops.
 async fn connection(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     router: Router,
     settings: Settings,
     stop: watch::Receiver<bool>,
@@ -130,10 +132,22 @@ async fn connection(
     let accepted = Instant::now();
     let _ = stream.set_nodelay(true);
     match &settings.tls {
-        None => drive(TokioIo::new(stream), router, &settings, accepted, stop).await,
+        None => {
+            drive(
+                TokioIo::new(stream),
+                peer,
+                router,
+                &settings,
+                accepted,
+                stop,
+            )
+            .await
+        }
         Some(acceptor) => {
             match tokio::time::timeout(settings.header_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => drive(TokioIo::new(tls), router, &settings, accepted, stop).await,
+                Ok(Ok(tls)) => {
+                    drive(TokioIo::new(tls), peer, router, &settings, accepted, stop).await
+                }
                 Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                 Err(_) => tracing::debug!("TLS handshake timed out"),
             }
@@ -144,6 +158,7 @@ async fn connection(
 /// Serves HTTP on `io` under the connection's bounds (see the module docs).
 async fn drive<I>(
     io: TokioIo<I>,
+    peer: std::net::SocketAddr,
     router: Router,
     settings: &Settings,
     accepted: Instant,
@@ -154,7 +169,10 @@ async fn drive<I>(
     let activity = Arc::new(Activity::new());
     let service = {
         let activity = activity.clone();
-        hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            // The client's address, for the throttle of failed authentications (limits.rs).
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
             let guard = InFlight::begin(&activity);
             let router = router.clone();
             async move {

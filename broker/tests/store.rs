@@ -898,3 +898,20 @@ async fn one_idempotency_key_makes_one_job_however_many_race_for_it() {
         Some((job.id, true))
     );
 }
+
+/// The database holds token hashes, specs with their environments and the ledger: its file is
+/// its owner's only, whether new or found with a looser mode.
+#[tokio::test]
+async fn the_sqlite_file_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh.db");
+    let url = format!("sqlite://{}", path.display());
+    let store = SqliteStore::open_url(&url).await.unwrap();
+    drop(store);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o600);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    SqliteStore::open_url(&url).await.unwrap();
+    assert_eq!(mode(&path), 0o600);
+}

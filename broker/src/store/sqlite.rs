@@ -51,6 +51,7 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
+        owner_only(options.get_filename())?;
         Self::connect(options).await
     }
 
@@ -2153,7 +2154,8 @@ fn sql_pending_jobs() -> &'static str {
 fn owner_only(path: &std::path::Path) -> StoreResult<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let name = path.to_string_lossy();
-    if name.is_empty() || name == ":memory:" || name.starts_with("file::memory:") {
+    // `sqlite::memory:` becomes `file:sqlx-in-memory-N`: no file on disk.
+    if name.is_empty() || name == ":memory:" || name.starts_with("file:") {
         return Ok(());
     }
     let io = |e: std::io::Error| corrupt(format!("database file {}: {e}", path.display()));
