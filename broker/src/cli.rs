@@ -538,3 +538,53 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn printable_text_passes_as_it_is() {
+        for s in ["resnet50-train", "ünïcode ok", "日本語", ""] {
+            assert!(matches!(printable(s), std::borrow::Cow::Borrowed(_)), "{s}");
+        }
+    }
+
+    #[test]
+    fn control_and_bidi_characters_are_escaped() {
+        let cases = [
+            ("a\u{1b}[2Jb", "a\\u{1b}[2Jb"),
+            ("bell\u{7}", "bell\\u{7}"),
+            ("cr\rlf\ntab\t", "cr\\rlf\\ntab\\t"),
+            ("nul\0", "nul\\u{0}"),
+            ("del\u{7f}c1\u{9b}", "del\\u{7f}c1\\u{9b}"),
+            ("rtl\u{202e}txt", "rtl\\u{202e}txt"),
+            ("iso\u{2066}x\u{2069}", "iso\\u{2066}x\\u{2069}"),
+        ];
+        for (raw, shown) in cases {
+            assert_eq!(printable(raw), shown, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn json_for_the_terminal_escapes_what_json_leaves_raw_and_reads_back_the_same() {
+        let value = serde_json::json!({"name": "a\u{202e}b\u{1b}c\u{85}d", "n": 1});
+        let text = json_text(&value).unwrap();
+        assert!(
+            !text.chars().any(|c| needs_escape(c) && c != '\n'),
+            "{text}"
+        );
+        assert!(text.contains("\\u202e"), "{text}");
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, value);
+    }
+
+    #[test]
+    fn a_broken_pipe_is_recognised_through_context() {
+        let e = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+            .context("writing the table");
+        assert!(is_broken_pipe(&e));
+        assert!(!is_broken_pipe(&anyhow::anyhow!("other")));
+    }
+}
