@@ -267,7 +267,9 @@ impl Broker {
         use std::os::unix::fs::PermissionsExt;
         let dir = self.dir.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        // Not sticky: with `fs.protected_regular` a sticky world-writable directory refuses
+        // one uid's O_CREAT open of a file another uid made (a rerun appending to its marks).
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         dir
     }
@@ -712,11 +714,12 @@ pub fn in_secs(secs: u64) -> String {
 
 /// Opens `dir` (made if missing) to the jobs' own uids: agents that run as root run each job
 /// as an unprivileged uid of its own, so a directory a job writes its marks into must be
-/// world-writable (sticky, like /tmp) and its parent traversable. `parent` is that parent (a
+/// world-writable and its parent traversable. `parent` is that parent (a
 /// test's private temp dir, mode 0700 until now).
 pub fn open_to_jobs(parent: &Path, dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    // Not sticky: see `Broker::job_writable_dir`.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711)).unwrap();
 }

@@ -39,8 +39,10 @@ fn now_ns() -> u128 {
 /// its end.
 fn ticking(name: &str, secs: u32, marks: &Path) -> Value {
     let mark = "\"$MARKS/$SWITCHYARD_JOB_ID\"";
+    // umask 0: a rerun is another uid (a root agent gives each attempt its own) and appends
+    // to the file the first run made.
     let script = format!(
-        "echo start $(date +%s%N) $SWITCHYARD_ATTEMPT_ID >> {mark}; i=0; \
+        "umask 0; echo start $(date +%s%N) $SWITCHYARD_ATTEMPT_ID >> {mark}; i=0; \
          while [ $i -lt {secs} ]; do t=$(date +%s%N); echo tick $t $SWITCHYARD_ATTEMPT_ID; \
          echo tick $t $SWITCHYARD_ATTEMPT_ID >> {mark}; sleep 1; i=$((i+1)); done; \
          echo end $(date +%s%N) $SWITCHYARD_ATTEMPT_ID >> {mark}"

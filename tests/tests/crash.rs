@@ -65,8 +65,10 @@ fn marked(secs: &str) -> String {
     } else {
         format!("sleep {secs}; ")
     };
+    // umask 0: a rerun is another uid (a root agent gives each attempt its own) and appends
+    // to the file the first run made.
     format!(
-        "echo start $(date +%s%N) $SWITCHYARD_ATTEMPT_ID >> {mark}; {sleep}\
+        "umask 0; echo start $(date +%s%N) $SWITCHYARD_ATTEMPT_ID >> {mark}; {sleep}\
          echo end $(date +%s%N) $SWITCHYARD_ATTEMPT_ID >> {mark}"
     )
 }

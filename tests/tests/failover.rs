@@ -232,7 +232,7 @@ async fn killing_the_leader_hands_over_within_10s_and_loses_nothing() {
                     "name": format!("f-{s}-{n}"),
                     "team": "ml",
                     "command": ["sh", "-c",
-                        "echo start $(date +%s%N) >> \"$MARKS/$SWITCHYARD_JOB_ID\"; sleep 0.3; \
+                        "umask 0; echo start $(date +%s%N) >> \"$MARKS/$SWITCHYARD_JOB_ID\"; sleep 0.3; \
                          echo end $(date +%s%N) >> \"$MARKS/$SWITCHYARD_JOB_ID\""],
                     "resources": {"gpus": 1},
                     "env": {"MARKS": marks},
