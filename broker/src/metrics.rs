@@ -43,13 +43,24 @@ pub struct Metrics {
     leader_epoch: Gauge,
 }
 
+/// Upper bounds of `switchyard_placement_seconds`: 1-3-10 steps from 10 µs to 5 s.
+const PLACEMENT_BUCKETS_S: [f64; 12] = [
+    0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 5.0,
+];
+/// Upper bounds of `switchyard_job_queue_wait_seconds`: 10 ms to 2 days.
+const QUEUE_WAIT_BUCKETS_S: [f64; 14] = [
+    0.01, 0.05, 0.25, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 10800.0, 28800.0, 86400.0,
+    172800.0,
+];
+
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics {
-            // 10 µs … ~5 s.
-            placement_seconds: Histogram::new(exponential_buckets(1e-5, 3.0, 12)),
-            // 10 ms … ~2 days.
-            queue_wait_seconds: Histogram::new(exponential_buckets(0.01, 4.0, 14)),
+            // 10 µs … 5 s, written as decimals (a product like 1e-5 × 3 prints as
+            // 0.000030000000000000005, which dashboards show as is).
+            placement_seconds: Histogram::new(PLACEMENT_BUCKETS_S.iter().copied()),
+            // 10 ms … 2 days.
+            queue_wait_seconds: Histogram::new(QUEUE_WAIT_BUCKETS_S.iter().copied()),
             // 1 … ~60,000 queued jobs per plan.
             plan_jobs: Histogram::new(exponential_buckets(1.0, 3.0, 11)),
             lease_expiries: Counter::default(),

@@ -28,6 +28,13 @@ async fn scrape(app: &TestApp, token: &str) -> HashMap<String, f64> {
     assert!(text.ends_with("# EOF\n"), "{text}");
     let mut out = HashMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
+        // Bucket bounds read as written, with no float noise (`le="0.000030000000000000005"`).
+        if let Some(le) = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()) {
+            assert!(
+                le == "+Inf" || le.len() <= 10,
+                "noisy bucket bound in {line:?}"
+            );
+        }
         // Every sample is `series value`, the value a number.
         let (series, value) = line.rsplit_once(' ').unwrap();
         let value: f64 = value
