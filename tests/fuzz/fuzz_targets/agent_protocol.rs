@@ -182,14 +182,31 @@ fn events(batch: &EventBatch) {
     }
 }
 
+/// The runner's options need a job sandbox; these targets start no job, so one without uids,
+/// made once, serves every input.
+fn sandbox() -> std::sync::Arc<switchyard_agent::isolation::Sandbox> {
+    static SANDBOX: std::sync::OnceLock<std::sync::Arc<switchyard_agent::isolation::Sandbox>> =
+        std::sync::OnceLock::new();
+    SANDBOX
+        .get_or_init(|| {
+            let root = std::env::temp_dir().join("switchyard-fuzz-jobs");
+            std::sync::Arc::new(
+                switchyard_agent::isolation::Sandbox::new(&root, None, Vec::new())
+                    .expect("a job sandbox in the temp directory"),
+            )
+        })
+        .clone()
+}
+
 fn work(answer: &WorkResponse) {
     let table = AttemptTable::new();
     let opts = RunOptions {
         default_grace: Duration::from_secs(30),
+        sandbox: sandbox(),
     };
     let mut admitted = std::collections::BTreeSet::new();
     for lease in &answer.leases {
-        let grace = runner::grace_of(lease, opts);
+        let grace = runner::grace_of(lease, &opts);
         assert!(grace <= MAX_GRACE);
         // group::terminate's SIGKILL deadline.
         assert!(Instant::now().checked_add(grace).is_some());
