@@ -16,8 +16,8 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use switchyard_protocol::api::{
-    CreateToken, ErrorBody, JobList, JobSpec, JobView, LogPage, LogStream, PolicyBody, PolicyView,
-    PoolList, Role, TokenCreated,
+    AuditList, BudgetList, CreateToken, ErrorBody, InstanceList, JobList, JobSpec, JobView,
+    LogPage, LogStream, PolicyBody, PolicyView, PoolList, Role, TokenCreated, TokenList, TokenView,
 };
 
 /// `println!` that returns the write error (a closed pipe) instead of panicking.
@@ -251,22 +251,33 @@ pub async fn submit(c: &Client, file: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn jobs(
-    c: &Client,
-    state: Option<String>,
-    team: Option<String>,
-    limit: u32,
-    json: bool,
-) -> anyhow::Result<()> {
-    let mut query = vec![format!("limit={limit}")];
-    if let Some(s) = state {
-        query.push(format!("state={s}"));
-    }
-    if let Some(t) = team {
-        query.push(format!("team={t}"));
+/// The filters of `switchyard jobs`.
+pub struct JobFilters {
+    pub state: Option<String>,
+    pub team: Option<String>,
+    pub priority: Option<String>,
+    pub name: Option<String>,
+    pub limit: u32,
+}
+
+pub async fn jobs(c: &Client, filters: JobFilters, json: bool) -> anyhow::Result<()> {
+    let mut query = vec![("limit", filters.limit.to_string())];
+    for (key, value) in [
+        ("state", filters.state),
+        ("team", filters.team),
+        ("priority", filters.priority),
+        ("name", filters.name),
+    ] {
+        if let Some(v) = value {
+            query.push((key, v));
+        }
     }
     let list: JobList = c
-        .call(Method::GET, &format!("/jobs?{}", query.join("&")), None)
+        .call(
+            Method::GET,
+            &format!("/jobs?{}", encode_query(&query)),
+            None,
+        )
         .await?;
     if json {
         out!("{}", json_text(&list)?);
@@ -296,6 +307,35 @@ pub async fn jobs(
         );
     }
     Ok(())
+}
+
+/// `k=v&…` with each value percent-encoded (a job name may hold spaces or `&`).
+fn encode_query(pairs: &[(&str, String)]) -> String {
+    let mut url = reqwest::Url::parse("http://query.invalid/").expect("a constant URL");
+    url.query_pairs_mut().extend_pairs(pairs);
+    url.query().unwrap_or_default().to_string()
+}
+
+/// USD as money: cents, and a fraction of a cent where it matters (`$0.0145`, `$5.03`,
+/// `-$1,204.50`).
+pub fn money(usd: f64) -> String {
+    let sign = if usd < 0.0 { "-" } else { "" };
+    let abs = usd.abs();
+    let cents_only = abs >= 1.0 || ((abs * 100.0).round() - abs * 100.0).abs() < 1e-9;
+    let text = if cents_only {
+        format!("{abs:.2}")
+    } else {
+        format!("{abs:.4}")
+    };
+    let (whole, frac) = text.split_once('.').unwrap_or((&text, ""));
+    let mut grouped = String::new();
+    for (i, ch) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(ch);
+    }
+    format!("{sign}${grouped}.{frac}")
 }
 
 fn state_name(j: &JobView) -> String {
@@ -387,6 +427,173 @@ pub async fn pools(c: &Client, json: bool) -> anyhow::Result<()> {
                 .unwrap_or_else(|| "-".into()),
             p.latency_ms
         );
+    }
+    Ok(())
+}
+
+/// `switchyard instances`: every cloud instance the broker launched, newest first.
+pub async fn instances(c: &Client, json: bool) -> anyhow::Result<()> {
+    let list: InstanceList = c.call(Method::GET, "/instances", None).await?;
+    if json {
+        out!("{}", json_text(&list)?);
+        return Ok(());
+    }
+    out!(
+        "{:<36}  {:<28}  {:<11}  {:<9}  {:>10}  {:>10}  {:<20}",
+        "INSTANCE",
+        "POOL",
+        "STATE",
+        "MARKET",
+        "$/HOUR",
+        "COST",
+        "PROVIDER ID"
+    );
+    for i in &list.instances {
+        out!(
+            "{:<36}  {:<28}  {:<11}  {:<9}  {:>10}  {:>10}  {:<20}",
+            printable(&i.id),
+            truncate(&printable(&i.pool), 28),
+            printable(&i.state),
+            printable(&i.market),
+            money(i.hourly_price_usd),
+            money(i.cost_usd),
+            printable(i.provider_id.as_deref().unwrap_or("-"))
+        );
+    }
+    Ok(())
+}
+
+/// `switchyard budgets`: each budget's period, amount, spent, committed and what is left.
+pub async fn budgets(c: &Client, json: bool) -> anyhow::Result<()> {
+    let list: BudgetList = c.call(Method::GET, "/budgets", None).await?;
+    if json {
+        out!("{}", json_text(&list)?);
+        return Ok(());
+    }
+    out!(
+        "{:<24}  {:<10}  {:>12}  {:>12}  {:>12}  {:>12}  {:<8}  {:<10}",
+        "TEAM/PROJECT",
+        "ENDS",
+        "AMOUNT",
+        "SPENT",
+        "COMMITTED",
+        "LEFT",
+        "KIND",
+        "ALERTS"
+    );
+    for b in &list.budgets {
+        let who = match &b.project {
+            Some(p) => format!("{}/{}", b.team, p),
+            None => b.team.clone(),
+        };
+        let kind = serde_json::to_value(b.enforcement)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let alerts: Vec<String> = b
+            .alerts_crossed
+            .iter()
+            .map(|a| format!("{:.0}%", a * 100.0))
+            .collect();
+        out!(
+            "{:<24}  {:<10}  {:>12}  {:>12}  {:>12}  {:>12}  {:<8}  {:<10}",
+            truncate(&printable(&who), 24),
+            b.period_end.format("%Y-%m-%d"),
+            money(b.amount_usd),
+            money(b.spent_usd),
+            money(b.committed_usd),
+            money(b.remaining_usd),
+            kind,
+            if alerts.is_empty() {
+                "-".to_string()
+            } else {
+                alerts.join(",")
+            }
+        );
+    }
+    Ok(())
+}
+
+/// `switchyard audit`: the newest audit entries, optionally about one target.
+pub async fn audit(
+    c: &Client,
+    target: Option<String>,
+    limit: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut query = vec![("limit", limit.to_string())];
+    if let Some(t) = target {
+        query.push(("target", t));
+    }
+    let list: AuditList = c
+        .call(
+            Method::GET,
+            &format!("/audit?{}", encode_query(&query)),
+            None,
+        )
+        .await?;
+    if json {
+        out!("{}", json_text(&list)?);
+        return Ok(());
+    }
+    out!(
+        "{:<20}  {:<28}  {:<24}  {:<40}",
+        "AT (UTC)",
+        "ACTOR",
+        "ACTION",
+        "TARGET"
+    );
+    for e in &list.entries {
+        out!(
+            "{:<20}  {:<28}  {:<24}  {:<40}",
+            e.at.format("%Y-%m-%d %H:%M:%S"),
+            truncate(&printable(&e.actor), 28),
+            truncate(&printable(&e.action), 24),
+            truncate(&printable(&e.target), 40)
+        );
+    }
+    Ok(())
+}
+
+/// `switchyard token list`: API tokens (never their secrets), admin only.
+pub async fn token_list(c: &Client, json: bool) -> anyhow::Result<()> {
+    let list: TokenList = c.call(Method::GET, "/tokens", None).await?;
+    if json {
+        out!("{}", json_text(&list)?);
+        return Ok(());
+    }
+    out!(
+        "{:<36}  {:<10}  {:<16}  {:<24}  {:<20}  {:<7}",
+        "ID",
+        "ROLE",
+        "TEAM",
+        "NAME",
+        "CREATED (UTC)",
+        "REVOKED"
+    );
+    for t in &list.tokens {
+        out!(
+            "{:<36}  {:<10}  {:<16}  {:<24}  {:<20}  {:<7}",
+            t.id,
+            crate::store::role_name(t.role),
+            truncate(&printable(t.team.as_deref().unwrap_or("-")), 16),
+            truncate(&printable(t.name.as_deref().unwrap_or("-")), 24),
+            t.created_at.format("%Y-%m-%d %H:%M:%S"),
+            if t.revoked { "yes" } else { "no" }
+        );
+    }
+    Ok(())
+}
+
+/// `switchyard token revoke ID`: the token stops working at its next request.
+pub async fn token_revoke(c: &Client, id: &str, json: bool) -> anyhow::Result<()> {
+    let view: TokenView = c
+        .call(Method::DELETE, &format!("/tokens/{id}"), None)
+        .await?;
+    if json {
+        out!("{}", json_text(&view)?);
+    } else {
+        out!("{} revoked", view.id);
     }
     Ok(())
 }
@@ -521,20 +728,25 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
         let key = printable(&key);
         match row.bucket_start {
             Some(b) => out!(
-                "{:<20}  {:<40}  {:>14.6}",
+                "{:<20}  {:<40}  {:>14}",
                 b.format("%Y-%m-%d %H:%M"),
                 truncate(&key, 40),
-                row.amount_usd
+                money(row.amount_usd)
             ),
-            None => out!("{:<40}  {:>14.6}", truncate(&key, 40), row.amount_usd),
+            None => out!("{:<40}  {:>14}", truncate(&key, 40), money(row.amount_usd)),
         }
     }
     let width = if bucketed { 78 } else { 56 };
     out!("{}", "-".repeat(width));
     if bucketed {
-        out!("{:<20}  {:<40}  {:>14.6}", "", "TOTAL", report.total_usd);
+        out!(
+            "{:<20}  {:<40}  {:>14}",
+            "",
+            "TOTAL",
+            money(report.total_usd)
+        );
     } else {
-        out!("{:<40}  {:>14.6}", "TOTAL", report.total_usd);
+        out!("{:<40}  {:>14}", "TOTAL", money(report.total_usd));
     }
     Ok(())
 }
@@ -578,6 +790,22 @@ mod tests {
         assert!(text.contains("\\u202e"), "{text}");
         let back: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(back, value);
+    }
+
+    #[test]
+    fn money_shows_cents_and_a_fraction_of_a_cent_where_it_matters() {
+        for (usd, shown) in [
+            (0.0145, "$0.0145"),
+            (0.013334, "$0.0133"),
+            (5.03, "$5.03"),
+            (0.5, "$0.50"),
+            (0.0, "$0.00"),
+            (1204.5, "$1,204.50"),
+            (-1204.5, "-$1,204.50"),
+            (1_234_567.891, "$1,234,567.89"),
+        ] {
+            assert_eq!(money(usd), shown, "{usd}");
+        }
     }
 
     #[test]

@@ -92,12 +92,47 @@ enum Command {
     Submit { file: PathBuf },
     /// List jobs, newest first.
     Jobs {
+        /// Only jobs in this state: queued, held, provisioning, placed, running, succeeded,
+        /// failed or cancelled.
         #[arg(long)]
         state: Option<String>,
+        /// Only this team's jobs (developers always see only their own).
         #[arg(long)]
         team: Option<String>,
+        /// Only jobs of this priority: critical, high, normal or low.
+        #[arg(long)]
+        priority: Option<String>,
+        /// Only jobs with exactly this name.
+        #[arg(long)]
+        name: Option<String>,
+        /// How many, 1 to 500.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the cloud instances the broker launched, with state, price and cost to date.
+    Instances {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Budgets: amount, spent, committed and left in the current period.
+    Budgets {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The audit log, newest first (admin, finance, infra).
+    Audit {
+        /// Only entries about this target, e.g. `policy:ml` or `token:<id>`.
+        #[arg(long)]
+        target: Option<String>,
+        /// How many, 1 to 500.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Print the API's JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -157,10 +192,26 @@ enum Command {
 enum TokenCommand {
     /// Create a token (admin); prints it once.
     Create {
+        /// What the token may do.
         #[arg(long, value_enum)]
         role: RoleArg,
+        /// The team a developer token acts for.
         #[arg(long)]
         team: Option<String>,
+    },
+    /// List API tokens: id, role, team, name, revoked (admin; never the secrets).
+    List {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an API token by id (admin); it stops working at its next request.
+    Revoke {
+        /// The token's id (from `token list`).
+        id: String,
+        /// Print the API's JSON instead of a line.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -321,9 +372,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Jobs {
             state,
             team,
+            priority,
+            name,
             limit,
             json,
-        } => cli::jobs(&client(default_dir())?, state, team, limit, json).await,
+        } => {
+            let filters = cli::JobFilters {
+                state,
+                team,
+                priority,
+                name,
+                limit,
+            };
+            cli::jobs(&client(default_dir())?, filters, json).await
+        }
+        Command::Instances { json } => cli::instances(&client(default_dir())?, json).await,
+        Command::Budgets { json } => cli::budgets(&client(default_dir())?, json).await,
+        Command::Audit {
+            target,
+            limit,
+            json,
+        } => cli::audit(&client(default_dir())?, target, limit, json).await,
+        Command::Token {
+            command: TokenCommand::List { json },
+        } => cli::token_list(&client(default_dir())?, json).await,
+        Command::Token {
+            command: TokenCommand::Revoke { id, json },
+        } => cli::token_revoke(&client(default_dir())?, &id, json).await,
         Command::Job { id } => cli::job(&client(default_dir())?, &id).await,
         Command::Logs { id, follow } => cli::logs(&client(default_dir())?, &id, follow).await,
         Command::Cancel { id } => cli::cancel(&client(default_dir())?, &id).await,

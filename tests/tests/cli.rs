@@ -206,3 +206,100 @@ async fn a_closed_stdout_ends_the_cli_quietly() {
         assert!(err.is_empty(), "{args:?}: {err}");
     }
 }
+
+/// Runs the CLI against `broker` with `token`; its status, stdout and stderr.
+async fn run_cli(broker: &Broker, token: &str, args: &[&str]) -> (bool, String, String) {
+    let (url, token) = (broker.url.clone(), token.to_string());
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = cli(&url, &token).args(&args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// The commands finance and infra need without curl: instances, budgets, audit, tokens (list
+/// and revoke) and filtered job lists, each as a table and as `--json`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_lists_instances_budgets_audit_and_tokens_and_revokes_one() {
+    let broker = Broker::start().await;
+    let admin = broker.admin.clone();
+    let (status, body) = broker
+        .call(
+            reqwest::Method::PUT,
+            "/api/v1/policies/ml",
+            Some(json!({"budget": {"amount_usd": 1234.5, "period": "month",
+                                   "enforcement": "hard"}})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    broker
+        .submit(json!({"name": "findme", "team": "ml", "command": ["true"],
+                       "resources": {"gpus": 1}, "priority": "low"}))
+        .await;
+    broker
+        .submit(json!({"name": "other", "team": "ml", "command": ["true"],
+                       "resources": {"gpus": 1}}))
+        .await;
+
+    let (ok, out, err) = run_cli(&broker, &admin, &["budgets"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("ml") && out.contains("$1,234.50"), "{out}");
+    let (ok, out, err) = run_cli(&broker, &admin, &["budgets", "--json"]).await;
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["budgets"][0]["team"], "ml");
+
+    let (ok, out, err) = run_cli(&broker, &admin, &["audit", "--target", "policy:ml"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("policy.put"), "{out}");
+
+    let (ok, out, err) = run_cli(&broker, &admin, &["instances", "--json"]).await;
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["instances"].is_array(), "{v}");
+    let (ok, out, _) = run_cli(&broker, &admin, &["instances"]).await;
+    assert!(ok && out.starts_with("INSTANCE"), "{out}");
+
+    let (ok, out, err) = run_cli(
+        &broker,
+        &admin,
+        &["jobs", "--name", "findme", "--priority", "low"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 2, "a header and one job: {out}");
+    assert!(out.contains("findme"), "{out}");
+
+    let (ok, dev, err) = run_cli(
+        &broker,
+        &admin,
+        &["token", "create", "--role", "developer", "--team", "ml"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let dev = dev.trim().to_string();
+    let (ok, out, err) = run_cli(&broker, &admin, &["token", "list", "--json"]).await;
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let id = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["role"] == "developer" && t["team"] == "ml")
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .unwrap();
+    assert!(!out.contains(&dev), "token list shows no secret");
+    let (ok, _, err) = run_cli(&broker, &dev, &["jobs"]).await;
+    assert!(ok, "{err}");
+    let (ok, out, err) = run_cli(&broker, &admin, &["token", "revoke", &id]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), format!("{id} revoked"));
+    let (ok, _, err) = run_cli(&broker, &dev, &["jobs"]).await;
+    assert!(!ok && err.contains("401"), "{err}");
+}
