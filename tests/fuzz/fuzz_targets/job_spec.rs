@@ -163,8 +163,11 @@ fn slug_ok(s: &str) -> bool {
 
 /// Every rule `convert::job_spec` states, checked on what it accepted.
 fn assert_well_formed(wire: &wire::JobSpec, spec: &core::JobSpec) {
+    // At most 128 characters (not bytes), every one printable (issue 23's bound).
     assert!(
-        !spec.name.is_empty() && spec.name.len() <= 128,
+        !spec.name.is_empty()
+            && spec.name.chars().count() <= 128
+            && spec.name.chars().all(switchyard_broker::convert::printable),
         "name {:?}",
         spec.name
     );
