@@ -57,6 +57,15 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// With `--json`, prints `value` for machines and says so (`true`); the caller prints its
+/// table otherwise.
+fn printed_as_json<T: serde::Serialize>(json: bool, value: &T) -> anyhow::Result<bool> {
+    if json {
+        out!("{}", json_text(value)?);
+    }
+    Ok(json)
+}
+
 /// A character that must not reach a terminal as it is: a control character (C0, DEL, C1) or
 /// a bidirectional formatting character.
 fn needs_escape(c: char) -> bool {
@@ -279,8 +288,7 @@ pub async fn jobs(c: &Client, filters: JobFilters, json: bool) -> anyhow::Result
             None,
         )
         .await?;
-    if json {
-        out!("{}", json_text(&list)?);
+    if printed_as_json(json, &list)? {
         return Ok(());
     }
     out!(
@@ -400,8 +408,7 @@ pub async fn cancel(c: &Client, id: &str) -> anyhow::Result<()> {
 
 pub async fn pools(c: &Client, json: bool) -> anyhow::Result<()> {
     let list: PoolList = c.call(Method::GET, "/pools", None).await?;
-    if json {
-        out!("{}", json_text(&list)?);
+    if printed_as_json(json, &list)? {
         return Ok(());
     }
     out!(
@@ -434,8 +441,7 @@ pub async fn pools(c: &Client, json: bool) -> anyhow::Result<()> {
 /// `switchyard instances`: every cloud instance the broker launched, newest first.
 pub async fn instances(c: &Client, json: bool) -> anyhow::Result<()> {
     let list: InstanceList = c.call(Method::GET, "/instances", None).await?;
-    if json {
-        out!("{}", json_text(&list)?);
+    if printed_as_json(json, &list)? {
         return Ok(());
     }
     out!(
@@ -466,8 +472,7 @@ pub async fn instances(c: &Client, json: bool) -> anyhow::Result<()> {
 /// `switchyard budgets`: each budget's period, amount, spent, committed and what is left.
 pub async fn budgets(c: &Client, json: bool) -> anyhow::Result<()> {
     let list: BudgetList = c.call(Method::GET, "/budgets", None).await?;
-    if json {
-        out!("{}", json_text(&list)?);
+    if printed_as_json(json, &list)? {
         return Ok(());
     }
     out!(
@@ -532,8 +537,7 @@ pub async fn audit(
             None,
         )
         .await?;
-    if json {
-        out!("{}", json_text(&list)?);
+    if printed_as_json(json, &list)? {
         return Ok(());
     }
     out!(
@@ -558,8 +562,7 @@ pub async fn audit(
 /// `switchyard token list`: API tokens (never their secrets), admin only.
 pub async fn token_list(c: &Client, json: bool) -> anyhow::Result<()> {
     let list: TokenList = c.call(Method::GET, "/tokens", None).await?;
-    if json {
-        out!("{}", json_text(&list)?);
+    if printed_as_json(json, &list)? {
         return Ok(());
     }
     out!(

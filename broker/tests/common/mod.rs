@@ -358,30 +358,8 @@ impl TestApp {
 
     /// Registers a hand-driven agent in the test pool.
     pub async fn agent(&self, gpus: u32) -> TestAgent {
-        let r = self
-            .call(
-                Method::POST,
-                "/api/v1/enrolment-tokens",
-                Some(&self.admin),
-                Some(json!({"pool": POOL})),
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
-        let enrol = r.body["token"].as_str().unwrap().to_string();
-        let r = self
-            .call(
-                Method::POST,
-                "/agent/v1/register",
-                Some(&enrol),
-                Some(register_body(gpus)),
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
-        TestAgent {
-            token: r.body["agent_token"].as_str().unwrap().to_string(),
-            node: r.body["node_id"].as_str().unwrap().to_string(),
-            enrol,
-        }
+        let enrol = self.enrolment_token().await;
+        self.agent_with_token(&enrol, gpus).await
     }
 }
 
