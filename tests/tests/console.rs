@@ -2,12 +2,16 @@
 //! against the real `switchyard` binary: sign in, set a hard budget on the policies page, see
 //! the change in the audit log, watch a job submitted over REST beyond the budget be held with
 //! `budget_exhausted`, try an unsaved draft in the what-if, raise the budget in the console and
-//! watch the job run; and every page at desktop (1280 px) and phone (390 px) width, each with its
+//! watch the job run; and every page at desktop (1440 px) and phone (390 px) width, each with its
 //! data, with no script errors (the browser's console log is proven readable first), budget
 //! alerts in words, and the spend CSV download.
 //!
-//! Screenshots of each page land in `target/console-screenshots/` (or
-//! `SWITCHYARD_SCREENSHOT_DIR`). Chromium and chromedriver come from Debian's `chromium` and
+//! Also: a bad policy edit is refused whole (every field error at once, nothing saved) and
+//! leaving unsaved edits asks first; a what-if under a tiny hard budget holds the job the live
+//! broker held under it; a finished burst job's cost stays fixed while its instance idles.
+//!
+//! Screenshots of every page (both roles, 1440×900) land in `target/console-shots/` (or
+//! `SWITCHYARD_SCREENSHOT_DIR`) on each run. Chromium and chromedriver come from Debian's `chromium` and
 //! `chromium-driver` (`scripts/test.sh` installs them); when they are missing these tests fail
 //! and say so, unless `SWITCHYARD_SKIP_BROWSER=1` asks to skip them.
 
@@ -59,7 +63,7 @@ fn screenshot_dir() -> PathBuf {
     let dir = std::env::var_os("SWITCHYARD_SCREENSHOT_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots")
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-shots")
         });
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -110,7 +114,7 @@ impl Browser {
                     "--disable-background-networking",
                     "--disable-component-update",
                     "--disable-sync",
-                    "--window-size=1280,900",
+                    "--window-size=1440,900",
                     format!("--user-data-dir={}", profile.display()),
                 ],
             }),
@@ -502,6 +506,29 @@ async fn job_row_state(
     )
 }
 
+/// Text shown to people carries no epoch milliseconds and no float noise: times are dates,
+/// money is `$1.23` or `$0.0145`.
+fn assert_no_raw_numbers(text: &str) {
+    // Ids (UUIDs) and dates are hyphenated: they are not numbers.
+    for token in text
+        .split(|c: char| c.is_whitespace() || ",;:()[]$".contains(c))
+        .filter(|t| !t.contains('-'))
+    {
+        let token = token.trim_end_matches('.');
+        let (whole, frac) = token.split_once('.').unwrap_or((token, ""));
+        if !whole.is_empty() && whole.chars().all(|c| c.is_ascii_digit()) {
+            assert!(
+                whole.len() < 11,
+                "an epoch-millisecond-like number {token:?} in {text:?}"
+            );
+            assert!(
+                !frac.chars().all(|c| c.is_ascii_digit()) || frac.len() <= 4,
+                "a number with more than 4 decimals {token:?} in {text:?}"
+            );
+        }
+    }
+}
+
 /// Dollars as the API writes them (a JSON number), in micro-dollars.
 fn usd_micros(v: &Value) -> i64 {
     (v.as_f64().unwrap() * 1e6).round() as i64
@@ -655,14 +682,23 @@ async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
             vec![],
         )
         .await;
-    assert!(!error.as_str().unwrap().is_empty());
-    b.screenshot("policies-validation", 1280, 900).await;
-    // The refused PUT is the one failed request the browser logged so far, and it must show:
-    // that proves the console log the error checks read is working.
-    b.expect_logged("the refused PUT", |e| {
-        e.contains("/api/v1/policies/ml") && e.contains("400")
-    })
+    assert!(
+        error.as_str().unwrap().contains("at least 0"),
+        "the error names the valid values: {error}"
+    );
+    b.screenshot("policies-validation", 1440, 900).await;
+    // Refused in the page: nothing reached the broker.
+    let (status, policy) = rest(
+        &broker.url,
+        &broker.admin,
+        reqwest::Method::GET,
+        "/api/v1/policies/ml",
+        None,
+    )
     .await;
+    assert_eq!(status, 404, "nothing saved: {policy}");
+    // The console log the error checks read must work: one known error shows in it.
+    b.probe_console_log().await;
     b.assert_no_errors("after the refused save").await;
 
     // A $1 monthly hard budget for team ml.
@@ -700,7 +736,7 @@ async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
         policy["policy"]["budget"]["enforcement"], "hard",
         "{policy}"
     );
-    b.screenshot("policies", 1280, 900).await;
+    b.screenshot("policies", 1440, 900).await;
 
     // The audit page shows who changed what.
     b.open("#/audit", "audit").await;
@@ -716,7 +752,7 @@ async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
         .await;
     assert!(entry.as_str().unwrap().starts_with("admin"), "{entry}");
     assert!(entry.as_str().unwrap().contains("amount_usd"), "{entry}");
-    b.screenshot("audit", 1280, 900).await;
+    b.screenshot("audit", 1440, 900).await;
 
     // A job whose estimate ($2: one H100 for an hour at $2/GPU-hour) is beyond the budget.
     let id = broker
@@ -727,14 +763,43 @@ async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
         .await;
     b.open("#/jobs?team=ml", "jobs").await;
     let (_, reason) = job_row_state(&b, &id, &["held"], Duration::from_secs(30)).await;
-    assert!(reason.contains("budget_exhausted"), "{reason}");
-    b.screenshot("jobs-held", 1280, 900).await;
+    assert!(reason.contains("budget"), "{reason}");
+    b.screenshot("jobs-held", 1440, 900).await;
 
-    // Its detail page explains the hold.
+    // Its detail page explains the hold, in words, with money as money.
     b.open(&format!("#/jobs/{id}"), "jobs").await;
     let detail = b.el("[data-test=job-detail]").await.text().await.unwrap();
-    assert!(detail.contains("budget_exhausted"), "{detail}");
-    b.screenshot("job-detail-held", 1280, 900).await;
+    assert!(detail.contains("budget"), "{detail}");
+    assert_no_raw_numbers(&detail);
+    b.screenshot("job-detail-held", 1440, 900).await;
+
+    // The overview says why it is held, in the broker's words, and links to the policy.
+    b.open("#/overview", "overview").await;
+    let held = b
+        .until(
+            "the held job's reason on the overview",
+            WAIT,
+            "const li = document.querySelector('[data-test=held-job][data-job-id=\"' + arguments[0] + '\"]');
+             return li ? [li.querySelector('[data-test=held-reason]').textContent,
+                          li.querySelector('[data-test=held-policy-link]').getAttribute('href')] : null;",
+            vec![json!(id)],
+        )
+        .await;
+    let (_, explained) = rest(
+        &broker.url,
+        &broker.admin,
+        reqwest::Method::GET,
+        &format!("/api/v1/jobs/{id}/placement"),
+        None,
+    )
+    .await;
+    let words = explained["outcome"]["reason"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a held job's outcome has a reason: {explained}"));
+    assert_eq!(held[0], json!(words.replace('_', " ")), "{explained}");
+    assert!(held[0].as_str().unwrap().contains("budget"), "{held}");
+    assert_eq!(held[1], json!("#/policies/ml"));
+    b.screenshot("overview-held", 1440, 900).await;
 
     // Raise the budget in the console: the job runs.
     b.open("#/policies/ml", "policies").await;
@@ -780,7 +845,19 @@ async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
     );
     let cost = rows.iter().find(|r| r[0] == "total_cost_usd").unwrap();
     assert_ne!(cost[1], cost[2], "{rows:?}");
-    b.screenshot("policies-whatif", 1280, 900).await;
+    // The job the draft would hold is listed, and cost per day is drawn for both policies.
+    b.until(
+        "the held job in the what-if's list",
+        WAIT,
+        "return document.querySelector('[data-test=whatif-change][data-change=held][data-job-id=\"' + arguments[0] + '\"]') !== null;",
+        vec![json!(id)],
+    )
+    .await;
+    b.el("[data-test=whatif-chart] [data-test=whatif-line-current]")
+        .await;
+    b.el("[data-test=whatif-chart] [data-test=whatif-line-draft]")
+        .await;
+    b.screenshot("policies-whatif", 1440, 900).await;
     let (_, policy) = broker
         .call(reqwest::Method::GET, "/api/v1/policies/ml", None)
         .await;
@@ -806,7 +883,7 @@ async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
         .wait_state(&id, &["succeeded"], Duration::from_secs(30))
         .await;
     job_row_state(&b, &id, &["succeeded"], Duration::from_secs(15)).await;
-    b.screenshot("jobs-released", 1280, 900).await;
+    b.screenshot("jobs-released", 1440, 900).await;
 
     // Two versions in the audit log now.
     b.open("#/audit", "audit").await;
@@ -895,7 +972,7 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
         ("instances", "#/instances"),
         ("audit", "#/audit"),
     ];
-    for (width, height, label) in [(1280, 900, "desktop"), (390, 844, "phone")] {
+    for (width, height, label) in [(1440, 900, "desktop"), (390, 844, "phone")] {
         b.set_width(width, height).await;
         for (name, route) in pages {
             let page = if name == "job-detail" { "jobs" } else { name };
@@ -911,7 +988,7 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
     }
 
     // Data shows where it should.
-    b.set_width(1280, 900).await;
+    b.set_width(1440, 900).await;
     b.open("#/catalogue", "catalogue").await;
     let pools = b
         .js(
@@ -1129,6 +1206,413 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
         json!(0),
         "a developer gets no policy editing controls"
     );
-    b.screenshot("policies-developer", 1280, 900).await;
+    b.screenshot("policies-developer", 1440, 900).await;
     b.assert_no_errors("as a developer").await;
+}
+
+/// Types `text` into the field `path` of the open policy form, replacing what it held.
+async fn type_into(b: &Browser, path: &str, text: &str) {
+    let input = b
+        .el(&format!(
+            "[data-test=policy-form] [data-test=\"field-{path}\"]"
+        ))
+        .await;
+    input.clear().await.unwrap();
+    input.send_keys(text).await.unwrap();
+}
+
+/// The visible error texts next to the policy form's fields, by field.
+async fn field_errors(b: &Browser) -> Value {
+    b.js(
+        "const out = {};
+         for (const e of document.querySelectorAll('[data-test=policy-form] .field-error')) {
+           if (e.hidden || !e.textContent) continue;
+           const f = e.closest('[data-field]');
+           out[f ? f.getAttribute('data-field') : '?'] = e.textContent;
+         }
+         return out;",
+        vec![],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_policy_edit_is_refused_whole_and_leaving_unsaved_edits_asks_first() {
+    let broker = Broker::start().await;
+    let Some(b) = Browser::start(&broker.url).await else {
+        return;
+    };
+    let saved = json!({"budget": {"amount_usd": 500.0, "period": "month", "enforcement": "hard", "alert_at": [0.5, 0.9]},
+                       "max_price_per_gpu_hour": 3.0, "allowed_providers": ["onprem"]});
+    put_policy(&broker.url, &broker.admin, "ml", saved.clone()).await;
+    b.sign_in(&broker.admin).await;
+    b.probe_console_log().await;
+    b.open("#/policies/ml", "policies").await;
+    b.el("[data-test=policy-diff-empty]").await;
+
+    // Three bad fields at once: each is flagged next to itself, with the valid values.
+    type_into(&b, "budget.amount_usd", "-3").await;
+    type_into(&b, "max_price_per_gpu_hour", "abc").await;
+    type_into(&b, "allowed_providers", "awss").await;
+    b.el("[data-test=policy-save]").await.click().await.unwrap();
+    b.until(
+        "the refusal",
+        WAIT,
+        "const s = document.querySelector('[data-test=policy-status]');
+         return s && s.getAttribute('data-refused') === '3';",
+        vec![],
+    )
+    .await;
+    let errors = field_errors(&b).await;
+    let text = |f: &str| errors[f].as_str().unwrap_or_default().to_string();
+    assert!(text("budget.amount_usd").contains("at least 0"), "{errors}");
+    assert!(
+        text("max_price_per_gpu_hour").contains("\"abc\"")
+            && text("max_price_per_gpu_hour").contains("more than 0"),
+        "{errors}"
+    );
+    assert!(
+        text("allowed_providers").contains("\"awss\"")
+            && text("allowed_providers").contains("onprem"),
+        "{errors}"
+    );
+    assert_eq!(errors.as_object().unwrap().len(), 3, "{errors}");
+    // The draft's diff against the saved version shows what the save would change.
+    let diff = b
+        .until(
+            "the draft's diff",
+            WAIT,
+            "const rows = [...document.querySelectorAll('[data-test=diff-row]')];
+             return rows.length ? rows.map(r => r.getAttribute('data-field')).sort() : null;",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        diff,
+        json!([
+            "allowed_providers",
+            "budget.amount_usd",
+            "max_price_per_gpu_hour"
+        ]),
+        "{diff}"
+    );
+    b.screenshot("policies-errors", 1440, 900).await;
+    // What-if refuses the same draft, also without asking the broker.
+    b.el("[data-test=whatif-run]").await.click().await.unwrap();
+    b.until(
+        "the what-if's refusal",
+        WAIT,
+        "const s = document.querySelector('[data-test=policy-status]');
+         return s && s.getAttribute('data-refused') === '3';",
+        vec![],
+    )
+    .await;
+    // Nothing was saved: the same version and body over REST.
+    let (_, now) = broker
+        .call(reqwest::Method::GET, "/api/v1/policies/ml", None)
+        .await;
+    assert_eq!(now["version"], json!(1), "{now}");
+    assert_eq!(now["policy"], saved, "{now}");
+    b.assert_no_errors("after the refused save").await;
+
+    // Leaving with unsaved edits asks first: a reload or closing the tab, and in-app links.
+    let blocked = b
+        .js(
+            "const e = new Event('beforeunload', { cancelable: true });
+             window.dispatchEvent(e);
+             return e.defaultPrevented;",
+            vec![],
+        )
+        .await;
+    assert_eq!(blocked, json!(true), "beforeunload is held back");
+    b.el("[data-test=nav-jobs]").await.click().await.unwrap();
+    b.el("[data-test=unsaved-bar]").await;
+    assert_eq!(
+        b.js("return location.hash;", vec![]).await,
+        json!("#/policies/ml")
+    );
+    assert_eq!(b.count("[data-test=page-policies]").await, 1);
+    b.screenshot("policies-unsaved", 1440, 900).await;
+    b.el("[data-test=unsaved-stay]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(b.count("[data-test=unsaved-bar]").await, 0);
+    assert_eq!(
+        b.js(
+            "return document.querySelector('[data-test=\"field-max_price_per_gpu_hour\"]').value;",
+            vec![]
+        )
+        .await,
+        json!("abc"),
+        "staying keeps the edits"
+    );
+
+    // Fixed: the diff shows the one change, and saving stores it with every other rule kept.
+    type_into(&b, "budget.amount_usd", "500").await;
+    type_into(&b, "max_price_per_gpu_hour", "2.5").await;
+    type_into(&b, "allowed_providers", "onprem").await;
+    let diff = b
+        .until(
+            "the diff of the fixed draft",
+            WAIT,
+            "const rows = [...document.querySelectorAll('[data-test=diff-row]')];
+             return rows.length === 1 ? rows[0].getAttribute('data-field') + ': ' + rows[0].textContent : null;",
+            vec![],
+        )
+        .await;
+    assert!(
+        diff.as_str()
+            .unwrap()
+            .starts_with("max_price_per_gpu_hour: ")
+            && diff.as_str().unwrap().contains("3")
+            && diff.as_str().unwrap().contains("2.5"),
+        "{diff}"
+    );
+    b.el("[data-test=policy-save]").await.click().await.unwrap();
+    b.until(
+        "the fixed policy to be saved",
+        WAIT,
+        "const s = document.querySelector('[data-test=policy-status]');
+         return s && s.getAttribute('data-version') === '2';",
+        vec![],
+    )
+    .await;
+    let (_, now) = broker
+        .call(reqwest::Method::GET, "/api/v1/policies/ml", None)
+        .await;
+    let mut want = saved.clone();
+    want["max_price_per_gpu_hour"] = json!(2.5);
+    assert_eq!(now["policy"], want, "{now}");
+    // Saved: leaving asks nothing.
+    b.el("[data-test=nav-jobs]").await.click().await.unwrap();
+    b.ready("jobs").await;
+    assert_eq!(b.count("[data-test=unsaved-bar]").await, 0);
+
+    // Edits, then leaving and discarding: the edits are dropped, nothing is saved.
+    b.open("#/policies/ml", "policies").await;
+    type_into(&b, "max_price_per_gpu_hour", "9").await;
+    b.el("[data-test=nav-audit]").await.click().await.unwrap();
+    b.el("[data-test=unsaved-discard]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.ready("audit").await;
+    let (_, now) = broker
+        .call(reqwest::Method::GET, "/api/v1/policies/ml", None)
+        .await;
+    assert_eq!(now["version"], json!(2), "{now}");
+    b.assert_no_errors("after leaving the policy page").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_what_if_under_a_tiny_hard_budget_holds_what_the_live_broker_held() {
+    let mut broker = Broker::start().await;
+    let Some(b) = Browser::start(&broker.url).await else {
+        return;
+    };
+    broker.start_agent("whatif-a1", 4).await;
+    // Live: a one-cent hard budget holds team research's job (an hour on $2/GPU-hour).
+    let tiny = json!({"budget": {"amount_usd": 0.01, "period": "month", "enforcement": "hard"}});
+    put_policy(&broker.url, &broker.admin, "research", tiny).await;
+    let id = broker
+        .submit(
+            json!({"name": "replayed", "team": "research", "command": ["sleep", "1"],
+                       "resources": {"gpus": 1}, "estimated_runtime_s": 3600}),
+        )
+        .await;
+    broker
+        .wait_state(&id, &["held"], Duration::from_secs(30))
+        .await;
+    // Then the budget goes: the job runs and finishes.
+    put_policy(
+        &broker.url,
+        &broker.admin,
+        "research",
+        json!({"max_price_per_gpu_hour": 100.0}),
+    )
+    .await;
+    broker
+        .wait_state(&id, &["succeeded"], Duration::from_secs(60))
+        .await;
+
+    // The console's what-if with that same budget as a draft holds that same job.
+    b.sign_in(&broker.admin).await;
+    b.open("#/policies/research", "policies").await;
+    b.el("[data-test=\"field-budget.enabled\"]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    type_into(&b, "budget.amount_usd", "0.01").await;
+    b.el("[data-test=policy-form] [data-test=\"field-budget.enforcement\"]")
+        .await
+        .select_by_value("hard")
+        .await
+        .unwrap();
+    b.el("[data-test=whatif-run]").await.click().await.unwrap();
+    let change = b
+        .until(
+            "the what-if's list of changed jobs",
+            Duration::from_secs(60),
+            "const t = document.querySelector('[data-test=whatif-changes]');
+             if (!t) return null;
+             return [...document.querySelectorAll('[data-test=whatif-change]')]
+               .map(r => [r.getAttribute('data-job-id'), r.getAttribute('data-change')]);",
+            vec![],
+        )
+        .await;
+    assert!(
+        change
+            .as_array()
+            .unwrap()
+            .contains(&json!([id.clone(), "held"])),
+        "the draft holds the job the live broker held: {change}"
+    );
+    let held = b
+        .text_of("[data-test=whatif-row][data-metric=held_jobs] [data-test=whatif-draft]")
+        .await;
+    assert_eq!(held.as_deref(), Some("1"));
+    b.el("[data-test=whatif-chart]").await;
+    b.screenshot("policies-whatif-budget", 1440, 900).await;
+    // Nothing saved.
+    let (_, now) = broker
+        .call(reqwest::Method::GET, "/api/v1/policies/research", None)
+        .await;
+    assert_eq!(now["version"], json!(2), "{now}");
+    b.assert_no_errors("after the what-if").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_burst_jobs_cost_stays_fixed_while_its_instance_idles() {
+    let up = Up::start(
+        &[
+            "--agents",
+            "1",
+            "--idle-ttl",
+            "6s",
+            "--boot-delay",
+            "1s",
+            "--billing-minimum",
+            "0s",
+        ],
+        4,
+    )
+    .await;
+    let Some(b) = Browser::start(&up.url).await else {
+        return;
+    };
+    // On-prem full for two hours (as the planner sees it); a job due in 15 minutes bursts.
+    let filler = up
+        .submit(json!({"name": "filler", "team": "ml", "command": ["sleep", "3031"], "resources": {"gpus": 4},
+                       "estimated_runtime_s": 7200, "regions": ["onprem:local-dc1"]}))
+        .await;
+    up.job_where(&filler, 30, |j| j["state"] == "running").await;
+    let urgent = up
+        .submit(json!({"name": "urgent", "team": "ml", "command": ["echo", "ran in the cloud"],
+                       "resources": {"gpus": 1}, "estimated_runtime_s": 60, "deadline": in_secs(900)}))
+        .await;
+    let job = up
+        .job_where(&urgent, 60, |j| {
+            j["state"] == "succeeded" || j["state"] == "failed"
+        })
+        .await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+
+    b.sign_in(&up.token).await;
+    b.open(&format!("#/jobs/{urgent}"), "jobs").await;
+    let first = b
+        .until(
+            "the job's cost",
+            WAIT,
+            "const e = document.querySelector('[data-test=detail-cost]'); return e && e.textContent;",
+            vec![],
+        )
+        .await;
+    let first = first.as_str().unwrap().to_string();
+    assert!(first.starts_with('$'), "{first}");
+    let rest_first = up.get(&format!("/api/v1/jobs/{urgent}")).await["cost_usd"].clone();
+    // The round that chose to launch is shown, with dates (no epoch milliseconds).
+    b.el("[data-test=launch-round] [data-test=launch-candidate-row]")
+        .await;
+    let detail = b.el("[data-test=job-detail]").await.text().await.unwrap();
+    assert_no_raw_numbers(&detail);
+    let estimate = b
+        .text_of("[data-test=detail-estimate]")
+        .await
+        .unwrap_or_default();
+    assert!(estimate.contains("estimate $"), "{estimate:?}");
+    b.screenshot("job-detail-burst", 1440, 900).await;
+
+    // The instance idles, then is released; the finished job's cost does not move.
+    let inst = eventually(
+        "the idle instance to end",
+        Duration::from_secs(60),
+        || async {
+            let i = up
+                .instances()
+                .await
+                .into_iter()
+                .find(|i| i["for_job"] == urgent.as_str())?;
+            (i["state"] == "terminated").then_some(i)
+        },
+    )
+    .await;
+    assert!(inst["cost_usd"].as_f64().unwrap() > 0.0, "{inst}");
+    b.open(&format!("#/jobs/{urgent}"), "jobs").await;
+    let later = b
+        .until(
+            "the job's cost again",
+            WAIT,
+            "const e = document.querySelector('[data-test=detail-cost]'); return e && e.textContent;",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        later.as_str().unwrap(),
+        first,
+        "a finished job's cost stays fixed"
+    );
+    assert_eq!(
+        up.get(&format!("/api/v1/jobs/{urgent}")).await["cost_usd"],
+        rest_first
+    );
+
+    // The instance's idle and boot time is the team's own line on the Spend page.
+    b.open("#/spend", "spend").await;
+    let usage = b
+        .until(
+            "spend split by usage",
+            WAIT,
+            "const rows = [...document.querySelectorAll('[data-test=usage-row]')];
+             return rows.length ? Object.fromEntries(rows.map(r => [r.getAttribute('data-key'),
+               [r.children[0].textContent, r.querySelector('[data-test=usage-amount]').textContent]])) : null;",
+            vec![],
+        )
+        .await;
+    assert_eq!(usage["instance_idle"][0], "instance idle", "{usage}");
+    assert_eq!(usage["instance_boot"][0], "instance boot", "{usage}");
+    assert_ne!(usage["instance_idle"][1], "$0.00", "{usage}");
+    b.screenshot("spend-usage", 1440, 900).await;
+
+    // The instances page: the provider's own id, uptime and cost to date.
+    b.open("#/instances?ended=1", "instances").await;
+    let row = b
+        .until(
+            "the instance row",
+            WAIT,
+            "const r = document.querySelector('[data-test=instance-row][data-instance=\"' + arguments[0] + '\"]');
+             return r ? [r.querySelector('[data-test=instance-provider-id]').textContent,
+                         r.querySelector('[data-test=instance-uptime]').textContent,
+                         r.querySelector('[data-test=instance-cost]').textContent] : null;",
+            vec![inst["id"].clone()],
+        )
+        .await;
+    assert_eq!(row[0], inst["provider_id"], "{row} {inst}");
+    assert!(row[1].as_str().unwrap().ends_with(" s"), "{row}");
+    assert!(row[2].as_str().unwrap().starts_with('$'), "{row}");
+    b.screenshot("instances-burst", 1440, 900).await;
+    b.assert_no_errors("on the burst's pages").await;
 }

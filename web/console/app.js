@@ -24,6 +24,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
     me: null,        // {role, team, name, expires_at}
     timers: [],      // page refresh timers, cleared on every navigation
     seq: 0,          // navigation counter: stale async renders check it
+    dirty: null,     // the open page's "has unsaved edits?" check, or null
+    hash: undefined, // the hash the open page was rendered for
   };
 
   const ROLES_ALL = ['admin', 'finance', 'infra', 'developer'];
@@ -35,6 +37,10 @@ document.addEventListener('securitypolicyviolation', (e) => {
     { id: 'spend', title: 'Spend', roles: ROLES_ALL, render: spendPage },
     { id: 'instances', title: 'Instances', roles: ['admin', 'infra', 'finance'], render: instancesPage },
     { id: 'audit', title: 'Audit', roles: ['admin', 'finance', 'infra'], render: auditPage },
+  ];
+  // Pages reached by links, not from the top bar.
+  const HIDDEN_PAGES = [
+    { id: 'nodes', title: 'Node', nav: 'catalogue', roles: ROLES_ALL, render: nodePage },
   ];
   const JOB_STATES = ['queued', 'provisioning', 'held', 'placed', 'running', 'succeeded', 'failed', 'cancelled'];
   const WAITING_STATES = ['queued', 'provisioning', 'held', 'placed', 'running'];
@@ -166,31 +172,42 @@ document.addEventListener('securitypolicyviolation', (e) => {
 
   // ---- Formatting --------------------------------------------------------------------------
 
+  /// Money as money, one format everywhere: whole cents ("$12.50", "$1,204.00"), and below a
+  /// dollar a fraction of a cent where it matters ("$0.0145"), never float noise.
   function usd(x) {
     const n = Number(x);
     if (!Number.isFinite(n)) return '—';
     const abs = Math.abs(n);
-    const digits = abs !== 0 && abs < 1 ? 4 : 2;
-    return (n < 0 ? '-$' : '$') + abs.toLocaleString('en-US', { minimumFractionDigits: 2, maximumFractionDigits: digits });
+    const cents = Math.round(abs * 100) / 100;
+    const fine = Math.round(abs * 10000) / 10000;
+    let digits = 2;
+    if (abs !== 0 && abs < 1 && Math.abs(fine - cents) >= 0.00005) digits = 4;
+    const text = (digits === 4 ? fine : cents).toLocaleString('en-US', { minimumFractionDigits: 2, maximumFractionDigits: digits });
+    if (abs !== 0 && fine === 0) return (n < 0 ? '-' : '') + '<$0.0001';
+    return (n < 0 ? '-$' : '$') + text;
   }
+
+  /// Micro-dollars (the explanation's older shape) as money.
+  function usdMicros(x) { return usd(Number(x) / 1e6); }
 
   function pct(f) {
     const n = Number(f);
     return Number.isFinite(n) ? (n * 100).toFixed(n < 0.1 && n > 0 ? 1 : 0) + '%' : '—';
   }
 
+  /// A time as `2026-07-01 14:03:09 UTC`. Takes RFC 3339 text or epoch milliseconds.
   function dt(iso) {
-    if (!iso) return '—';
+    if (iso === null || iso === undefined || iso === '') return '—';
     const d = new Date(iso);
     if (Number.isNaN(d.getTime())) return String(iso);
-    return d.toISOString().slice(0, 16).replace('T', ' ') + ' UTC';
+    return d.toISOString().slice(0, 19).replace('T', ' ') + ' UTC';
   }
 
   function dtShort(iso) {
-    if (!iso) return '—';
+    if (iso === null || iso === undefined || iso === '') return '—';
     const d = new Date(iso);
     if (Number.isNaN(d.getTime())) return String(iso);
-    return d.toISOString().slice(5, 16).replace('T', ' ');
+    return d.toISOString().slice(5, 19).replace('T', ' ');
   }
 
   function ago(iso) {
@@ -203,21 +220,49 @@ document.addEventListener('securitypolicyviolation', (e) => {
   function duration(secs) {
     const v = Math.max(0, Math.round(Number(secs) || 0));
     if (v < 90) return v + ' s';
-    if (v < 5400) return Math.round(v / 60) + ' min';
-    if (v < 172800) return (v / 3600).toFixed(1) + ' h';
-    return Math.round(v / 86400) + ' d';
+    if (v < 5400) return Math.floor(v / 60) + ' min ' + (v % 60) + ' s';
+    if (v < 172800) return Math.floor(v / 3600) + ' h ' + Math.round((v % 3600) / 60) + ' min';
+    return (v / 86400).toFixed(1) + ' d';
+  }
+
+  /// Seconds between two times (the second defaults to now), or null.
+  function between(a, b) {
+    if (!a) return null;
+    const t0 = new Date(a).getTime();
+    const t1 = b ? new Date(b).getTime() : Date.now();
+    return Number.isFinite(t0) && Number.isFinite(t1) ? Math.max(0, (t1 - t0) / 1000) : null;
   }
 
   // Ids are UUIDv7: their first digits are a timestamp shared by jobs submitted together.
   function short(id) { return String(id || '').slice(-8); }
 
+  // Explanation fields that carry money or times. Older brokers send money as integer
+  // micro-dollars and times as epoch milliseconds; newer ones send `*_usd` dollars and RFC 3339.
+  const MONEY_KEYS = ['cost', 'remaining', 'price_per_hour', 'max_per_hour', 'price_per_gpu_hour', 'max_per_gpu_hour', 'reserve', 'needs', 'left'];
+  const TIME_KEYS = ['finish', 'deadline', 'expected_start', 'start', 'at'];
+
+  function fieldValue(k, x) {
+    if (x === null || x === undefined) return '—';
+    if (/_usd$/.test(k)) return usd(x);
+    if (MONEY_KEYS.includes(k)) return typeof x === 'number' ? usdMicros(x) : String(x);
+    if (TIME_KEYS.includes(k) || /_at$/.test(k)) return dt(x);
+    if (typeof x === 'object') return JSON.stringify(x);
+    return String(x).replace(/_/g, ' ');
+  }
+
+  function fieldName(k) {
+    return k.replace(/_usd$/, '').replace(/_/g, ' ');
+  }
+
+  /// An outcome or rejection in words: "misses deadline: finish 2026-… UTC, deadline …".
   function describe(v) {
     if (v === null || v === undefined) return '—';
     if (typeof v !== 'object') return String(v).replace(/_/g, ' ');
     const tag = v.code || v.decision || v.kind;
+    if (v.decision === 'hold' && v.reason) return 'held: ' + v.reason;
     const rest = Object.entries(v)
       .filter(([k]) => !['code', 'decision', 'kind'].includes(k))
-      .map(([k, x]) => k.replace(/_/g, ' ') + ' ' + (typeof x === 'object' ? JSON.stringify(x) : x));
+      .map(([k, x]) => fieldName(k) + ' ' + fieldValue(k, x));
     return [tag ? String(tag).replace(/_/g, ' ') : null, rest.join(', ')].filter(Boolean).join(': ');
   }
 
@@ -277,12 +322,39 @@ document.addEventListener('securitypolicyviolation', (e) => {
     return promise.then((d) => d, (e) => (e instanceof ApiError ? e : new ApiError(0, { error: { message: String(e && e.message || e) } })));
   }
 
+  /// The broker's own OpenAPI document (once per page load), to learn which query parameters
+  /// and paths this broker has: the console works against brokers a version behind or ahead.
+  let openapiDoc = null;
+  function openapi() {
+    if (!openapiDoc) openapiDoc = get('/openapi.json').catch(() => ({ paths: {} }));
+    return openapiDoc;
+  }
+
+  function opOf(doc, path, method) {
+    const paths = (doc && doc.paths) || {};
+    const p = paths['/api/v1' + path] || paths[path];
+    return p ? p[method || 'get'] : null;
+  }
+
+  /// Whether `GET path` takes the query parameter `name` (and, with `mentions`, documents it
+  /// as taking that value).
+  async function apiHasParam(path, name, mentions) {
+    const op = opOf(await openapi(), path);
+    const param = op && (op.parameters || []).find((x) => x.name === name);
+    if (!param) return false;
+    return !mentions || JSON.stringify(param).includes(mentions);
+  }
+
+  async function apiHasPath(path) {
+    return Boolean(opOf(await openapi(), path));
+  }
+
   // ---- Session -----------------------------------------------------------------------------
 
   async function boot() {
     $('#login-form').addEventListener('submit', onLogin);
     $('#logout').addEventListener('click', onLogout);
-    window.addEventListener('hashchange', route);
+    window.addEventListener('hashchange', onHashChange);
     try {
       const r = await api('GET', '/console/session');
       if (r.data && r.data.signed_in) {
@@ -362,9 +434,49 @@ document.addEventListener('securitypolicyviolation', (e) => {
     S.timers.push(setInterval(fn, ms));
   }
 
+  /// A page with unsaved edits sets `S.dirty` to a function answering whether it has some.
+  /// Leaving such a page (another hash, a reload, closing the tab) asks first.
+  function isDirty() { return Boolean(S.dirty && S.dirty()); }
+
+  window.addEventListener('beforeunload', (ev) => {
+    if (!isDirty()) return undefined;
+    ev.preventDefault();
+    ev.returnValue = 'You have unsaved changes.';
+    return ev.returnValue;
+  });
+
+  function onHashChange() {
+    if (S.hash !== undefined && location.hash !== S.hash && isDirty()) {
+      const wanted = location.hash;
+      // Stay where the edits are (replaceState fires no hashchange) and ask.
+      history.replaceState(null, '', S.hash || '#/');
+      unsavedBar(wanted);
+      return;
+    }
+    route();
+  }
+
+  function unsavedBar(wanted) {
+    const old = $('#unsaved-bar');
+    if (old) old.remove();
+    const bar = h('div', { id: 'unsaved-bar', class: 'notice unsaved', role: 'alertdialog', 'data-test': 'unsaved-bar' },
+      h('strong', null, 'Unsaved changes — discard?'), ' ',
+      h('span', { class: 'muted small' }, 'Your edits to this page are not saved.'), ' ',
+      h('button', {
+        type: 'button', class: 'danger', 'data-test': 'unsaved-discard',
+        onclick: () => { S.dirty = null; bar.remove(); location.hash = wanted; },
+      }, 'Discard and leave'), ' ',
+      h('button', { type: 'button', class: 'secondary', 'data-test': 'unsaved-stay', onclick: () => bar.remove() }, 'Stay'));
+    $('#main').insertBefore(bar, $('#main').firstChild);
+  }
+
   function route() {
     stopTimers();
     S.seq += 1;
+    S.dirty = null;
+    S.hash = location.hash;
+    const bar = $('#unsaved-bar');
+    if (bar) bar.remove();
     const page = $('#page');
     clear(page);
     if (!S.me) {
@@ -378,13 +490,27 @@ document.addEventListener('securitypolicyviolation', (e) => {
     $('#login').hidden = true;
     renderNav();
     const { page: id, args, params } = parseHash();
-    let def = PAGES.find((p) => p.id === id && p.roles.includes(S.me.role));
+    const known = PAGES.find((p) => p.id === id) || HIDDEN_PAGES.find((p) => p.id === id);
+    let def = known && known.roles.includes(S.me.role) ? known : null;
+    let refusal = null;
     if (!def) {
-      if (id !== 'overview' && id !== 'login') toast('No such page here: ' + id, true);
-      def = PAGES[0];
+      if (known) {
+        refusal = known;
+      } else if (id !== 'overview' && id !== 'login') {
+        toast('No such page here: ' + id, true);
+      }
+      if (!refusal) def = PAGES[0];
     }
+    const navId = def ? (def.nav || def.id) : null;
     for (const a of document.querySelectorAll('#nav a')) {
-      a.classList.toggle('active', a.getAttribute('data-page') === def.id);
+      a.classList.toggle('active', a.getAttribute('data-page') === navId);
+    }
+    if (refusal) {
+      document.title = refusal.title + ' · Switchyard';
+      page.appendChild(h('section', { class: 'page', id: 'page-' + refusal.id, 'data-test': 'page-' + refusal.id, 'data-state': 'ready' },
+        h('h1', null, refusal.title),
+        notice(refusal.title + ' is not visible to your role (' + S.me.role + ').', false, 'not-visible')));
+      return;
     }
     document.title = def.title + ' · Switchyard';
     const root = h('section', { class: 'page', id: 'page-' + def.id, 'data-test': 'page-' + def.id, 'data-state': 'loading' });
@@ -429,14 +555,41 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const gpusTotal = poolRows.reduce((a, p) => a + p.gpus_total, 0);
     const gpusFree = poolRows.reduce((a, p) => a + p.gpus_free, 0);
     const budgetRows = budgets instanceof ApiError ? [] : budgets.budgets;
-    const spent = budgetRows.reduce((a, b) => a + Number(b.spent_usd || 0), 0);
+    // Budgets of different periods are never added up: one figure per period.
+    const periods = periodGroups(budgetRows);
 
     root.appendChild(h('div', { class: 'cards', 'data-test': 'overview-cards' },
       card('Running jobs', count('running'), 'card-running'),
       card('Waiting', count('queued') + count('provisioning') + count('placed'), 'card-waiting'),
       card('Held', count('held'), 'card-held'),
       card('GPUs in use', (gpusTotal - gpusFree) + ' / ' + gpusTotal, 'card-gpus'),
-      card('Spent this period', usd(spent), 'card-spent')));
+      periods.map((g) => {
+        const c = card('Spent this ' + g.label + ' (of ' + usd(g.amount) + ')', usd(g.spent), 'card-spent');
+        c.setAttribute('data-period', g.label);
+        c.title = g.budgets.map((x) => teamLabel(x.team, x.project)).join(', ') + ': ' + dt(g.start).slice(0, 10) + ' → ' + dt(g.end).slice(0, 10);
+        return c;
+      })));
+
+    // Spend trend of each budget period, with the budget line and a forecast.
+    const trend = h('div', { class: 'panel', 'data-test': 'overview-trend' }, h('h2', null, 'Spend trend'));
+    root.appendChild(trend);
+    const groups = periods.length ? periods : [monthGroup()];
+    const spendRes = await Promise.all(groups.map((g) => settle(get('/api/v1/spend' + qs({
+      group_by: 'team', bucket: 'day', from: new Date(g.start).toISOString(), to: new Date(Date.now() + 60000).toISOString(),
+    })))));
+    if (!live(seq)) return;
+    groups.forEach((g, i) => {
+      const r = spendRes[i];
+      const box = h('div', { class: 'trend', 'data-test': 'trend', 'data-period': g.label });
+      trend.appendChild(box);
+      box.appendChild(h('h3', null, g.budgets.length
+        ? 'This ' + g.label + ': ' + g.budgets.map((x) => teamLabel(x.team, x.project)).join(', ')
+        : 'This month, all teams (no budget set)'));
+      if (r instanceof ApiError) { box.appendChild(notice('Spend is not available: ' + r.message, r.status !== 404)); return; }
+      const teams = new Set(g.budgets.filter((x) => !x.project).map((x) => x.team));
+      const rows = g.budgets.length ? r.rows.filter((x) => teams.has(x.team)) : r.rows;
+      box.appendChild(trendChart(g, rows, chartWidth(trend)));
+    });
 
     const grid = h('div', { class: 'grid two' });
     root.appendChild(grid);
@@ -499,11 +652,19 @@ document.addEventListener('securitypolicyviolation', (e) => {
         cols.map(([c, states]) => h('td', { class: 'num', 'data-test': 'queue-' + c },
           String(jobs.filter((j) => j.priority === p && states.includes(j.state)).length))))),
       { test: 'queue-table' }));
-    const held = jobs.filter((j) => j.state === 'held');
+    const held = jobs.filter((j) => j.state === 'held').slice(0, 8);
     if (held.length) {
       qp.appendChild(h('h3', null, 'Held jobs'));
-      qp.appendChild(h('ul', { 'data-test': 'held-list' }, held.slice(0, 8).map((j) => h('li', null,
-        h('a', { href: '#/jobs/' + j.id }, j.name), ' (' + j.team + '): ', h('span', { class: 'muted' }, j.reason || 'held')))));
+      const reasons = await Promise.all(held.map((j) => settle(get('/api/v1/jobs/' + encodeURIComponent(j.id) + '/placement'))));
+      if (!live(seq)) return;
+      qp.appendChild(h('ul', { 'data-test': 'held-list' }, held.map((j, i) => {
+        const p = reasons[i];
+        const words = !(p instanceof ApiError) && p.outcome && p.outcome.reason ? p.outcome.reason : (j.reason || 'held');
+        return h('li', { 'data-test': 'held-job', 'data-job-id': j.id },
+          h('a', { href: '#/jobs/' + j.id }, j.name), ' (' + teamLabel(j.team, j.project) + '): ',
+          h('span', { class: 'muted', 'data-test': 'held-reason' }, String(words).replace(/_/g, ' ')), ' · ',
+          h('a', { href: '#/policies/' + encodeURIComponent(j.team) + (j.project ? '/' + encodeURIComponent(j.project) : ''), 'data-test': 'held-policy-link' }, 'policy of ' + j.team));
+      })));
     }
     grid.appendChild(qp);
   }
@@ -514,6 +675,86 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const crossed = (b.alerts_crossed || []).map(Number).filter(Number.isFinite).sort((x, y) => x - y);
     if (!crossed.length) return '';
     return crossed.map(pct).join(', ') + (crossed.length === 1 ? ' alert' : ' alerts') + ' crossed';
+  }
+
+  /// Budgets grouped by their period (start and end), each labelled by what it is: a calendar
+  /// month, an ISO week, or a custom range. Sums only within a group.
+  function periodGroups(budgets) {
+    const m = new Map();
+    for (const b of budgets) {
+      const k = b.period_start + '|' + b.period_end;
+      if (!m.has(k)) m.set(k, { start: b.period_start, end: b.period_end, label: periodLabel(b.period_start, b.period_end), budgets: [], spent: 0, amount: 0 });
+      const g = m.get(k);
+      g.budgets.push(b);
+      g.spent += Number(b.spent_usd) || 0;
+      g.amount += Number(b.amount_usd) || 0;
+    }
+    return [...m.values()].sort((a, b) => new Date(a.end) - new Date(b.end));
+  }
+
+  function periodLabel(start, end) {
+    const a = new Date(start);
+    const b = new Date(end);
+    const days = (b - a) / 86400000;
+    if (Math.abs(days - 7) < 0.01 && a.getUTCDay() === 1) return 'week';
+    if (a.getUTCDate() === 1 && b.getUTCDate() === 1 && days >= 28 && days <= 31) return 'month';
+    return 'period ' + dt(start).slice(0, 10) + ' → ' + dt(end).slice(0, 10);
+  }
+
+  function monthGroup() {
+    const n = new Date();
+    const start = new Date(Date.UTC(n.getUTCFullYear(), n.getUTCMonth(), 1)).toISOString();
+    const end = new Date(Date.UTC(n.getUTCFullYear(), n.getUTCMonth() + 1, 1)).toISOString();
+    return { start, end, label: 'month', budgets: [], spent: 0, amount: 0 };
+  }
+
+  /// Cumulative spend per day of the period so far, the budget as a line, and a linear forecast
+  /// to the end of the period (the rate so far, continued).
+  function trendChart(g, rows, CW) {
+    const start = new Date(g.start).getTime();
+    const end = new Date(g.end).getTime();
+    const now = Date.now();
+    const days = [];
+    for (let t = start; t < end; t += 86400000) days.push(new Date(t).toISOString().slice(0, 10));
+    const perDay = new Map();
+    for (const r of rows) {
+      const k = String(r.bucket_start || '').slice(0, 10);
+      perDay.set(k, (perDay.get(k) || 0) + Number(r.amount_usd));
+    }
+    const today = new Date(now).toISOString().slice(0, 10);
+    let acc = 0;
+    const values = [];
+    for (const d of days) {
+      if (d > today) break;
+      acc += perDay.get(d) || 0;
+      values.push(acc);
+    }
+    const elapsed = Math.max(1, Math.min(now, end) - start);
+    const forecast = acc * (end - start) / elapsed;
+    const max = niceMax(Math.max(acc, forecast, g.amount || 0));
+    const svgEl = s('svg', { class: 'chart', viewBox: '0 0 ' + CW + ' ' + CH, width: CW, height: CH, role: 'img', 'aria-label': 'spend trend this ' + g.label, 'data-test': 'chart-trend' });
+    axes(svgEl, days, max, CW);
+    const iw = CW - PAD.l - PAD.r;
+    const ih = CH - PAD.t - PAD.b;
+    const x = (i) => PAD.l + (iw * (i + 0.5)) / days.length;
+    const y = (v) => PAD.t + ih - (ih * v) / max;
+    if (g.amount > 0) {
+      svgEl.appendChild(s('line', { x1: PAD.l, x2: CW - PAD.r, y1: y(g.amount).toFixed(1), y2: y(g.amount).toFixed(1), stroke: '#c0392b', 'stroke-width': 1.5, 'stroke-dasharray': '2 3', 'data-test': 'trend-budget' },
+        s('title', null, 'budget ' + usd(g.amount))));
+    }
+    if (values.length) {
+      const pts = values.map((v, i) => [x(i), y(v)]);
+      svgEl.appendChild(s('path', { d: pts.map((p, i) => (i ? 'L' : 'M') + p[0].toFixed(1) + ' ' + p[1].toFixed(1)).join(' '), fill: 'none', stroke: '#2f7dd1', 'stroke-width': 2, 'data-test': 'trend-spent' }));
+      pts.forEach((p, i) => svgEl.appendChild(s('circle', { cx: p[0].toFixed(1), cy: p[1].toFixed(1), r: 2.5, fill: '#2f7dd1' }, s('title', null, days[i] + ': ' + usd(values[i])))));
+      const last = pts[pts.length - 1];
+      svgEl.appendChild(s('path', { d: 'M' + last[0].toFixed(1) + ' ' + last[1].toFixed(1) + ' L' + x(days.length - 1).toFixed(1) + ' ' + y(forecast).toFixed(1), fill: 'none', stroke: '#2f7dd1', 'stroke-width': 1.5, 'stroke-dasharray': '5 4', 'data-test': 'trend-forecast' },
+        s('title', null, 'forecast (linear) ' + usd(forecast))));
+    }
+    const sw = (color, dash) => { const e = h('span', { class: 'sw' + (dash ? ' dash' : '') }); e.style.background = color; return e; };
+    return h('div', null, svgEl, h('div', { class: 'legend', 'data-test': 'trend-legend' },
+      h('span', null, sw('#2f7dd1'), 'spent ' + usd(acc)),
+      h('span', { 'data-test': 'trend-forecast-label' }, sw('#9cc3ec', true), 'forecast (linear): ' + usd(forecast) + ' by ' + dt(g.end).slice(0, 10)),
+      g.amount > 0 ? h('span', null, sw('#c0392b'), 'budget ' + usd(g.amount)) : null));
   }
 
   function card(label, value, test) {
@@ -566,8 +807,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
           h('td', { class: 'num', 'data-test': 'pool-price' }, usd(p.price_per_gpu_hour)),
           h('td', { class: 'num hide-narrow' }, p.spot_price_per_gpu_hour === null || p.spot_price_per_gpu_hour === undefined ? '—' : usd(p.spot_price_per_gpu_hour)),
           h('td', { class: 'num' }, p.latency_ms + ' ms'),
-          h('td', { class: 'num hide-narrow' }, p.nodes + ' / ' + p.node_limit, h('div', { class: 'small muted' }, p.launchable ? 'launchable' : 'fixed')),
-          h('td', { class: 'num' }, p.gpus_free + ' / ' + p.gpus_total),
+          h('td', { class: 'hide-narrow', 'data-test': 'pool-nodes' }, nodesCell(p)),
+          h('td', { class: 'num', 'data-test': 'pool-free' }, freeCell(p)),
           h('td', null, bar(util), h('div', { class: 'small muted' }, pct(util))),
           h('td', { class: 'num', title: dt(p.price_updated_at), 'data-test': 'pool-price-age' }, ago(p.price_updated_at)),
           can.editPools() ? h('td', null, h('button', {
@@ -583,6 +824,31 @@ document.addEventListener('securitypolicyviolation', (e) => {
     [provSel, modelSel, sortSel].forEach((el) => el.addEventListener('change', draw));
     search.addEventListener('input', draw);
     draw();
+  }
+
+  /// The pool's live nodes (healthy, joined, not revoked) from its node list, each a link to
+  /// its page; a launchable pool says how many it may launch.
+  function liveNodes(p) {
+    return (p.node_list || []).filter((n) => n.healthy);
+  }
+
+  function nodesCell(p) {
+    const nodes = liveNodes(p);
+    const count = nodes.length;
+    const line = h('div', { 'data-test': 'pool-node-count' }, count
+      ? count + (count === 1 ? ' node' : ' nodes')
+      : (p.launchable ? 'launchable, up to ' + p.node_limit + (p.node_limit === 1 ? ' node' : ' nodes') : 'no nodes'));
+    const more = count && p.launchable ? h('div', { class: 'small muted' }, 'launchable, up to ' + p.node_limit) : null;
+    const links = nodes.slice(0, 6).map((n) => h('div', { class: 'small' },
+      h('a', { href: '#/nodes/' + encodeURIComponent(n.id), title: n.id, 'data-test': 'node-link', 'data-node': n.id }, n.hostname || short(n.id)),
+      n.draining ? ' (draining)' : ''));
+    if (nodes.length > 6) links.push(h('div', { class: 'small muted' }, '… ' + (nodes.length - 6) + ' more'));
+    return [line, more, links];
+  }
+
+  function freeCell(p) {
+    if (!liveNodes(p).length && p.launchable) return h('span', { class: 'muted small' }, 'on launch: ' + p.gpus_per_node + ' per node');
+    return p.gpus_free + ' / ' + p.gpus_total;
   }
 
   function togglePoolEditor(tr, pool) {
@@ -650,7 +916,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
 
   /// Puts an API error next to the field it names (or the nearest enclosing one). False when
   /// the error names no field shown on the form.
-  function showFieldError(form, e) {
+  function showFieldError(form, e, focus) {
     if (!e || !e.field) return false;
     let path = e.field;
     let target = null;
@@ -666,17 +932,16 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const slot = target.querySelector(':scope > .field-error');
     if (slot) {
       const prefix = e.field + ': ';
-      slot.textContent = e.message.startsWith(prefix) ? e.message.slice(prefix.length) : e.message;
-      if (path !== e.field) slot.textContent = e.field + ': ' + slot.textContent;
+      let text = e.message.startsWith(prefix) ? e.message.slice(prefix.length) : e.message;
+      if (path !== e.field) text = e.field + ': ' + text;
+      // Several errors for one field: each on its own line.
+      if (!slot.hidden && slot.textContent) slot.appendChild(h('br'));
+      slot.appendChild(document.createTextNode(text));
       slot.hidden = false;
     }
     const input = target.querySelector('input, select, textarea');
-    if (input) input.focus();
+    if (input && focus !== false) input.focus();
     return true;
-  }
-
-  function setFieldError(form, path, message) {
-    return showFieldError(form, { field: path, message });
   }
 
   // ---- Jobs --------------------------------------------------------------------------------
@@ -749,14 +1014,49 @@ document.addEventListener('securitypolicyviolation', (e) => {
     root.appendChild(h('p', null, h('a', { href: '#/jobs', 'data-test': 'back-to-jobs' }, '← All jobs')));
     const body = h('div', { 'data-test': 'job-detail', 'data-job-id': id });
     root.appendChild(body);
+    const info = h('div');
+    body.appendChild(info);
+    // The log pane outlives the refreshes: new output is appended, and the pane follows it
+    // while the reader is at its bottom.
+    const pre = h('pre', { class: 'log', 'data-test': 'log-text', hidden: true });
+    const logNote = h('p', { class: 'muted', 'data-test': 'log-note' }, 'Loading output…');
+    const follow = h('span', { class: 'small muted', 'data-test': 'log-follow' });
+    const lp = h('div', { class: 'panel', 'data-test': 'detail-logs' }, h('div', { class: 'page-head' }, h('h2', null, 'Logs'), follow), logNote, pre);
+    const pp = h('div', { class: 'panel wide', 'data-test': 'detail-placement' });
+    const jobPanel = h('div', { class: 'panel', 'data-test': 'detail-job' });
+    body.appendChild(h('div', { class: 'grid two' }, jobPanel, lp));
+    body.appendChild(pp);
+    let after = null;
+    let logsDone = false;
+    const atBottom = () => pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24;
+    const pollLogs = async (state) => {
+      if (logsDone) return;
+      const page = await settle(get('/api/v1/jobs/' + encodeURIComponent(id) + '/logs' + qs({ after, limit: 1000 })));
+      if (!live(seq)) return;
+      if (page instanceof ApiError) { logNote.textContent = page.message; logNote.hidden = false; return; }
+      if (page.entries.length) {
+        const stick = pre.hidden || atBottom();
+        pre.hidden = false;
+        logNote.hidden = true;
+        pre.appendChild(document.createTextNode(page.entries.map((e) => (e.stream === 'stdout' ? '' : '[' + e.stream + '] ') + e.text).join('')));
+        if (stick) pre.scrollTop = pre.scrollHeight;
+      } else if (pre.hidden) {
+        logNote.textContent = TERMINAL.includes(state) ? 'No output.' : 'No output yet.';
+      }
+      if (page.next_after !== undefined && page.next_after !== null) after = page.next_after;
+      logsDone = Boolean(page.complete);
+      follow.textContent = logsDone ? 'complete' : 'following new output';
+      pre.setAttribute('data-complete', logsDone ? '1' : '0');
+      // A long log: read on at once rather than on the next tick.
+      if (page.entries.length >= 1000) await pollLogs(state);
+    };
     const load = async () => {
-      const [job, placement, logs] = await Promise.all([
+      const [job, placement] = await Promise.all([
         get('/api/v1/jobs/' + encodeURIComponent(id)),
         settle(get('/api/v1/jobs/' + encodeURIComponent(id) + '/placement')),
-        settle(get('/api/v1/jobs/' + encodeURIComponent(id) + '/logs?limit=1000')),
       ]);
       if (!live(seq)) return null;
-      clear(body);
+      clear(info);
       body.setAttribute('data-state', job.state);
       const head = h('div', { class: 'page-head' },
         h('h1', null, job.name, ' ', h('span', { 'data-test': 'detail-state' }, badge(job.state))));
@@ -768,13 +1068,16 @@ document.addEventListener('securitypolicyviolation', (e) => {
           },
         }, 'Cancel job'));
       }
-      body.appendChild(head);
-      if (job.reason) body.appendChild(notice('Reason: ' + job.reason, job.state === 'failed', 'detail-reason'));
+      info.appendChild(head);
+      if (job.reason) info.appendChild(notice('Reason: ' + String(job.reason).replace(/_/g, ' '), job.state === 'failed', 'detail-reason'));
       const spec = job.spec || {};
       const res = spec.resources || {};
-      const grid = h('div', { class: 'grid two' });
-      body.appendChild(grid);
-      grid.appendChild(h('div', { class: 'panel' }, h('h2', null, 'Job'), kv([
+      const estimate = placementEstimate(placement);
+      const queued = between(job.submitted_at, job.started_at);
+      const ran = job.started_at ? between(job.started_at, job.finished_at) : null;
+      const pl = job.placement;
+      clear(jobPanel).appendChild(h('h2', null, 'Job'));
+      jobPanel.appendChild(kv([
         ['Id', h('span', { class: 'mono small' }, job.id)],
         ['Team', teamLabel(job.team, job.project)],
         ['Priority', job.priority + (job.kind ? ' · ' + job.kind : '')],
@@ -782,45 +1085,91 @@ document.addEventListener('securitypolicyviolation', (e) => {
         ['Command', h('span', { class: 'mono small' }, (spec.command || []).join(' '))],
         ['Estimated runtime', spec.estimated_runtime_s ? duration(spec.estimated_runtime_s) : '—'],
         ['Deadline', dt(spec.deadline)],
-        ['Submitted', dt(job.submitted_at)],
-        ['Started', dt(job.started_at)],
-        ['Finished', dt(job.finished_at)],
+        ['Submitted', h('span', { 'data-test': 'detail-submitted' }, dt(job.submitted_at))],
+        ['Started', h('span', { 'data-test': 'detail-started' }, dt(job.started_at))],
+        ['Finished', h('span', { 'data-test': 'detail-finished' }, dt(job.finished_at))],
+        ['Queued', h('span', { 'data-test': 'detail-queued' }, queued === null ? '—' : duration(queued) + (job.started_at ? '' : ' so far'))],
+        ['Ran', h('span', { 'data-test': 'detail-ran' }, ran === null ? '—' : duration(ran) + (job.finished_at ? '' : ' so far'))],
         ['Attempts', String(job.attempts)],
         ['Exit code', job.exit_code === null || job.exit_code === undefined ? '—' : String(job.exit_code)],
-        ['Cost to date', h('span', { 'data-test': 'detail-cost' }, job.cost_usd === undefined ? '—' : usd(job.cost_usd))],
-        ['Runs on', job.placement ? job.placement.pool + ' · ' + job.placement.node.slice(0, 12) + ' · GPUs ' + job.placement.gpus.join(',') + ' · ' + job.placement.market : '—'],
-      ])));
-      const pp = h('div', { class: 'panel wide', 'data-test': 'detail-placement' }, h('h2', null, 'Placement explanation'));
+        ['Cost to date', h('span', null, h('span', { 'data-test': 'detail-cost' }, job.cost_usd === undefined ? '—' : usd(job.cost_usd)),
+          h('span', { class: 'muted small', 'data-test': 'detail-estimate' }, estimate === null ? '' : ' · estimate ' + usd(estimate)))],
+        ['Runs on', pl ? h('span', { 'data-test': 'detail-runs-on' }, pl.pool + ' · ', nodeRef(pl.node), ' · GPUs ' + pl.gpus.join(',') + ' · ' + pl.market) : '—'],
+      ]));
+      clear(pp).appendChild(h('h2', null, 'Placement explanation'));
       if (placement instanceof ApiError) {
         pp.appendChild(h('p', { class: 'muted' }, placement.status === 404 ? 'Not planned yet.' : placement.message));
       } else {
-        pp.appendChild(h('p', null, h('strong', null, 'Decision: '), h('span', { 'data-test': 'placement-outcome' }, describe(placement.outcome)),
-          h('span', { class: 'muted small' }, ' · planned ' + ago(placement.planned_at))));
-        pp.appendChild(table(['Pool', 'Verdict', ['Cost', 'num'], 'Start', 'Finish', 'Kind', 'Market'],
-          placement.candidates.map((c) => h('tr', { 'data-test': 'candidate-row' },
-            h('td', null, h('div', { class: 'mono small' }, c.pool), c.node ? h('div', { class: 'small muted' }, 'node ' + c.node.slice(0, 12)) : null),
-            h('td', { class: 'small' }, c.rejected ? describe(c.rejected) : h('strong', { class: 'ok' }, 'chosen')),
-            h('td', { class: 'num' }, usd(c.cost_usd)),
-            h('td', { class: 'small nowrap' }, dtShort(c.start)), h('td', { class: 'small nowrap' }, dtShort(c.finish)),
-            h('td', null, c.kind), h('td', null, c.market))),
-          { test: 'candidates-table', empty: 'No candidate pool.' }));
+        pp.appendChild(explanationView(placement, 'candidates-table', 'candidate-row'));
+        if (placement.launch_round) {
+          pp.appendChild(h('h3', null, 'The round that chose to launch'));
+          pp.appendChild(h('p', { class: 'muted small' }, 'What waiting for existing capacity would have cost, and when it would have finished.'));
+          pp.appendChild(h('div', { 'data-test': 'launch-round' }, explanationView(placement.launch_round, 'launch-candidates-table', 'launch-candidate-row')));
+        }
       }
-      const lp = h('div', { class: 'panel', 'data-test': 'detail-logs' }, h('h2', null, 'Logs'));
-      if (logs instanceof ApiError) {
-        lp.appendChild(h('p', { class: 'muted' }, logs.message));
-      } else if (!logs.entries.length) {
-        lp.appendChild(h('p', { class: 'muted' }, TERMINAL.includes(job.state) ? 'No output.' : 'No output yet.'));
-      } else {
-        lp.appendChild(h('pre', { 'data-test': 'log-text' }, logs.entries.map((e) => (e.stream === 'stdout' ? '' : '[' + e.stream + '] ') + e.text).join('')));
-      }
-      grid.appendChild(lp);
-      grid.appendChild(pp);
       return job;
     };
     const job = await load();
-    if (job && !TERMINAL.includes(job.state)) {
-      every(3000, () => { load().catch(() => {}); });
+    if (!job) return;
+    await pollLogs(job.state);
+    if (!TERMINAL.includes(job.state) || !logsDone) {
+      let state = job.state;
+      every(2000, () => {
+        if (!TERMINAL.includes(state)) load().then((j) => { if (j) state = j.state; }).catch(() => {});
+        pollLogs(state).catch(() => {});
+      });
     }
+  }
+
+  /// The cost the planner estimated for the job: the assigned (winning) candidate's, in the
+  /// launch round when the job burst. Null when there is none.
+  function placementEstimate(p) {
+    if (!p || p instanceof ApiError) return null;
+    const win = (x) => x && (x.candidates || []).find((c) => !c.rejected);
+    const c = win(p) || win(p.launch_round);
+    return c ? Number(c.cost_usd) : null;
+  }
+
+  function explanationView(p, test, rowTest) {
+    return h('div', null,
+      h('p', null, h('strong', null, 'Decision: '), h('span', { 'data-test': 'placement-outcome' }, describe(p.outcome)),
+        h('span', { class: 'muted small' }, ' · planned ' + dt(p.planned_at))),
+      table(['Pool', 'Verdict', ['Cost', 'num'], 'Start', 'Finish', 'Kind', 'Market'],
+        (p.candidates || []).map((c) => h('tr', { 'data-test': rowTest, 'data-kind': c.kind },
+          h('td', null, h('div', { class: 'mono small' }, c.pool), c.node ? h('div', { class: 'small muted' }, 'node ', nodeRef(c.node)) : null),
+          h('td', { class: 'small' }, c.rejected ? describe(c.rejected) : h('strong', { class: 'ok' }, 'chosen')),
+          h('td', { class: 'num' }, usd(c.cost_usd)),
+          h('td', { class: 'small nowrap' }, dt(c.start)), h('td', { class: 'small nowrap' }, dt(c.finish)),
+          h('td', null, String(c.kind).replace(/_/g, ' ')), h('td', null, c.market))),
+        { test, empty: 'No candidate pool.' }));
+  }
+
+  /// A node id, shortened, with the full id on hover, a link to the node's page and a copy
+  /// button.
+  function nodeRef(id) {
+    if (!id) return '—';
+    const copy = h('button', {
+      type: 'button', class: 'link small', title: 'Copy the full node id', 'data-test': 'node-copy', 'data-node': id,
+      onclick: (ev) => { ev.preventDefault(); ev.stopPropagation(); copyText(id); },
+    }, 'copy');
+    return h('span', { class: 'node-ref' },
+      h('a', { href: '#/nodes/' + encodeURIComponent(id), class: 'mono', title: id, 'data-test': 'node-ref', 'data-node': id }, String(id).slice(0, 12) + (String(id).length > 12 ? '…' : '')), ' ', copy);
+  }
+
+  async function copyText(text) {
+    try {
+      await navigator.clipboard.writeText(text);
+    } catch (_) {
+      // No clipboard permission: copy through a selected, hidden text field.
+      const ta = h('textarea', { class: 'offscreen', readonly: true });
+      ta.value = text;
+      document.body.appendChild(ta);
+      ta.select();
+      try { document.execCommand('copy'); } catch (_e) { /* nothing more to try */ }
+      ta.remove();
+    }
+    window.__syCopied = text;
+    toast('Copied ' + text);
   }
 
   function kv(pairs) {
@@ -834,12 +1183,18 @@ document.addEventListener('securitypolicyviolation', (e) => {
       h('span', { class: 'muted small' }, can.editPolicies()
         ? 'Budgets and placement rules per team. Every save is a new version, recorded in the audit log.'
         : 'Read only: finance and admin edit policies.')));
-    const [list, budgets, jobs] = await Promise.all([
+    const [list, budgets, jobs, regions, pools] = await Promise.all([
       get('/api/v1/policies'),
       settle(get('/api/v1/budgets')),
       settle(get('/api/v1/jobs?limit=500')),
+      settle(get('/api/v1/regions')),
+      settle(get('/api/v1/pools')),
     ]);
     if (!live(seq)) return;
+    const catalogue = {
+      regions: regions instanceof ApiError ? null : regions.regions,
+      pools: pools instanceof ApiError ? null : pools.pools,
+    };
     const keys = new Map();
     const add = (team, project) => {
       if (!team) return;
@@ -852,7 +1207,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
     if (!can.allTeams() && S.me.team) add(S.me.team, null);
     let selTeam = args[0] || null;
     let selProject = args[1] || params.project || null;
-    if (selTeam) add(selTeam, selProject);
+    const hiddenTeam = selTeam && !can.allTeams() && selTeam !== S.me.team;
+    if (selTeam && !hiddenTeam) add(selTeam, selProject);
     const entries = [...keys.values()].filter((e) => can.allTeams() || e.team === S.me.team)
       .sort((a, b) => a.team.localeCompare(b.team) || String(a.project || '').localeCompare(String(b.project || '')));
     if (!selTeam && entries.length) { selTeam = entries[0].team; selProject = entries[0].project; }
@@ -884,6 +1240,13 @@ document.addEventListener('securitypolicyviolation', (e) => {
       main.appendChild(h('div', { class: 'panel' }, h('p', { class: 'empty' }, 'No team has a policy or jobs yet.')));
       return;
     }
+    if (hiddenTeam) {
+      // The API answers 404 for another team's policy whether or not it has one.
+      main.appendChild(h('div', { class: 'panel', 'data-test': 'policy-hidden' },
+        h('h2', null, 'Policy: ' + teamLabel(selTeam, selProject)),
+        notice('The policy of team ' + selTeam + ' is not visible to your role (' + S.me.role + ' of team ' + S.me.team + ').', false, 'not-visible')));
+      return;
+    }
     const exists = list.policies.find((p) => p.team === selTeam && (p.project || null) === (selProject || null));
     let view = null;
     let etag = null;
@@ -894,31 +1257,109 @@ document.addEventListener('securitypolicyviolation', (e) => {
       etag = r.headers.get('ETag');
     }
     main.appendChild(policyForm(selTeam, selProject, view, etag,
-      budgets instanceof ApiError ? null : budgets.budgets.find((b) => b.team === selTeam && (b.project || null) === (selProject || null))));
+      budgets instanceof ApiError ? null : budgets.budgets.find((b) => b.team === selTeam && (b.project || null) === (selProject || null)),
+      catalogue, seq));
   }
 
-  function policyForm(team, project, view, etag, budgetNow) {
+  // ---- Policy checks: the broker's rules (broker/src/policy.rs), run before anything is sent,
+  // every field at once. The broker checks again; its answer is put next to its field too.
+
+  const NUMBER_RE = /^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$/;
+  const HHMM_RE = /^(\d\d):(\d\d)$/;
+
+  /// `text` as a number, or null when it is not one (`abc`, `1,5`, `2 usd`).
+  function parseNumber(text) {
+    const t = String(text === null || text === undefined ? '' : text).trim();
+    if (!NUMBER_RE.test(t)) return null;
+    const n = Number(t);
+    return Number.isFinite(n) ? n : null;
+  }
+
+  /// Minutes after midnight of `HH:MM` (24:00 is the end of the day), or null.
+  function parseHhmm(text) {
+    const m = HHMM_RE.exec(String(text || '').trim());
+    if (!m) return null;
+    const hh = Number(m[1]);
+    const mm = Number(m[2]);
+    if (hh === 24 && mm === 0) return 1440;
+    return hh <= 23 && mm <= 59 ? hh * 60 + mm : null;
+  }
+
+  function validTimeZone(tz) {
+    try {
+      new Intl.DateTimeFormat('en-US', { timeZone: tz });
+      return true;
+    } catch (_) {
+      return false;
+    }
+  }
+
+  function oneOf(values, most) {
+    const v = [...new Set(values)].sort();
+    const shown = v.slice(0, most || 12);
+    return shown.join(', ') + (v.length > shown.length ? ', … (' + v.length + ' in all)' : '');
+  }
+
+  /// Flattens a policy body to `path → JSON text` for diffs (times compared as instants).
+  function flatPolicy(body) {
+    const out = new Map();
+    const walk = (v, path) => {
+      if (v === null || v === undefined) return;
+      if (typeof v === 'object' && !Array.isArray(v)) {
+        for (const [k, x] of Object.entries(v)) walk(x, path ? path + '.' + k : k);
+        return;
+      }
+      if (Array.isArray(v) && v.length && typeof v[0] === 'object') {
+        v.forEach((x, i) => walk(x, path + '[' + i + ']'));
+        return;
+      }
+      if ((path === 'budget.from' || path === 'budget.to') && typeof v === 'string') {
+        const d = new Date(v);
+        if (!Number.isNaN(d.getTime())) { out.set(path, JSON.stringify(d.toISOString().replace('.000Z', 'Z'))); return; }
+      }
+      out.set(path, JSON.stringify(v));
+    };
+    walk(body, '');
+    return out;
+  }
+
+  /// What the draft changes against the saved body: [{field, before, after}] (before/after
+  /// `undefined` when absent).
+  function policyDiff(saved, draft) {
+    const a = flatPolicy(saved || {});
+    const b = flatPolicy(draft || {});
+    const changes = [];
+    for (const k of [...new Set([...a.keys(), ...b.keys()])].sort()) {
+      if (a.get(k) !== b.get(k)) changes.push({ field: k, before: a.get(k), after: b.get(k) });
+    }
+    return changes;
+  }
+
+  function policyForm(team, project, view, etag, budgetNow, catalogue, seq) {
     const policy = (view && view.policy) || {};
     const editable = can.editPolicies();
     const b = policy.budget || null;
     const dis = !editable;
-    const state = { version: view ? view.version : null, etag };
+    const state = { version: view ? view.version : null, etag, saved: view ? view.policy : {} };
+    // Numbers are typed into text fields: a number field would hand the script '' for `abc`,
+    // and '' means "no rule".
+    const numberInput = (value, placeholder) => h('input', { type: 'text', inputmode: 'decimal', value: value === null || value === undefined ? '' : String(value), disabled: dis, placeholder: placeholder || null, autocomplete: 'off' });
 
     const hasBudget = h('input', { type: 'checkbox', checked: Boolean(b), disabled: dis, 'data-test': 'field-budget.enabled' });
-    const amount = h('input', { type: 'number', step: 'any', min: '0', value: b ? b.amount_usd : '', disabled: dis });
+    const amount = numberInput(b ? b.amount_usd : '', 'e.g. 500');
     const period = selectOf(['month', 'week', 'custom'], b ? b.period : 'month', dis);
     const from = h('input', { type: 'datetime-local', value: b && b.from ? localInput(b.from) : '', disabled: dis });
     const to = h('input', { type: 'datetime-local', value: b && b.to ? localInput(b.to) : '', disabled: dis });
     const enforcement = selectOf(['hard', 'soft'], b ? b.enforcement : 'hard', dis);
-    const alertAt = h('input', { type: 'text', value: b && b.alert_at ? b.alert_at.join(', ') : '0.5, 0.9', disabled: dis, placeholder: '0.5, 0.9' });
+    const alertAt = h('input', { type: 'text', value: b ? (b.alert_at || []).join(', ') : '0.5, 0.9', disabled: dis, placeholder: '0.5, 0.9' });
     const fromF = field('From (UTC)', from, null, 'budget.from');
     const toF = field('To (UTC)', to, null, 'budget.to');
     const budgetFields = h('div', { class: 'form-grid' },
-      field('Amount (USD)', amount, null, 'budget.amount_usd'),
+      field('Amount (USD)', amount, null, 'budget.amount_usd', 'At least 0'),
       field('Period', period, null, 'budget.period', 'Calendar month or ISO week, UTC'),
       fromF, toF,
       field('Enforcement', enforcement, null, 'budget.enforcement', 'hard: hold jobs that do not fit; soft: alert only'),
-      field('Alert at (fractions)', alertAt, null, 'budget.alert_at', 'e.g. 0.5, 0.9'));
+      field('Alert at (fractions)', alertAt, null, 'budget.alert_at', 'Each in (0, 1], e.g. 0.5, 0.9'));
     const syncBudget = () => {
       budgetFields.hidden = !hasBudget.checked;
       const custom = period.value === 'custom';
@@ -928,7 +1369,12 @@ document.addEventListener('securitypolicyviolation', (e) => {
     hasBudget.addEventListener('change', syncBudget);
     period.addEventListener('change', syncBudget);
 
-    const maxPrice = h('input', { type: 'number', step: 'any', min: '0', value: policy.max_price_per_gpu_hour ?? '', disabled: dis, placeholder: 'no limit' });
+    const knownProviders = catalogue.regions || catalogue.pools
+      ? [...(catalogue.regions || []).map((r) => r.provider), ...(catalogue.pools || []).map((p) => p.provider)] : null;
+    const knownRegions = catalogue.regions ? catalogue.regions.map((r) => r.id) : null;
+    const knownModels = catalogue.pools ? catalogue.pools.map((p) => p.gpu_model) : null;
+
+    const maxPrice = numberInput(policy.max_price_per_gpu_hour, 'no limit');
     const providers = h('input', { type: 'text', value: (policy.allowed_providers || []).join(', '), disabled: dis, placeholder: 'any (e.g. onprem, aws)' });
     const regions = h('input', { type: 'text', value: (policy.allowed_regions || []).join(', '), disabled: dis, placeholder: 'any (e.g. aws:us-east-1)' });
     const spot = selectOf(['', 'never', 'allowed', 'preferred'], policy.spot || '', dis, { '': 'no rule' });
@@ -937,7 +1383,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
 
     // Windows and on-prem rates: editable rows.
     const windows = (policy.windows || []).map((w) => Object.assign({}, w));
-    const rates = Object.entries(policy.onprem_rates || {}).map(([model, rate]) => ({ model, rate }));
+    const rates = Object.entries(policy.onprem_rates || {}).map(([model, rate]) => ({ model, rate: String(rate) }));
     const windowsBox = h('div', { 'data-test': 'windows' });
     const ratesBox = h('div', { 'data-test': 'onprem-rates' });
     const drawWindows = () => {
@@ -953,10 +1399,10 @@ document.addEventListener('securitypolicyviolation', (e) => {
         tz.addEventListener('input', () => { w.tz = tz.value; });
         windowsBox.appendChild(h('div', { class: 'row-editor', 'data-field': 'windows[' + i + ']', 'data-test': 'window-row' },
           field('Priority', pr, null, 'windows[' + i + '].priority'),
-          field('From', f, null, 'windows[' + i + '].from'),
-          field('To', t, null, 'windows[' + i + '].to'),
-          field('Time zone', tz, null, 'windows[' + i + '].tz'),
-          editable ? h('button', { type: 'button', class: 'secondary', 'data-test': 'window-remove', onclick: () => { windows.splice(i, 1); drawWindows(); } }, 'Remove') : h('span'),
+          field('From', f, null, 'windows[' + i + '].from', 'HH:MM'),
+          field('To', t, null, 'windows[' + i + '].to', 'HH:MM'),
+          field('Time zone', tz, null, 'windows[' + i + '].tz', 'IANA, e.g. Europe/Berlin'),
+          editable ? h('button', { type: 'button', class: 'secondary', 'data-test': 'window-remove', onclick: () => { windows.splice(i, 1); drawWindows(); changed(); } }, 'Remove') : h('span'),
           h('div', { class: 'field-error', hidden: true })));
       });
       if (!windows.length) windowsBox.appendChild(h('p', { class: 'muted small' }, 'No windows: jobs may start at any time.'));
@@ -965,14 +1411,16 @@ document.addEventListener('securitypolicyviolation', (e) => {
       clear(ratesBox);
       rates.forEach((r, i) => {
         const m = h('input', { type: 'text', value: r.model, placeholder: 'H100', disabled: dis });
-        m.addEventListener('input', () => { r.model = m.value; });
-        const v = h('input', { type: 'number', step: 'any', min: '0', value: r.rate, disabled: dis });
+        const row = h('div', { class: 'row-editor two', 'data-field': 'onprem_rates.' + r.model, 'data-test': 'rate-row' });
+        m.addEventListener('input', () => { r.model = m.value; row.setAttribute('data-field', 'onprem_rates.' + m.value.trim()); });
+        const v = numberInput(r.rate, '1.50');
         v.addEventListener('input', () => { r.rate = v.value; });
-        ratesBox.appendChild(h('div', { class: 'row-editor two', 'data-field': 'onprem_rates.' + r.model, 'data-test': 'rate-row' },
+        append(row, [
           field('GPU model', m, null, 'onprem_rates[' + i + '].model'),
           field('USD per GPU-hour', v, null, 'onprem_rates[' + i + '].rate'),
-          editable ? h('button', { type: 'button', class: 'secondary', onclick: () => { rates.splice(i, 1); drawRates(); } }, 'Remove') : h('span'),
-          h('div', { class: 'field-error', hidden: true })));
+          editable ? h('button', { type: 'button', class: 'secondary', onclick: () => { rates.splice(i, 1); drawRates(); changed(); } }, 'Remove') : h('span'),
+          h('div', { class: 'field-error', hidden: true })]);
+        ratesBox.appendChild(row);
       });
       if (!rates.length) ratesBox.appendChild(h('p', { class: 'muted small' }, 'No internal rates: on-prem pools use their configured price.'));
     };
@@ -981,6 +1429,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
 
     const status = h('div', { class: 'small', 'data-test': 'policy-status', role: 'status' });
     const general = h('div', { class: 'field-error', 'data-test': 'policy-error', hidden: true, role: 'alert' });
+    const diffBox = h('div', { class: 'diff', 'data-test': 'policy-diff' });
     const whatIfOut = h('div', { 'data-test': 'whatif-result' });
     const saveBtn = h('button', { type: 'submit', 'data-test': 'policy-save' }, view ? 'Save new version' : 'Create policy');
     const whatIfBtn = h('button', { type: 'button', class: 'secondary', 'data-test': 'whatif-run' }, 'What-if');
@@ -1000,9 +1449,9 @@ document.addEventListener('securitypolicyviolation', (e) => {
         h('div', { class: 'field-error', hidden: true })),
       h('fieldset', null, h('legend', null, 'Placement rules'),
         h('div', { class: 'form-grid' },
-          field('Max price per GPU-hour (USD)', maxPrice, null, 'max_price_per_gpu_hour'),
-          field('Allowed providers', providers, null, 'allowed_providers', 'Comma-separated; empty: any'),
-          field('Allowed regions', regions, null, 'allowed_regions', 'Comma-separated; empty: any'),
+          field('Max price per GPU-hour (USD)', maxPrice, null, 'max_price_per_gpu_hour', 'More than 0; empty: no limit'),
+          field('Allowed providers', providers, null, 'allowed_providers', knownProviders ? 'Comma-separated, of: ' + oneOf(knownProviders) + '; empty: any' : 'Comma-separated; empty: any'),
+          field('Allowed regions', regions, null, 'allowed_regions', 'Comma-separated provider:code; empty: any'),
           field('Spot', spot, null, 'spot'),
           field('Burst to the cloud', burst, null, 'burst'),
           field('Priority ceiling', ceiling, null, 'priority_ceiling'))),
@@ -1010,77 +1459,161 @@ document.addEventListener('securitypolicyviolation', (e) => {
         h('div', { class: 'field-error', hidden: true }),
         editable ? h('button', {
           type: 'button', class: 'secondary', 'data-test': 'window-add',
-          onclick: () => { windows.push({ priority: 'low', from: '20:00', to: '08:00', tz: 'UTC' }); drawWindows(); },
+          onclick: () => { windows.push({ priority: 'low', from: '20:00', to: '08:00', tz: 'UTC' }); drawWindows(); changed(); },
         }, 'Add window') : null),
       h('fieldset', { 'data-field': 'onprem_rates' }, h('legend', null, 'On-prem internal rates'), ratesBox,
         h('div', { class: 'field-error', hidden: true }),
         editable ? h('button', {
           type: 'button', class: 'secondary', 'data-test': 'rate-add',
-          onclick: () => { rates.push({ model: 'H100', rate: '' }); drawRates(); },
+          onclick: () => { rates.push({ model: 'H100', rate: '' }); drawRates(); changed(); },
         }, 'Add rate') : null),
+      editable ? diffBox : null,
       editable ? h('div', { class: 'actions' }, saveBtn, whatIfBtn, status) : null,
       whatIfOut);
     syncBudget();
 
     const list = (v) => v.split(',').map((x) => x.trim()).filter(Boolean);
-    /// The draft body, or null after marking the fields that cannot be sent.
-    const collect = () => {
-      clearFieldErrors(form);
-      general.hidden = true;
-      let ok = true;
+    const num = (text) => { const n = parseNumber(text); return n === null ? String(text).trim() : n; };
+
+    /// The draft as the form holds it (numbers that do not parse kept as their text, so the
+    /// diff shows what was typed) and its errors, all of them: [{field, message}].
+    const draft = () => {
       const body = {};
+      const errors = [];
+      const bad = (f, message) => errors.push({ field: f, message });
       if (hasBudget.checked) {
         const budget = { period: period.value, enforcement: enforcement.value };
-        if (amount.value.trim() === '') { setFieldError(form, 'budget.amount_usd', 'enter an amount in USD'); ok = false; } else budget.amount_usd = numOrRaw(amount.value);
-        const alerts = list(alertAt.value).map(Number);
-        if (alerts.some((x) => !Number.isFinite(x))) { setFieldError(form, 'budget.alert_at', 'fractions such as 0.5, 0.9'); ok = false; }
-        budget.alert_at = alerts;
+        const amt = parseNumber(amount.value);
+        if (amount.value.trim() === '') bad('budget.amount_usd', 'enter an amount of USD, at least 0 (e.g. 500 or 12.50)');
+        else if (amt === null || amt < 0) bad('budget.amount_usd', JSON.stringify(amount.value.trim()) + ' is not an amount of USD: enter a number, at least 0 (e.g. 500 or 12.50)');
+        budget.amount_usd = amount.value.trim() === '' ? undefined : num(amount.value);
+        const alerts = list(alertAt.value);
+        const wrong = alerts.filter((x) => { const n = parseNumber(x); return n === null || !(n > 0 && n <= 1); });
+        if (wrong.length) bad('budget.alert_at', 'each must be a fraction of the budget in (0, 1], e.g. 0.5, 0.9; not ' + wrong.join(', '));
+        else if (alerts.length > 16) bad('budget.alert_at', 'at most 16 thresholds');
+        budget.alert_at = alerts.map(num);
         if (period.value === 'custom') {
-          if (from.value) budget.from = new Date(from.value + 'Z').toISOString();
-          if (to.value) budget.to = new Date(to.value + 'Z').toISOString();
+          if (!from.value) bad('budget.from', 'a custom period needs a start');
+          else budget.from = new Date(from.value + 'Z').toISOString();
+          if (!to.value) bad('budget.to', 'a custom period needs an end');
+          else budget.to = new Date(to.value + 'Z').toISOString();
+          if (from.value && to.value && new Date(to.value + 'Z') <= new Date(from.value + 'Z')) bad('budget.to', 'must be after the start');
         }
         body.budget = budget;
       }
-      if (maxPrice.value.trim() !== '') body.max_price_per_gpu_hour = numOrRaw(maxPrice.value);
-      if (list(providers.value).length) body.allowed_providers = list(providers.value);
-      if (list(regions.value).length) body.allowed_regions = list(regions.value);
+      if (maxPrice.value.trim() !== '') {
+        const n = parseNumber(maxPrice.value);
+        if (n === null || !(n > 0)) bad('max_price_per_gpu_hour', JSON.stringify(maxPrice.value.trim()) + ' is not a price: enter USD per GPU-hour, more than 0 (e.g. 2.50), or leave it empty for no limit');
+        body.max_price_per_gpu_hour = num(maxPrice.value);
+      }
+      const provs = list(providers.value);
+      if (provs.length) {
+        body.allowed_providers = provs;
+        if (knownProviders) {
+          const unknown = provs.filter((x) => !knownProviders.some((k) => k.toLowerCase() === x.toLowerCase()));
+          if (unknown.length) bad('allowed_providers', 'unknown provider ' + unknown.map((x) => JSON.stringify(x)).join(', ') + '; valid: ' + oneOf(knownProviders));
+        }
+      }
+      const regs = list(regions.value);
+      if (regs.length) {
+        body.allowed_regions = regs;
+        if (knownRegions) {
+          const unknown = regs.filter((x) => !knownRegions.includes(x));
+          if (unknown.length) bad('allowed_regions', 'unknown region ' + unknown.map((x) => JSON.stringify(x)).join(', ') + '; valid: ' + oneOf(knownRegions, 8));
+        }
+      }
       if (spot.value) body.spot = spot.value;
       if (burst.value) body.burst = burst.value === 'true';
       if (ceiling.value) body.priority_ceiling = ceiling.value;
       if (windows.length) {
-        body.windows = windows.map((w) => {
+        if (windows.length > 64) bad('windows', 'at most 64 windows');
+        body.windows = windows.map((w, i) => {
           const o = { from: (w.from || '').trim(), to: (w.to || '').trim() };
           if (w.priority) o.priority = w.priority;
           if (w.tz && w.tz.trim()) o.tz = w.tz.trim();
+          const fm = parseHhmm(o.from);
+          if (fm === null || fm >= 1440) bad('windows[' + i + '].from', 'a time of day HH:MM, 00:00 to 23:59');
+          if (parseHhmm(o.to) === null) bad('windows[' + i + '].to', 'a time of day HH:MM, 00:00 to 24:00');
+          if (o.tz && !validTimeZone(o.tz)) bad('windows[' + i + '].tz', JSON.stringify(o.tz) + ' is not an IANA time zone (e.g. Asia/Shanghai, UTC)');
           return o;
         });
       }
       if (rates.length) {
         body.onprem_rates = {};
         rates.forEach((r, i) => {
-          if (!r.model.trim()) { setFieldError(form, 'onprem_rates[' + i + '].model', 'name a GPU model'); ok = false; return; }
-          body.onprem_rates[r.model.trim()] = numOrRaw(r.rate);
+          const model = r.model.trim();
+          if (!model) { bad('onprem_rates[' + i + '].model', 'name a GPU model' + (knownModels ? ': ' + oneOf(knownModels) : '')); return; }
+          if (knownModels && !knownModels.some((k) => k.toLowerCase() === model.toLowerCase())) {
+            bad('onprem_rates[' + i + '].model', 'no pool has GPU model ' + JSON.stringify(model) + '; valid: ' + oneOf(knownModels));
+          }
+          const n = parseNumber(r.rate);
+          if (n === null || !(n > 0)) bad('onprem_rates[' + i + '].rate', 'USD per GPU-hour, more than 0 (e.g. 1.50)');
+          if (Object.prototype.hasOwnProperty.call(body.onprem_rates, model)) bad('onprem_rates[' + i + '].model', model + ' has a rate already');
+          body.onprem_rates[model] = num(r.rate);
         });
       }
-      return ok ? body : null;
+      return { body, errors };
     };
+
+    /// Marks every error next to its field; true when there was none.
+    const markErrors = (errors) => {
+      clearFieldErrors(form);
+      general.hidden = true;
+      errors.forEach((e, i) => showFieldError(form, e, i === 0));
+      return errors.length === 0;
+    };
+
+    const drawDiff = () => {
+      const changes = policyDiff(state.saved, draft().body);
+      clear(diffBox).appendChild(h('h3', null, 'Changes to save'));
+      if (!changes.length) {
+        diffBox.appendChild(h('p', { class: 'muted small', 'data-test': 'policy-diff-empty' }, state.version
+          ? 'None: the form matches version ' + state.version + '.' : 'None yet: fill in a rule to create the policy.'));
+        return changes;
+      }
+      diffBox.appendChild(h('p', { class: 'muted small' }, state.version ? 'Against version ' + state.version + ':' : 'A new policy:'));
+      diffBox.appendChild(h('table', { class: 'diff-table', 'data-test': 'policy-diff-table' }, h('tbody', null, changes.map((c) => h('tr', { 'data-test': 'diff-row', 'data-field': c.field },
+        h('td', { class: 'mono small' }, c.field),
+        h('td', { class: 'small del' }, c.before === undefined ? '(none)' : c.before),
+        h('td', { class: 'small' }, '→'),
+        h('td', { class: 'small ins' }, c.after === undefined ? '(removed)' : c.after))))));
+      return changes;
+    };
+    let diffTimer = null;
+    const changed = () => {
+      clearTimeout(diffTimer);
+      diffTimer = setTimeout(() => { if (live(seq)) drawDiff(); }, 120);
+    };
+    form.addEventListener('input', changed);
+    form.addEventListener('change', changed);
+    drawDiff();
+    if (editable) S.dirty = () => live(seq) && document.body.contains(form) && policyDiff(state.saved, draft().body).length > 0;
+
     const path = '/api/v1/policies/' + encodeURIComponent(team);
     const query = qs({ project });
     const showError = (e) => {
       if (e.status === 409) {
         general.textContent = 'Someone saved a newer version while you edited. Reload to see it, then apply your change again.';
         general.hidden = false;
-        general.appendChild(h('button', { type: 'button', class: 'link', 'data-test': 'policy-reload', onclick: () => route() }, ' Reload'));
-      } else if (!showFieldError(form, e)) {
+        general.appendChild(h('button', { type: 'button', class: 'link', 'data-test': 'policy-reload', onclick: () => { S.dirty = null; route(); } }, ' Reload'));
+      } else if (!showFieldError(form, e, true)) {
         general.textContent = e.message;
         general.hidden = false;
       }
     };
+    const refuse = (errors) => {
+      status.textContent = 'Not saved: ' + errors.length + (errors.length === 1 ? ' field needs' : ' fields need') + ' fixing.';
+      status.setAttribute('data-refused', String(errors.length));
+    };
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
       if (!editable) return;
-      const body = collect();
-      if (!body) return;
+      clearTimeout(diffTimer);
+      drawDiff();
+      const { body, errors } = draft();
+      if (!markErrors(errors)) { refuse(errors); return; }
+      status.removeAttribute('data-refused');
+      if (!policyDiff(state.saved, body).length && state.version) { status.textContent = 'Nothing changed.'; return; }
       saveBtn.disabled = true;
       status.textContent = 'Saving…';
       try {
@@ -1088,11 +1621,13 @@ document.addEventListener('securitypolicyviolation', (e) => {
         const r = await api('PUT', path + query, body, headers);
         state.version = r.data.version;
         state.etag = r.headers.get('ETag') || '"' + r.data.version + '"';
+        state.saved = r.data.policy || body;
         status.textContent = 'Saved version ' + r.data.version + '.';
         status.setAttribute('data-version', String(r.data.version));
         toast('Policy for ' + teamLabel(team, project) + ' saved (version ' + r.data.version + ')');
         $('[data-test="policy-version"]', form).textContent = 'version ' + r.data.version + ' · saved ' + dt(r.data.updated_at) + ' by ' + r.data.updated_by;
         saveBtn.textContent = 'Save new version';
+        drawDiff();
         refreshAfterSave(team, project, r.data.version, form);
       } catch (e) {
         status.textContent = '';
@@ -1102,13 +1637,14 @@ document.addEventListener('securitypolicyviolation', (e) => {
       }
     });
     whatIfBtn.addEventListener('click', async () => {
-      const body = collect();
-      if (!body) return;
+      const { body, errors } = draft();
+      if (!markErrors(errors)) { refuse(errors); return; }
+      status.textContent = '';
       whatIfBtn.disabled = true;
       clear(whatIfOut).appendChild(h('p', { class: 'muted' }, 'Replaying the team’s recorded jobs…'));
       try {
         const r = await api('POST', path + '/what-if' + query, body);
-        clear(whatIfOut).appendChild(whatIfTable(r.data));
+        clear(whatIfOut).appendChild(whatIfView(r.data, whatIfOut));
       } catch (e) {
         clear(whatIfOut);
         showError(e);
@@ -1176,6 +1712,75 @@ document.addEventListener('securitypolicyviolation', (e) => {
       h('p', { class: 'muted small' }, 'The simulator replays the team’s jobs of the last 30 days on today’s pools and prices. Nothing is saved until you save the policy.'));
   }
 
+  const CHANGE_WORDS = { held: 'would be held', released: 'would run (held now)', moved: 'would move', cost: 'would cost more or less' };
+  const CHANGE_ORDER = ['held', 'moved', 'released', 'cost'];
+
+  /// The what-if: the summary table, cost per day under each policy as a chart, and the jobs
+  /// the draft treats differently.
+  function whatIfView(r, holder) {
+    const out = h('div', { class: 'whatif' }, whatIfTable(r));
+    const cur = (r.current && r.current.cost_per_day) || [];
+    const dra = (r.draft && r.draft.cost_per_day) || [];
+    const panel = h('div', { 'data-test': 'whatif-chart-panel' }, h('h3', null, 'Cost per day'));
+    out.appendChild(panel);
+    if (cur.length || dra.length) {
+      const days = [...new Set([...cur.map((d) => d.day), ...dra.map((d) => d.day)])].sort();
+      const series = [
+        { label: 'current policy', color: '#7f8c8d', values: days.map((d) => Number((cur.find((x) => x.day === d) || {}).cost_usd || 0)), dash: '5 4', test: 'whatif-line-current' },
+        { label: 'draft', color: '#2f7dd1', values: days.map((d) => Number((dra.find((x) => x.day === d) || {}).cost_usd || 0)), test: 'whatif-line-draft' },
+      ];
+      panel.appendChild(multiLineChart(days, series, 'whatif-chart', Math.max(280, Math.min(1400, (holder.clientWidth || 800) - 8))));
+    } else {
+      panel.appendChild(h('p', { class: 'muted small', 'data-test': 'whatif-chart-none' }, 'This broker does not report cost per day for a what-if.'));
+    }
+    const changes = (r.changes || []).slice().sort((a, b) => CHANGE_ORDER.indexOf(a.change) - CHANGE_ORDER.indexOf(b.change)
+      || Math.abs(b.draft_cost_usd - b.current_cost_usd) - Math.abs(a.draft_cost_usd - a.current_cost_usd));
+    out.appendChild(h('h3', null, 'Jobs the draft treats differently'));
+    out.appendChild(table(['Job', 'Change', 'Current policy', 'Draft', ['Cost now', 'num'], ['Cost under draft', 'num']],
+      changes.map((c) => h('tr', { 'data-test': 'whatif-change', 'data-job-id': c.job_id, 'data-change': c.change },
+        h('td', null, h('a', { href: '#/jobs/' + c.job_id }, c.name || short(c.job_id)), c.project ? h('div', { class: 'small muted' }, c.project) : null),
+        h('td', null, badge(c.change === 'held' ? 'held' : c.change), h('div', { class: 'small muted' }, CHANGE_WORDS[c.change] || c.change)),
+        h('td', { class: 'small mono' }, c.current_pool || 'never starts'),
+        h('td', { class: 'small mono' }, c.draft_pool || 'never starts'),
+        h('td', { class: 'num' }, usd(c.current_cost_usd)),
+        h('td', { class: 'num' }, usd(c.draft_cost_usd)))),
+      { test: 'whatif-changes', empty: r.changes ? 'None: every replayed job starts in the same pool at the same cost.' : 'This broker does not list the jobs a what-if changes.' }));
+    return out;
+  }
+
+  /// Several series over the same days, as lines; each point has its value as a tooltip.
+  function multiLineChart(days, series, test, CW) {
+    const svgEl = s('svg', { class: 'chart', viewBox: '0 0 ' + CW + ' ' + CH, width: CW, height: CH, role: 'img', 'aria-label': series.map((x) => x.label).join(' and '), 'data-test': test });
+    const opts = arguments[4] || {};
+    const max = opts.max || niceMax(Math.max(0, ...series.flatMap((x) => x.values.filter((v) => v !== null))));
+    axes(svgEl, days, max, CW, opts.yFmt, opts.xFmt);
+    const iw = CW - PAD.l - PAD.r;
+    const ih = CH - PAD.t - PAD.b;
+    for (const ser of series) {
+      // A missing value (not reported) breaks the line; it is never drawn as a zero.
+      const pts = ser.values.map((v, i) => (v === null || v === undefined ? null : [PAD.l + (iw * (i + 0.5)) / days.length, PAD.t + ih - (ih * v) / max, i]));
+      if (!pts.some(Boolean)) continue;
+      let d = '';
+      let pen = false;
+      for (const p of pts) {
+        if (!p) { pen = false; continue; }
+        d += (pen ? 'L' : 'M') + p[0].toFixed(1) + ' ' + p[1].toFixed(1) + ' ';
+        pen = true;
+      }
+      svgEl.appendChild(s('path', { d: d.trim(), fill: 'none', stroke: ser.color, 'stroke-width': 2, 'stroke-dasharray': ser.dash || null, 'data-test': ser.test || null }));
+      if (pts.length <= 120) {
+        pts.filter(Boolean).forEach((p) => svgEl.appendChild(s('circle', { cx: p[0].toFixed(1), cy: p[1].toFixed(1), r: 2.5, fill: ser.color }, s('title', null, ser.label + ' · ' + (opts.xTitle ? opts.xTitle(days[p[2]]) : days[p[2]]) + ': ' + (ser.fmt || usd)(ser.values[p[2]])))));
+      }
+    }
+    const legend = h('div', { class: 'legend' }, series.map((x) => {
+      const sw = h('span', { class: 'sw' });
+      sw.style.background = x.color;
+      return h('span', null, sw, x.label);
+    }));
+    return h('div', null, svgEl, legend);
+  }
+
+
   function selectOf(values, current, disabled, labels) {
     return h('select', { disabled }, values.map((v) => h('option', { value: v, selected: String(current) === String(v) }, (labels && labels[v]) || v)));
   }
@@ -1202,7 +1807,11 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const range = { from: start.toISOString(), to: new Date(now.getTime() + 60000).toISOString() };
     csvBtn.addEventListener('click', () => downloadCsv(csvGroup.value, range));
     const groups = ['team', 'region', 'provider'];
-    const results = await Promise.all(groups.map((g) => settle(get('/api/v1/spend' + qs({ group_by: g, bucket: 'day', from: range.from, to: range.to })))));
+    const [results, usage] = await Promise.all([
+      Promise.all(groups.map((g) => settle(get('/api/v1/spend' + qs({ group_by: g, bucket: 'day', from: range.from, to: range.to }))))),
+      // What jobs cost apart from the boot and idle time of burst instances (team overhead).
+      apiHasParam('/spend', 'group_by', 'usage').then((has) => (has ? settle(get('/api/v1/spend' + qs({ group_by: 'usage', from: range.from, to: range.to }))) : null)),
+    ]);
     if (!live(seq)) return;
     const dayList = [];
     for (let d = new Date(start); d <= now; d = new Date(d.getTime() + 86400000)) dayList.push(d.toISOString().slice(0, 10));
@@ -1221,6 +1830,26 @@ document.addEventListener('securitypolicyviolation', (e) => {
       const panel = h('div', { class: 'panel', 'data-test': 'spend-cumulative' }, h('h2', null, 'Cumulative spend'));
       root.appendChild(panel);
       panel.appendChild(lineChart(dayList, cumulative, 'chart-cumulative', chartWidth(panel)));
+    }
+    const up = h('div', { class: 'panel', 'data-test': 'spend-usage' }, h('h2', null, 'Jobs and instance overhead'),
+      h('p', { class: 'muted small' }, 'A burst instance’s boot and idle time is charged to its team as its own line, never to a job that has finished.'));
+    root.appendChild(up);
+    if (usage === null) {
+      up.appendChild(h('p', { class: 'muted', 'data-test': 'spend-usage-none' }, 'This broker does not split spend by usage.'));
+    } else if (usage instanceof ApiError) {
+      up.appendChild(notice('Spend by usage is not available: ' + usage.message, usage.status !== 404));
+    } else {
+      const totals = new Map([['job', 0], ['instance_boot', 0], ['instance_idle', 0]]);
+      for (const row of usage.rows) {
+        const k = row.usage === null || row.usage === undefined ? '(none)' : String(row.usage);
+        totals.set(k, (totals.get(k) || 0) + Number(row.amount_usd));
+      }
+      const all = [...totals.values()].reduce((a, b) => a + b, 0);
+      up.appendChild(table(['Usage', ['Spend', 'num'], ['Share', 'num']], [...totals.keys()].map((k) => h('tr', { 'data-test': 'usage-row', 'data-key': k },
+        h('td', null, USAGE_WORDS[k] || k.replace(/_/g, ' ')),
+        h('td', { class: 'num', 'data-test': 'usage-amount' }, usd(totals.get(k))),
+        h('td', { class: 'num' }, pct(all > 0 ? totals.get(k) / all : 0)))),
+      { test: 'spend-table-usage' }));
     }
     const grid = h('div', { class: 'grid charts' });
     root.appendChild(grid);
@@ -1256,6 +1885,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
       }
     });
   }
+
+  const USAGE_WORDS = { job: 'jobs', instance_boot: 'instance boot', instance_idle: 'instance idle' };
 
   async function downloadCsv(groupBy, range) {
     try {
@@ -1293,12 +1924,12 @@ document.addEventListener('securitypolicyviolation', (e) => {
     return 40 * p;
   }
 
-  function axes(svgEl, days, max, cw) {
+  function axes(svgEl, days, max, cw, yFmt, xFmt) {
     const ih = CH - PAD.t - PAD.b;
     for (let i = 0; i <= 4; i++) {
       const y = PAD.t + ih - (ih * i) / 4;
       svgEl.appendChild(s('line', { class: i ? 'grid-line' : 'axis', x1: PAD.l, x2: cw - PAD.r, y1: y, y2: y }));
-      svgEl.appendChild(s('text', { x: PAD.l - 6, y: y + 4, 'text-anchor': 'end' }, usd((max * i) / 4).replace(/\.00$/, '')));
+      svgEl.appendChild(s('text', { x: PAD.l - 6, y: y + 4, 'text-anchor': 'end' }, yFmt ? yFmt((max * i) / 4) : usd((max * i) / 4).replace(/\.00$/, '')));
     }
     const iw = cw - PAD.l - PAD.r;
     const labels = Math.max(2, Math.floor(iw / 56));
@@ -1307,7 +1938,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
       // Label every step-th day counted back from today, so the last day always has one.
       if ((days.length - 1 - i) % step !== 0) return;
       const x = PAD.l + (iw * (i + 0.5)) / days.length;
-      svgEl.appendChild(s('text', { x, y: CH - 8, 'text-anchor': 'middle' }, d.slice(5)));
+      svgEl.appendChild(s('text', { x, y: CH - 8, 'text-anchor': 'middle' }, xFmt ? xFmt(d) : d.slice(5)));
     });
   }
 
@@ -1380,59 +2011,223 @@ document.addEventListener('securitypolicyviolation', (e) => {
       holder.appendChild(h('p', { class: 'muted small', 'data-test': 'instances-summary' },
         running.length + ' live · ' + usd(running.reduce((a, i) => a + Number(i.hourly_price_usd), 0)) + '/h · ' +
         usd(data.instances.reduce((a, i) => a + Number(i.cost_usd), 0)) + ' spent in all'));
-      holder.appendChild(table(['Instance', 'Pool', 'State', 'Market', ['$/h', 'num'], ['Cost', 'num'], 'For job', 'Requested', 'Ready', 'Ended', 'Last error'],
-        rows.map((i) => h('tr', { 'data-test': 'instance-row', 'data-instance': i.id },
-          h('td', null, h('div', { class: 'mono small' }, short(i.id)), h('div', { class: 'small muted' }, i.provider_id || '')),
-          h('td', { class: 'small' }, i.pool),
-          h('td', null, badge(i.state)),
-          h('td', null, i.market),
-          h('td', { class: 'num' }, usd(i.hourly_price_usd)),
-          h('td', { class: 'num' }, usd(i.cost_usd)),
-          h('td', null, i.for_job ? h('a', { href: '#/jobs/' + i.for_job }, short(i.for_job)) : '—'),
-          h('td', { class: 'small' }, ago(i.requested_at)),
-          h('td', { class: 'small' }, i.ready_at ? ago(i.ready_at) : '—'),
-          h('td', { class: 'small' }, i.ended_at ? ago(i.ended_at) : '—'),
-          h('td', { class: 'small' }, i.last_error || ''))),
+      holder.appendChild(table(['Instance', 'Provider id', 'Pool', 'State', 'Market', ['$/h', 'num'], ['Uptime', 'num'], ['Cost to date', 'num'], 'For job', 'Node', 'Launched', 'Ended', 'Note'],
+        rows.map((i) => {
+          const up = between(i.launched_at || i.requested_at, i.ended_at);
+          return h('tr', { 'data-test': 'instance-row', 'data-instance': i.id, 'data-state': i.state },
+            h('td', null, h('div', { class: 'mono small', title: i.id }, short(i.id))),
+            h('td', { class: 'mono small', 'data-test': 'instance-provider-id' }, i.provider_id || '—'),
+            h('td', { class: 'small' }, i.pool),
+            h('td', null, badge(i.state)),
+            h('td', null, String(i.market).replace(/_/g, '-')),
+            h('td', { class: 'num' }, usd(i.hourly_price_usd)),
+            h('td', { class: 'num', 'data-test': 'instance-uptime', title: (i.launched_at ? 'launched ' + dt(i.launched_at) : 'requested ' + dt(i.requested_at)) + (i.ended_at ? ', ended ' + dt(i.ended_at) : ', running') },
+              up === null ? '—' : duration(up) + (i.ended_at ? '' : ' so far')),
+            h('td', { class: 'num', 'data-test': 'instance-cost' }, usd(i.cost_usd)),
+            h('td', null, i.for_job ? h('a', { href: '#/jobs/' + i.for_job }, short(i.for_job)) : '—'),
+            h('td', { class: 'small' }, i.node ? nodeRef(i.node) : '—'),
+            h('td', { class: 'small', title: dt(i.launched_at || i.requested_at) }, ago(i.launched_at || i.requested_at)),
+            h('td', { class: 'small', title: dt(i.ended_at) }, i.ended_at ? ago(i.ended_at) : '—'),
+            h('td', { class: 'small' }, i.last_error && i.last_error !== 'idle' ? i.last_error : (i.state === 'terminated' && i.last_error === 'idle' ? 'released when idle' : '')));
+        }),
         { test: 'instances-table', stack: true, empty: emptyText() }));
     };
     showEnded.addEventListener('change', draw);
     draw();
   }
 
+  // ---- Nodes -------------------------------------------------------------------------------
+
+  const GPU_METRICS = [
+    { key: 'utilization_pct', title: 'Utilisation', fmt: (v) => Math.round(v) + '%', max: 100 },
+    { key: 'memory_used_mb', title: 'Memory used', fmt: (v) => (v >= 1024 ? (v / 1024).toFixed(1) + ' GB' : Math.round(v) + ' MB') },
+    { key: 'temperature_c', title: 'Temperature', fmt: (v) => Math.round(v) + ' °C' },
+    { key: 'power_w', title: 'Power', fmt: (v) => Math.round(v) + ' W' },
+  ];
+
+  async function nodePage(root, args, _params, seq) {
+    const id = args[0];
+    root.appendChild(h('p', null, h('a', { href: '#/catalogue', 'data-test': 'back-to-catalogue' }, '← Catalogue')));
+    const body = h('div', { 'data-test': 'node-detail', 'data-node': id || '' });
+    root.appendChild(body);
+    if (!id) { body.appendChild(notice('No node named: open one from the catalogue’s node list.', false)); return; }
+    const hasApi = await apiHasPath('/nodes/{id}');
+    const load = async () => {
+      let node = null;
+      let fromPool = null;
+      if (hasApi) {
+        node = await settle(get('/api/v1/nodes/' + encodeURIComponent(id)));
+      }
+      if (!hasApi || node instanceof ApiError) {
+        // An older broker: what the catalogue knows of the node.
+        const pools = await settle(get('/api/v1/pools'));
+        if (!(pools instanceof ApiError)) {
+          for (const p of pools.pools) {
+            const n = (p.node_list || []).find((x) => x.id === id);
+            if (n) fromPool = Object.assign({ pool: p.id, gpu_model: p.gpu_model, gpu_memory_gb: p.gpu_memory_gb }, n);
+          }
+        }
+      }
+      if (!live(seq)) return;
+      clear(body);
+      if (node instanceof ApiError && !fromPool) {
+        body.appendChild(notice(node.status === 404 ? 'No node ' + id + ' (it may have been retired).' : node.message, node.status !== 404, 'node-error'));
+        return;
+      }
+      const n = node && !(node instanceof ApiError) ? node : fromPool;
+      if (!n) { body.appendChild(notice('No node ' + id + ' in the catalogue.', false, 'node-error')); return; }
+      body.appendChild(h('div', { class: 'page-head' },
+        h('h1', null, n.hostname || short(n.id), ' ',
+          h('span', { class: 'badge ' + (n.healthy ? 'ready' : 'failed'), 'data-test': 'node-health' }, n.healthy ? 'healthy' : 'unhealthy'), n.draining ? [' ', badge('draining')] : null),
+        h('span', { class: 'muted small' }, 'last heartbeat ', h('span', { title: dt(n.last_heartbeat), 'data-test': 'node-heartbeat' }, ago(n.last_heartbeat)))));
+      body.appendChild(h('div', { class: 'panel' }, kv([
+        ['Id', nodeRefFull(n.id)],
+        ['Pool', h('a', { href: '#/catalogue', 'data-test': 'node-pool' }, n.pool)],
+        ['Health', n.healthy ? 'healthy' : 'unhealthy'],
+        ['Isolation', n.isolation ? 'each job runs as its own uid' : 'jobs run as the agent’s user (not isolated)'],
+        ['GPUs', n.simulated ? 'simulated (declared with --fake-gpus, not read from NVML)' : 'read from NVML'],
+        n.registered_at ? ['Registered', dt(n.registered_at)] : null,
+      ].filter(Boolean))));
+      if (!node || node instanceof ApiError) {
+        body.appendChild(notice('This broker does not serve a node’s GPUs, jobs and telemetry (GET /api/v1/nodes/{id}).', false, 'node-no-api'));
+        return;
+      }
+      const gpus = n.gpus || [];
+      const reported = (g, k) => g[k] !== null && g[k] !== undefined;
+      const anyFigure = gpus.some((g) => GPU_METRICS.some((m) => reported(g, m.key)));
+      const gp = h('div', { class: 'panel', 'data-test': 'node-gpus' }, h('h2', null, 'GPUs'));
+      if (!anyFigure) {
+        gp.appendChild(h('p', { class: 'muted', 'data-test': 'node-not-reported' }, n.simulated
+          ? 'These simulated GPUs report no utilisation, memory, temperature or power.'
+          : 'The agent has not reported utilisation, memory, temperature or power for these GPUs.'));
+      }
+      const runningOn = (idx) => (n.running || []).filter((r) => (r.gpus || []).includes(idx));
+      gp.appendChild(table(['GPU', 'Model', ['Memory', 'num'], ...GPU_METRICS.map((m) => [m.title, 'num']), 'Running'],
+        gpus.map((g) => h('tr', { 'data-test': 'node-gpu-row', 'data-index': g.index },
+          h('td', null, String(g.index)),
+          h('td', null, g.model),
+          h('td', { class: 'num' }, GPU_METRICS[1].fmt(g.memory_total_mb)),
+          GPU_METRICS.map((m) => h('td', { class: 'num' + (reported(g, m.key) ? '' : ' muted small'), 'data-metric': m.key }, reported(g, m.key) ? m.fmt(g[m.key]) : 'not reported')),
+          h('td', { class: 'small' }, runningOn(g.index).map((r) => h('div', null, jobRef(r))))),
+        ), { test: 'node-gpus-table', empty: 'No GPUs reported.' }));
+      body.appendChild(gp);
+      const rp = h('div', { class: 'panel', 'data-test': 'node-running' }, h('h2', null, 'Running now'));
+      rp.appendChild(table(['Job', 'Team', 'GPUs', 'Started'],
+        (n.running || []).map((r) => h('tr', { 'data-test': 'node-job-row', 'data-job-id': r.job_id },
+          h('td', null, jobRef(r)), h('td', null, r.team), h('td', null, (r.gpus || []).join(', ')),
+          h('td', { class: 'small', title: dt(r.started_at) }, r.started_at ? ago(r.started_at) : '—'))),
+        { test: 'node-jobs-table', empty: 'Nothing runs on this node now.' }));
+      body.appendChild(rp);
+      const hp = h('div', { class: 'panel', 'data-test': 'node-history' }, h('h2', null, 'History'),
+        h('p', { class: 'muted small' }, 'From the agent’s heartbeats since this broker started (at most the last hour).'));
+      body.appendChild(hp);
+      const hist = n.history || [];
+      const grid = h('div', { class: 'grid charts' });
+      hp.appendChild(grid);
+      const times = hist.map((x) => x.at);
+      const indexes = [...new Set([...gpus.map((g) => g.index), ...hist.flatMap((x) => (x.gpus || []).map((g) => g.index))])].sort((a, b) => a - b);
+      for (const m of GPU_METRICS) {
+        const cp = h('div', { 'data-test': 'node-chart-panel', 'data-metric': m.key }, h('h3', null, m.title));
+        grid.appendChild(cp);
+        const series = indexes.map((idx, j) => ({
+          label: 'GPU ' + idx, color: PALETTE[j % PALETTE.length], fmt: m.fmt,
+          values: hist.map((x) => { const g = (x.gpus || []).find((y) => y.index === idx); return g && reported(g, m.key) ? Number(g[m.key]) : null; }),
+        }));
+        if (!series.some((x) => x.values.some((v) => v !== null))) {
+          cp.appendChild(h('p', { class: 'muted small', 'data-test': 'node-chart-none' }, hist.length
+            ? 'Not reported' + (n.simulated ? ' by simulated GPUs.' : ' by this node’s agent.')
+            : 'No heartbeats recorded yet.'));
+          continue;
+        }
+        cp.appendChild(multiLineChart(times, series, 'node-chart-' + m.key, Math.max(280, Math.min(700, Math.floor((hp.clientWidth - 48) / 2))),
+          { max: m.max || null, yFmt: m.fmt, xFmt: (t) => dt(t).slice(11, 16), xTitle: (t) => dt(t) }));
+      }
+    };
+    await load();
+    every(5000, () => { load().catch(() => {}); });
+  }
+
+  function jobRef(r) {
+    return r.name ? h('a', { href: '#/jobs/' + r.job_id, 'data-test': 'node-job-link' }, r.name) : h('span', { class: 'muted' }, 'another team’s job');
+  }
+
+  function nodeRefFull(id) {
+    return h('span', null, h('span', { class: 'mono small', 'data-test': 'node-id' }, id), ' ',
+      h('button', { type: 'button', class: 'link small', 'data-test': 'node-copy', 'data-node': id, onclick: () => copyText(id) }, 'copy'));
+  }
+
   // ---- Audit -------------------------------------------------------------------------------
+
+  const AUDIT_ACTIONS = ['policy.put', 'pool.patch', 'token.create', 'token.revoke', 'budget.alert', 'enrolment.create', 'agent.revoke'];
 
   async function auditPage(root, _args, params, seq) {
     root.appendChild(h('div', { class: 'page-head' }, h('h1', null, 'Audit log'),
       h('span', { class: 'muted small' }, 'Every change to policies, pools and tokens, and budget alerts. Append-only, newest first.')));
     const target = h('input', { type: 'text', value: params.target || '', placeholder: 'e.g. policy:ml', 'data-test': 'audit-target-filter' });
+    const actor = h('input', { type: 'text', value: params.actor || '', placeholder: 'e.g. finance:alice', list: 'audit-actors', 'data-test': 'audit-actor-filter' });
+    const actors = h('datalist', { id: 'audit-actors' });
+    const action = h('select', { 'data-test': 'audit-action-filter' }, h('option', { value: '' }, 'Any action'),
+      [...new Set([...AUDIT_ACTIONS, params.action].filter(Boolean))].map((x) => h('option', { value: x, selected: params.action === x }, x)));
+    const from = h('input', { type: 'datetime-local', step: '1', value: params.from ? localInput(params.from) : '', 'data-test': 'audit-from-filter' });
+    const to = h('input', { type: 'datetime-local', step: '1', value: params.to ? localInput(params.to) : '', 'data-test': 'audit-to-filter' });
     const go = h('button', { type: 'submit', class: 'secondary', 'data-test': 'audit-filter' }, 'Filter');
+    const iso = (v) => (v ? new Date(v + (v.length === 16 ? ':00' : '') + 'Z').toISOString() : '');
     root.appendChild(h('form', {
-      class: 'filters',
-      onsubmit: (ev) => { ev.preventDefault(); location.hash = '#/audit' + qs({ target: target.value.trim() }); },
-    }, field('Target', target, 'audit-target'), h('div', { class: 'actions' }, go)));
+      class: 'filters', 'data-test': 'audit-filters',
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        location.hash = '#/audit' + qs({ target: target.value.trim(), actor: actor.value.trim(), action: action.value, from: iso(from.value), to: iso(to.value) });
+      },
+    }, field('Target', target, 'audit-target'), field('Actor', actor, 'audit-actor'), actors, field('Action', action, 'audit-action'),
+    field('From (UTC)', from, 'audit-from'), field('To (UTC)', to, 'audit-to'), h('div', { class: 'actions' }, go)));
     const AUDIT_COLUMNS = ['When', 'Actor', 'Action', 'Target', 'Change'];
     const body = h('tbody', { 'data-test': 'audit-body' });
     const more = h('button', { type: 'button', class: 'secondary', 'data-test': 'audit-more', hidden: true }, 'Older entries');
     const empty = h('p', { class: 'empty', hidden: true, 'data-test': 'audit-empty' }, 'No entries.');
-    root.appendChild(h('div', { class: 'panel' },
+    const how = h('p', { class: 'muted small', 'data-test': 'audit-filter-mode' });
+    root.appendChild(h('div', { class: 'panel' }, how,
       h('div', { class: 'table-wrap' }, h('table', { 'data-test': 'audit-table', class: 'stack' },
         h('thead', null, h('tr', null, AUDIT_COLUMNS.map((x) => h('th', null, x)))), body)),
       empty, h('div', { class: 'actions' }, more)));
+    // The broker filters when it takes the parameters; an older one is filtered here.
+    const f = { actor: params.actor || '', action: params.action || '', from: params.from || '', to: params.to || '' };
+    const filtering = Boolean(f.actor || f.action || f.from || f.to);
+    const server = filtering && (await Promise.all(['actor', 'action', 'from', 'to'].map((k) => apiHasParam('/audit', k)))).every(Boolean);
+    if (!live(seq)) return;
+    how.textContent = filtering ? (server ? 'Filtered by the broker.' : 'Filtered in the browser (this broker does not filter by actor, action or time).') : '';
+    const keep = (e) => {
+      if (server) return true;
+      const at = new Date(e.at).getTime();
+      return (!f.actor || String(e.actor).toLowerCase().includes(f.actor.toLowerCase()))
+        && (!f.action || e.action === f.action)
+        && (!f.from || at >= new Date(f.from).getTime())
+        && (!f.to || at < new Date(f.to).getTime());
+    };
+    const seenActors = new Set();
     let cursor = null;
     const load = async () => {
-      const data = await get('/api/v1/audit' + qs({ limit: 50, cursor, target: params.target }));
-      if (!live(seq)) return;
-      for (const e of data.entries) {
-        const tr = body.appendChild(h('tr', { 'data-test': 'audit-row', 'data-action': e.action, 'data-target': e.target },
-          h('td', { class: 'small', title: dt(e.at) }, dt(e.at)),
-          h('td', { 'data-test': 'audit-actor' }, e.actor),
-          h('td', { 'data-test': 'audit-action' }, e.action),
-          h('td', { class: 'mono small', 'data-test': 'audit-target' }, e.target),
-          h('td', { class: 'small' }, changeSummary(e.before, e.after))));
-        labelCells(tr, AUDIT_COLUMNS);
+      let shown = 0;
+      // Filtering here: read on (up to 20 pages) until a page's worth of entries matched.
+      for (let pages = 0; pages < (filtering && !server ? 20 : 1); pages++) {
+        const data = await get('/api/v1/audit' + qs(Object.assign({ limit: 50, cursor, target: params.target }, server ? f : {})));
+        if (!live(seq)) return;
+        for (const e of data.entries) {
+          if (!seenActors.has(e.actor)) { seenActors.add(e.actor); actors.appendChild(h('option', { value: e.actor })); }
+          if (!action.querySelector('option[value="' + CSS.escape(e.action) + '"]')) action.appendChild(h('option', { value: e.action }, e.action));
+          if (!keep(e)) continue;
+          shown += 1;
+          const tr = body.appendChild(h('tr', { 'data-test': 'audit-row', 'data-action': e.action, 'data-target': e.target, 'data-actor': e.actor, 'data-at': e.at },
+            h('td', { class: 'small', title: e.at }, dt(e.at)),
+            h('td', { 'data-test': 'audit-actor' }, e.actor),
+            h('td', { 'data-test': 'audit-action' }, e.action),
+            h('td', { class: 'mono small', 'data-test': 'audit-target' }, e.target),
+            h('td', { class: 'small' }, changeSummary(e.before, e.after))));
+          labelCells(tr, AUDIT_COLUMNS);
+        }
+        cursor = data.next_cursor;
+        if (!cursor || shown >= 50) break;
       }
       empty.hidden = body.children.length > 0;
-      cursor = data.next_cursor;
       more.hidden = !cursor;
     };
     more.addEventListener('click', () => { load().catch((e) => toast(e.message, true)); });
