@@ -906,6 +906,83 @@ async fn lists_filter_by_priority_in_the_store() {
     );
 }
 
+/// The served document is what generated clients are built from (scripts/openapi-check.sh
+/// validates it with openapi-spec-validator and drives a broker with a client generated from
+/// it): every operation has an `operationId` of its own, every response a description, and
+/// every operation documents the errors every route can meet.
+#[tokio::test]
+async fn openapi_operation_ids_are_unique_and_every_response_is_described() {
+    let app = TestApp::spawn().await;
+    let doc = app.call(Method::GET, "/openapi.json", None, None).await;
+    assert_eq!(doc.status, StatusCode::OK);
+    assert_eq!(doc.body["openapi"].as_str().map(|v| &v[..4]), Some("3.1."));
+    let paths = doc.body["paths"].as_object().expect("paths is an object");
+    let mut ids: std::collections::BTreeMap<String, String> = Default::default();
+    let mut operations = 0;
+    for (path, item) in paths {
+        let item = item.as_object().expect("a path item is an object");
+        for (method, op) in item {
+            if ![
+                "get", "put", "post", "delete", "patch", "head", "options", "trace",
+            ]
+            .contains(&method.as_str())
+            {
+                continue;
+            }
+            operations += 1;
+            let here = format!("{} {path}", method.to_uppercase());
+            let id = op["operationId"].as_str().unwrap_or_default();
+            assert!(
+                !id.is_empty()
+                    && id
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{here}: operationId {id:?}"
+            );
+            if let Some(other) = ids.insert(id.to_string(), here.clone()) {
+                panic!("operationId {id:?} is used by both {other} and {here}");
+            }
+            let responses = op["responses"].as_object().expect("responses");
+            for (status, response) in responses {
+                let described = response["description"]
+                    .as_str()
+                    .is_some_and(|d| !d.trim().is_empty());
+                assert!(described, "{here} {status} has no description: {response}");
+            }
+            for status in ["500"]
+                .into_iter()
+                .chain(
+                    op.get("security")
+                        .map(|_| ["401", "429"])
+                        .into_iter()
+                        .flatten(),
+                )
+                .chain(
+                    op.get("requestBody")
+                        .map(|_| ["400", "408", "413"])
+                        .into_iter()
+                        .flatten(),
+                )
+            {
+                assert!(
+                    responses.contains_key(status),
+                    "{here} does not document {status}"
+                );
+            }
+        }
+    }
+    assert!(operations >= 20, "only {operations} operations");
+    // The ids a generated client calls the job functions by.
+    for (id, op) in [
+        ("submit_job", "POST /jobs"),
+        ("list_jobs", "GET /jobs"),
+        ("get_job", "GET /jobs/{id}"),
+        ("cancel_job", "POST /jobs/{id}/cancel"),
+    ] {
+        assert_eq!(ids.get(id).map(String::as_str), Some(op), "{id}");
+    }
+}
+
 #[tokio::test]
 async fn openapi_health_and_regions() {
     let app = TestApp::spawn().await;

@@ -7,6 +7,7 @@ pub mod budgets;
 pub mod catalogue;
 pub mod instances;
 pub mod jobs;
+mod openapi;
 pub mod policies;
 pub mod spend;
 pub mod tokens;
@@ -78,66 +79,8 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(budgets::list))
         .split_for_parts();
     doc.servers = Some(vec![utoipa::openapi::Server::new("/api/v1")]);
-    document_common_errors(&mut doc);
+    openapi::complete(&mut doc);
     (router, doc)
-}
-
-/// Documents the refusals that come from the layers every route sits behind rather than from
-/// its handler, on every operation that can meet them (found by schemathesis): 401 where a
-/// token is needed, 429 from the per-credential rate limit, 400 for a bad query string, and for
-/// a request body 400 (not JSON, or malformed), 408 (body too slow) and 413 (body too large).
-/// A handler's own description of a status is kept.
-fn document_common_errors(doc: &mut utoipa::openapi::OpenApi) {
-    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
-    let error = |description: &str| {
-        ResponseBuilder::new()
-            .description(description)
-            .content(
-                "application/json",
-                ContentBuilder::new()
-                    .schema(Some(Ref::from_schema_name("ErrorBody")))
-                    .build(),
-            )
-            .build()
-    };
-    for item in doc.paths.paths.values_mut() {
-        let operations = [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ];
-        for op in operations.into_iter().flatten() {
-            let secured = op.security.as_ref().is_some_and(|s| !s.is_empty());
-            let has_body = op.request_body.is_some();
-            let has_query = op.parameters.iter().flatten().any(|p| {
-                matches!(p, utoipa::openapi::RefOr::T(p)
-                    if p.parameter_in == utoipa::openapi::path::ParameterIn::Query)
-            });
-            let mut add = |status: &str, description: &str| {
-                op.responses
-                    .responses
-                    .entry(status.to_string())
-                    .or_insert_with(|| error(description).into());
-            };
-            if secured {
-                add("401", "No token, or a token that is unknown or revoked");
-                add(
-                    "429",
-                    "Too many requests with this credential (`Retry-After`)",
-                );
-            }
-            if has_query {
-                add("400", "A query parameter is unknown or invalid");
-            }
-            if has_body {
-                add("400", "Malformed JSON, not JSON, or an invalid field");
-                add("408", "The body did not arrive in time");
-                add("413", "The body is over the size limit");
-            }
-        }
-    }
 }
 
 pub fn router(app: App) -> Router {
