@@ -307,7 +307,7 @@ pub fn explanation_view(e: &core::Explanation) -> wire::PlacementExplanation {
     wire::PlacementExplanation {
         job_id: e.job.0,
         planned_at: to_datetime(e.at),
-        outcome: serde_json::to_value(&e.outcome).unwrap_or(serde_json::Value::Null),
+        outcome: outcome_view(&e.outcome),
         candidates: e
             .candidates
             .iter()
@@ -326,13 +326,189 @@ pub fn explanation_view(e: &core::Explanation) -> wire::PlacementExplanation {
                 start: to_datetime(c.start),
                 finish: to_datetime(c.finish),
                 cost_usd: c.cost.as_dollars(),
-                rejected: c
-                    .rejected
-                    .as_ref()
-                    .and_then(|r| serde_json::to_value(r).ok()),
+                rejected: c.rejected.as_ref().map(rejection_view),
             })
             .collect(),
+        launch_round: None,
     }
+}
+
+/// A round's decision as users read it: times as RFC 3339, money in dollars.
+fn outcome_view(o: &core::Outcome) -> serde_json::Value {
+    use serde_json::json;
+    match o {
+        core::Outcome::Assigned { node, pool } => {
+            json!({"decision": "assigned", "node": node.to_string(), "pool": pool.to_string()})
+        }
+        core::Outcome::Wait {
+            pool,
+            expected_start,
+        } => json!({
+            "decision": "wait",
+            "pool": pool.to_string(),
+            "expected_start": to_datetime(*expected_start),
+        }),
+        core::Outcome::Launch { pool, market } => json!({
+            "decision": "launch",
+            "pool": pool.to_string(),
+            "market": market_name(*market),
+        }),
+        core::Outcome::Hold { reason } => json!({"decision": "hold", "reason": reason}),
+    }
+}
+
+/// Why a candidate lost or was ruled out: its `code`, the figures that decided it (times as
+/// RFC 3339, money in dollars) and a `message` in words.
+fn rejection_view(r: &core::Rejection) -> serde_json::Value {
+    use core::Rejection as R;
+    use serde_json::json;
+    let time = |t: Timestamp| to_datetime(t).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let (code, figures, message) = match r {
+        R::RegionNotAllowed => (
+            "region_not_allowed",
+            json!({}),
+            "region not in the job's allow-list".to_string(),
+        ),
+        R::GpuModelNotAllowed { model } => (
+            "gpu_model_not_allowed",
+            json!({"model": model}),
+            format!("GPU model {model} not in the job's list"),
+        ),
+        R::GpuMemoryTooSmall { have_gb, need_gb } => (
+            "gpu_memory_too_small",
+            json!({"have_gb": have_gb, "need_gb": need_gb}),
+            format!("{have_gb} GB of GPU memory, needs {need_gb} GB"),
+        ),
+        R::TooFewGpusPerNode { have, need } => (
+            "too_few_gpus_per_node",
+            json!({"have": have, "need": need}),
+            format!("{have} GPUs per node, needs {need}"),
+        ),
+        R::TooFewCpus { have, need } => (
+            "too_few_cpus",
+            json!({"have": have, "need": need}),
+            format!("{have} vCPUs per node, needs {need}"),
+        ),
+        R::TooLittleMemory { have_gb, need_gb } => (
+            "too_little_memory",
+            json!({"have_gb": have_gb, "need_gb": need_gb}),
+            format!("{have_gb} GB of memory per node, needs {need_gb} GB"),
+        ),
+        R::OverMaxPrice {
+            price_per_hour,
+            max_per_hour,
+        } => (
+            "over_max_price",
+            json!({"price_per_hour_usd": price_per_hour.as_dollars(),
+                   "max_per_hour_usd": max_per_hour.as_dollars()}),
+            format!(
+                "{}/h, over the job's maximum of {}/h",
+                price_per_hour.usd_text(),
+                max_per_hour.usd_text()
+            ),
+        ),
+        R::LatencyTooHigh { latency_ms, max_ms } => (
+            "latency_too_high",
+            json!({"latency_ms": latency_ms, "max_ms": max_ms}),
+            format!("{latency_ms} ms from the callers, over the maximum of {max_ms} ms"),
+        ),
+        R::NoSpotMarket => (
+            "no_spot_market",
+            json!({}),
+            "no spot market here".to_string(),
+        ),
+        R::NoCapacity => (
+            "no_capacity",
+            json!({}),
+            "no healthy node has or will free enough GPUs".to_string(),
+        ),
+        R::BurstDisabled => (
+            "burst_disabled",
+            json!({}),
+            "needs a new node but bursting is off".to_string(),
+        ),
+        R::QuotaReached { node_limit } => (
+            "quota_reached",
+            json!({"node_limit": node_limit}),
+            format!("the pool's limit of {node_limit} nodes is reached"),
+        ),
+        R::MissesDeadline { finish, deadline } => (
+            "misses_deadline",
+            json!({"finish": time(*finish), "deadline": time(*deadline)}),
+            format!(
+                "misses the deadline: would finish {}, deadline {}",
+                time(*finish),
+                time(*deadline)
+            ),
+        ),
+        R::Outscored => (
+            "outscored",
+            json!({}),
+            "another candidate cost less or finished sooner".to_string(),
+        ),
+        R::ProviderNotAllowedByPolicy => (
+            "provider_not_allowed_by_policy",
+            json!({}),
+            "provider not allowed by the team's policy".to_string(),
+        ),
+        R::RegionNotAllowedByPolicy => (
+            "region_not_allowed_by_policy",
+            json!({}),
+            "region not allowed by the team's policy".to_string(),
+        ),
+        R::OverPolicyMaxPrice {
+            price_per_gpu_hour,
+            max_per_gpu_hour,
+        } => (
+            "over_policy_max_price",
+            json!({"price_per_gpu_hour_usd": price_per_gpu_hour.as_dollars(),
+                   "max_per_gpu_hour_usd": max_per_gpu_hour.as_dollars()}),
+            format!(
+                "{}/GPU-h, over the team's maximum of {}/GPU-h",
+                price_per_gpu_hour.usd_text(),
+                max_per_gpu_hour.usd_text()
+            ),
+        ),
+        R::BurstNotAllowedByPolicy => (
+            "burst_not_allowed_by_policy",
+            json!({}),
+            "needs a new node but the team's policy forbids bursting".to_string(),
+        ),
+        R::OutsideTimeWindow => (
+            "outside_time_window",
+            json!({}),
+            "outside the time windows the team's policy allows for its priority".to_string(),
+        ),
+        R::BudgetExhausted { cost, remaining } => (
+            "budget_exhausted",
+            json!({"cost_usd": cost.as_dollars(), "remaining_usd": remaining.as_dollars()}),
+            format!(
+                "over budget: needs {}, {} left",
+                cost.usd_text(),
+                remaining.usd_text()
+            ),
+        ),
+        R::ContendedCapacity => (
+            "contended_capacity",
+            json!({}),
+            "cheaper, but this round gave the capacity to other jobs".to_string(),
+        ),
+        R::ReservedForJobsWithoutSpot { reserve } => (
+            "reserved_for_jobs_without_spot",
+            json!({"reserve_usd": reserve.as_dollars()}),
+            format!(
+                "cheaper, but its last GPUs are kept for jobs that cannot use spot (ranked {} dearer)",
+                reserve.usd_text()
+            ),
+        ),
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("code".into(), json!(code));
+    if let serde_json::Value::Object(f) = figures {
+        out.extend(f);
+    }
+    out.insert("message".into(), json!(message));
+    serde_json::Value::Object(out)
 }
 
 pub fn log_entry(l: &LogRecord) -> wire::LogEntry {

@@ -18,7 +18,8 @@ use switchyard_core::sim::{
 };
 use switchyard_core::{Money, Pool, PoolId, Region, Snapshot, SpotRule, TeamPolicy, Timestamp};
 use switchyard_protocol::api::{
-    BudgetPeriod, PolicyBody, PolicyWindow, Priority, QueueDelay, WhatIfOutcome, WhatIfReport,
+    BudgetPeriod, DayCost, PolicyBody, PolicyWindow, Priority, QueueDelay, WhatIfChange,
+    WhatIfOutcome, WhatIfReport,
 };
 
 use crate::clock;
@@ -614,16 +615,92 @@ impl WhatIfWorld {
 }
 
 /// Switchyard's scheduler with a policy set in every snapshot, the windows converted for each
-/// simulated day (the engine's snapshot carries no policies of its own).
+/// simulated day (the engine's snapshot carries no policies of its own), and hard budgets kept
+/// as the live broker keeps them: what a budget has left in its period is its amount less the
+/// estimates of the work started (or launched for) in that period, each taken when the planner
+/// commits it, so a job whose estimate does not fit is held exactly as the live planner holds
+/// it.
 struct WithPolicies<'a> {
     records: &'a [PolicyRecord],
     day: Option<i64>,
     policies: Vec<TeamPolicy>,
+    /// What each record's hard budget has committed, per period (keyed by the period's start).
+    committed: HashMap<(usize, Timestamp), Money>,
+    /// Launches in flight: what each reserved until its job starts (then its attempt does).
+    launching: HashMap<core::JobId, Vec<(usize, Timestamp, Money)>>,
     /// Past this instant the scheduler decides nothing more, so the engine winds down fast,
     /// and the run is reported as given up.
     deadline: Instant,
     gave_up: bool,
     inner: Switchyard,
+}
+
+impl<'a> WithPolicies<'a> {
+    fn new(records: &'a [PolicyRecord], deadline: Instant) -> WithPolicies<'a> {
+        WithPolicies {
+            records,
+            day: None,
+            policies: Vec::new(),
+            committed: HashMap::new(),
+            launching: HashMap::new(),
+            deadline,
+            gave_up: false,
+            inner: Switchyard::default(),
+        }
+    }
+
+    /// The hard budget of record `i` and its period at `now`, if it has one that applies.
+    fn hard_budget(&self, i: usize, now: Timestamp) -> Option<(Money, Timestamp)> {
+        let rule = self.records[i].body.budget.as_ref()?;
+        if rule.enforcement != switchyard_protocol::api::Enforcement::Hard {
+            return None;
+        }
+        let (start, _) = crate::budget::period_window(rule, now)?;
+        Some((crate::budget::amount(rule), start))
+    }
+
+    /// Takes the round's commitments from the budgets that cover their jobs.
+    fn commit(&mut self, view: &View<'_>) {
+        if self.inner.committed().is_empty() || self.records.iter().all(|r| r.body.budget.is_none())
+        {
+            return;
+        }
+        let specs: HashMap<core::JobId, &core::JobSpec> = view
+            .snapshot
+            .queued
+            .iter()
+            .map(|q| (q.id, &q.spec))
+            .collect();
+        for c in self.inner.committed().to_vec() {
+            if let Some(reserved) = self.launching.remove(&c.job) {
+                for (i, start, cost) in reserved {
+                    if let Some(m) = self.committed.get_mut(&(i, start)) {
+                        *m = Money(m.micros().saturating_sub(cost.micros()));
+                    }
+                }
+            }
+            let Some(spec) = specs.get(&c.job) else {
+                continue;
+            };
+            let mut taken = Vec::new();
+            for i in 0..self.records.len() {
+                let r = &self.records[i];
+                let covers = r.team == spec.team
+                    && (r.project.is_none() || r.project.as_deref() == spec.project.as_deref());
+                if !covers {
+                    continue;
+                }
+                if let Some((_, start)) = self.hard_budget(i, view.now) {
+                    let m = self.committed.entry((i, start)).or_insert(Money::ZERO);
+                    *m = Money(m.micros().saturating_add(c.estimated_cost.micros()));
+                    taken.push((i, start, c.estimated_cost));
+                }
+            }
+            if c.launch {
+                self.launching.insert(c.job, taken);
+            }
+        }
+    }
 }
 
 impl Scheduler for WithPolicies<'_> {
@@ -648,23 +725,32 @@ impl Scheduler for WithPolicies<'_> {
         if self.policies.is_empty() {
             return self.inner.decide(view);
         }
+        for i in 0..self.records.len() {
+            self.policies[i].remaining_budget =
+                self.hard_budget(i, view.now).map(|(amount, start)| {
+                    let used = self.committed.get(&(i, start)).copied().unwrap_or_default();
+                    Money(amount.micros().saturating_sub(used.micros()))
+                });
+        }
         let snapshot = Snapshot {
             policies: self.policies.clone(),
             ..view.snapshot.clone()
         };
-        self.inner.decide(&View {
+        let decisions = self.inner.decide(&View {
             now: view.now,
             snapshot: &snapshot,
             provisioning: view.provisioning,
-        })
+        });
+        self.commit(view);
+        decisions
     }
 }
 
-/// The recorded jobs as the simulator takes them: submitted when they were, running as long
-/// as they ran (or as estimated, when they never finished). Jobs cancelled before they ever
-/// started are left out.
-fn sim_jobs(jobs: &[JobRecord]) -> Vec<SimJob> {
-    let mut out: Vec<SimJob> = jobs
+/// The recorded jobs as the simulator takes them, in submission order: submitted when they
+/// were, running as long as they ran (or as estimated, when they never finished). Jobs
+/// cancelled before they ever started are left out. Each comes with its record.
+fn sim_jobs(jobs: &[JobRecord]) -> Vec<(SimJob, &JobRecord)> {
+    let mut out: Vec<(SimJob, &JobRecord)> = jobs
         .iter()
         .filter(|j| !(j.state == core::JobState::Cancelled && j.started_at.is_none()))
         .map(|j| {
@@ -672,19 +758,42 @@ fn sim_jobs(jobs: &[JobRecord]) -> Vec<SimJob> {
                 (Some(s), Some(f)) if f > s => Some(f.secs_since(s).max(1)),
                 _ => None,
             };
-            SimJob {
+            let sim = SimJob {
                 submit: j.submitted_at,
                 runtime_s: ran.unwrap_or_else(|| j.spec.runtime_s()),
                 spec: j.spec.clone(),
                 measured: true,
-            }
+            };
+            (sim, j)
         })
         .collect();
-    out.sort_by_key(|j| j.submit);
+    out.sort_by_key(|(s, j)| (s.submit, j.id));
     out
 }
 
-fn outcome(r: &SimResult) -> WhatIfOutcome {
+const DAY_MS: i64 = 86_400_000;
+
+/// `r`'s charges per UTC day, from day `first` to day `last` (both as days since the epoch).
+fn cost_per_day(r: &SimResult, first: i64, last: i64) -> Vec<DayCost> {
+    let mut days: Vec<i64> = vec![0; usize::try_from(last - first + 1).unwrap_or(0)];
+    for (at, cost) in &r.timeline {
+        let d = at.millis().div_euclid(DAY_MS) - first;
+        if let Some(slot) = usize::try_from(d).ok().and_then(|d| days.get_mut(d)) {
+            *slot = slot.saturating_add(cost.micros());
+        }
+    }
+    days.iter()
+        .enumerate()
+        .map(|(i, micros)| DayCost {
+            day: clock::to_datetime(Timestamp((first + i as i64) * DAY_MS))
+                .format("%Y-%m-%d")
+                .to_string(),
+            cost_usd: Money(*micros).as_dollars(),
+        })
+        .collect()
+}
+
+fn outcome(r: &SimResult, first_day: i64, last_day: i64) -> WhatIfOutcome {
     let report = crate::simulate::report::scheduler_report(r, 0.0, 0.0);
     WhatIfOutcome {
         total_cost_usd: report.total_cost_usd,
@@ -694,13 +803,58 @@ fn outcome(r: &SimResult) -> WhatIfOutcome {
             p99: report.queue_delay_s.p99,
         },
         held_jobs: r.jobs.iter().filter(|j| j.first_start.is_none()).count() as u32,
+        cost_per_day: cost_per_day(r, first_day, last_day),
     }
 }
 
+/// Most jobs listed as changed in a what-if.
+pub const WHAT_IF_MAX_CHANGES: usize = 200;
+
+/// The jobs the draft treats differently, the biggest cost differences first.
+fn changes(
+    jobs: &[(SimJob, &JobRecord)],
+    current: &SimResult,
+    draft: &SimResult,
+) -> Vec<WhatIfChange> {
+    let mut out: Vec<(i64, WhatIfChange)> = jobs
+        .iter()
+        .zip(current.jobs.iter().zip(&draft.jobs))
+        .filter_map(|((_, record), (c, d))| {
+            let change = match (c.first_start, d.first_start) {
+                (Some(_), None) => "held",
+                (None, Some(_)) => "released",
+                (None, None) => return None,
+                (Some(_), Some(_)) if c.first_pool != d.first_pool => "moved",
+                (Some(_), Some(_)) if c.cost != d.cost => "cost",
+                _ => return None,
+            };
+            let delta = (d.cost.micros() - c.cost.micros()).abs();
+            Some((
+                delta,
+                WhatIfChange {
+                    job_id: record.id.0,
+                    name: record.spec.name.clone(),
+                    project: record.spec.project.clone(),
+                    change: change.to_string(),
+                    current_pool: c.first_pool.as_ref().map(ToString::to_string),
+                    draft_pool: d.first_pool.as_ref().map(ToString::to_string),
+                    current_cost_usd: c.cost.as_dollars(),
+                    draft_cost_usd: d.cost.as_dollars(),
+                },
+            ))
+        })
+        .collect();
+    // Held and released first (they matter most), then by cost difference.
+    out.sort_by_key(|(delta, c)| (!matches!(c.change.as_str(), "held" | "released"), -delta));
+    out.truncate(WHAT_IF_MAX_CHANGES);
+    out.into_iter().map(|(_, c)| c).collect()
+}
+
 /// Replays `jobs` on `world` under the `current` policies and under the `draft` set (each the
-/// team's whole set: team-wide and projects). Synchronous and CPU-bound: run it off the async
-/// threads. `None` when the two runs did not finish by `deadline` (a long, congested history
-/// makes every planning round slow).
+/// team's whole set: team-wide and projects), every rule of both applied as the live planner
+/// applies it (allow-lists, prices, spot, burst, windows, ceilings, hard budgets, on-prem
+/// rates). Synchronous and CPU-bound: run it off the async threads. `None` when the two runs
+/// did not finish by `deadline` (a long, congested history makes every planning round slow).
 pub fn what_if(
     world: &WhatIfWorld,
     jobs: &[JobRecord],
@@ -708,42 +862,45 @@ pub fn what_if(
     draft: &[PolicyRecord],
     deadline: Instant,
 ) -> Option<WhatIfReport> {
-    let sim_jobs = sim_jobs(jobs);
-    let empty = WhatIfOutcome {
-        total_cost_usd: 0.0,
-        deadline_met_fraction: 1.0,
-        queue_delay_s: QueueDelay { p50: 0.0, p99: 0.0 },
-        held_jobs: 0,
-    };
-    if sim_jobs.is_empty() {
+    let jobs = sim_jobs(jobs);
+    let Some(first) = jobs.first().map(|(j, _)| j.submit) else {
+        let empty = WhatIfOutcome {
+            total_cost_usd: 0.0,
+            deadline_met_fraction: 1.0,
+            queue_delay_s: QueueDelay { p50: 0.0, p99: 0.0 },
+            held_jobs: 0,
+            cost_per_day: Vec::new(),
+        };
         return Some(WhatIfReport {
             jobs: 0,
             current: empty.clone(),
             draft: empty,
+            changes: Vec::new(),
         });
-    }
+    };
+    let sim_jobs: Vec<SimJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
     let cfg = SimConfig {
-        measure_from: sim_jobs[0].submit,
+        measure_from: first,
         ..SimConfig::default()
     };
     let run = |records: &[PolicyRecord]| {
-        let mut scheduler = WithPolicies {
-            records,
-            day: None,
-            policies: Vec::new(),
-            deadline,
-            gave_up: false,
-            inner: Switchyard::default(),
-        };
+        let mut scheduler = WithPolicies::new(records, deadline);
         let result = sim::run(&world.sim_world(records), &sim_jobs, &cfg, &mut scheduler);
-        (!scheduler.gave_up).then(|| outcome(&result))
+        (!scheduler.gave_up).then_some(result)
     };
     let current = run(current)?;
     let draft = run(draft)?;
+    let first_day = first.millis().div_euclid(DAY_MS);
+    let last_charge = |r: &SimResult| r.timeline.iter().map(|(t, _)| t.millis()).max();
+    let last_day = last_charge(&current)
+        .max(last_charge(&draft))
+        .map_or(first_day, |t| t.div_euclid(DAY_MS))
+        .max(first_day);
     Some(WhatIfReport {
         jobs: sim_jobs.len() as u32,
-        current,
-        draft,
+        current: outcome(&current, first_day, last_day),
+        draft: outcome(&draft, first_day, last_day),
+        changes: changes(&jobs, &current, &draft),
     })
 }
 
@@ -762,8 +919,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_what_if_past_its_deadline_gives_up() {
+    /// One on-prem node of 8 H100s at $2 per GPU-hour, and no cloud.
+    fn onprem_world() -> WhatIfWorld {
         let pool = Pool {
             id: PoolId::new("onprem:dc/h100"),
             region: core::RegionId::new("onprem:dc"),
@@ -782,32 +939,38 @@ mod tests {
             price_updated_at: Timestamp(0),
             recent_capacity_failures: 0,
         };
-        let world = WhatIfWorld {
+        WhatIfWorld {
             team: "ml".into(),
             project: None,
             regions: Vec::new(),
             pools: vec![pool],
             node_counts: HashMap::new(),
             can_launch: HashSet::new(),
-        };
+        }
+    }
+
+    /// `n` one-GPU jobs of team ml submitted a minute apart on 2026-12-02, each of which ran
+    /// for `ran_s`.
+    fn ran_jobs(n: i64, ran_s: i64) -> Vec<JobRecord> {
         let spec: core::JobSpec = serde_json::from_value(serde_json::json!({
             "name": "j", "team": "ml", "project": null, "command": ["x"], "env": {},
             "resources": {"gpus": 1, "gpu_models": [], "min_gpu_memory_gb": 0, "cpus": 0,
                           "memory_gb": 0, "nodes": 1},
-            "estimated_runtime_s": 600, "deadline": null, "priority": "normal",
+            "estimated_runtime_s": ran_s, "deadline": null, "priority": "normal",
             "spot": "allowed", "max_price_per_hour": null, "regions": [], "data": null,
             "kind": "batch", "max_latency_ms": null
         }))
         .expect("a core spec");
-        let jobs: Vec<JobRecord> = (0..3)
+        let day = 1_796_169_600; // 2026-12-02T00:00:00Z
+        (0..n)
             .map(|i| JobRecord {
                 id: core::JobId(uuid::Uuid::now_v7()),
                 spec: spec.clone(),
                 spec_json: String::new(),
                 state: core::JobState::Succeeded,
-                submitted_at: Timestamp::from_secs(i * 60),
-                started_at: Some(Timestamp::from_secs(i * 60)),
-                finished_at: Some(Timestamp::from_secs(i * 60 + 1800)),
+                submitted_at: Timestamp::from_secs(day + i * 60),
+                started_at: Some(Timestamp::from_secs(day + i * 60)),
+                finished_at: Some(Timestamp::from_secs(day + i * 60 + ran_s)),
                 exit_code: Some(0),
                 reason: None,
                 cancel_requested: false,
@@ -817,9 +980,18 @@ mod tests {
                 placement: None,
                 cost: Money::ZERO,
             })
-            .collect();
-        let later = Instant::now() + std::time::Duration::from_secs(60);
-        let report = what_if(&world, &jobs, &[], &[], later).expect("finishes in time");
+            .collect()
+    }
+
+    fn later() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(60)
+    }
+
+    #[test]
+    fn a_what_if_past_its_deadline_gives_up() {
+        let world = onprem_world();
+        let jobs = ran_jobs(3, 1800);
+        let report = what_if(&world, &jobs, &[], &[], later()).expect("finishes in time");
         assert_eq!(report.jobs, 3);
         // Half an hour each (what they ran, not the estimate) at $2 per GPU-hour.
         assert!(
@@ -827,7 +999,82 @@ mod tests {
             "{report:?}"
         );
         assert_eq!(report.current, report.draft);
+        assert!(report.changes.is_empty());
+        assert_eq!(
+            report.current.cost_per_day,
+            vec![DayCost {
+                day: "2026-12-02".into(),
+                cost_usd: 3.0
+            }]
+        );
         assert_eq!(what_if(&world, &jobs, &[], &[], Instant::now()), None);
+    }
+
+    #[test]
+    fn a_draft_hard_budget_holds_what_does_not_fit_and_lists_it() {
+        let world = onprem_world();
+        // $2 each; a $3 hard budget this month fits one.
+        let jobs = ran_jobs(3, 3600);
+        let draft = record(
+            serde_json::from_value(serde_json::json!({
+                "budget": {"amount_usd": 3.0, "period": "month", "enforcement": "hard"}
+            }))
+            .expect("a budget"),
+        );
+        let report =
+            what_if(&world, &jobs, &[], std::slice::from_ref(&draft), later()).expect("in time");
+        assert_eq!(report.current.held_jobs, 0, "{report:?}");
+        assert_eq!(report.draft.held_jobs, 2, "{report:?}");
+        assert!(
+            (report.draft.total_cost_usd - 2.0).abs() < 1e-3,
+            "{report:?}"
+        );
+        let held: Vec<&str> = report.changes.iter().map(|c| c.change.as_str()).collect();
+        assert_eq!(held, ["held", "held"]);
+        assert_eq!(report.changes[0].draft_pool, None);
+        assert_eq!(
+            report.changes[0].current_pool.as_deref(),
+            Some("onprem:dc/h100")
+        );
+        // The same budget as the current policy: held there too, and nothing changes.
+        let report = what_if(
+            &world,
+            &jobs,
+            std::slice::from_ref(&draft),
+            &[draft],
+            later(),
+        )
+        .expect("in time");
+        assert_eq!(report.current.held_jobs, 2);
+        assert!(report.changes.is_empty());
+        // A soft budget only alerts.
+        let soft = record(
+            serde_json::from_value(serde_json::json!({
+                "budget": {"amount_usd": 3.0, "period": "month", "enforcement": "soft"}
+            }))
+            .expect("a budget"),
+        );
+        let report = what_if(&world, &jobs, &[], &[soft], later()).expect("in time");
+        assert_eq!(report.draft.held_jobs, 0);
+    }
+
+    #[test]
+    fn a_draft_provider_allow_list_is_replayed() {
+        let world = onprem_world();
+        let jobs = ran_jobs(2, 600);
+        let aws_only = record(
+            serde_json::from_value(serde_json::json!({"allowed_providers": ["aws"]}))
+                .expect("a body"),
+        );
+        let report = what_if(&world, &jobs, &[], &[aws_only], later()).expect("in time");
+        assert_eq!(report.draft.held_jobs, 2, "{report:?}");
+        assert_eq!(report.draft.total_cost_usd, 0.0);
+        let onprem_only = record(
+            serde_json::from_value(serde_json::json!({"allowed_providers": ["onprem"]}))
+                .expect("a body"),
+        );
+        let report = what_if(&world, &jobs, &[], &[onprem_only], later()).expect("in time");
+        assert_eq!(report.draft.held_jobs, 0, "{report:?}");
     }
 
     #[test]

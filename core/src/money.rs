@@ -57,6 +57,33 @@ impl Money {
         Money(cost.clamp(i64::MIN as i128, i64::MAX as i128) as i64)
     }
 
+    /// Money as people read it, one format everywhere (console, CLI, reasons): cents, plus a
+    /// fraction of a cent under a dollar where it matters, thousands grouped: `$0.0145`,
+    /// `$2.94`, `$1,204.50`, `-$0.50`.
+    pub fn usd_text(self) -> String {
+        let sign = if self.0 < 0 { "-" } else { "" };
+        let abs = self.0.unsigned_abs();
+        let (whole, frac) = if abs >= 1_000_000 || abs.is_multiple_of(10_000) {
+            let cents = (abs + 5_000) / 10_000;
+            (cents / 100, format!("{:02}", cents % 100))
+        } else {
+            let tenths_of_cents = (abs + 50) / 100;
+            (
+                tenths_of_cents / 10_000,
+                format!("{:04}", tenths_of_cents % 10_000),
+            )
+        };
+        let digits = whole.to_string();
+        let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
+        for (i, ch) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                grouped.push(',');
+            }
+            grouped.push(ch);
+        }
+        format!("{sign}${grouped}.{frac}")
+    }
+
     pub fn saturating_add(self, other: Money) -> Money {
         Money(self.0.saturating_add(other.0))
     }
@@ -109,6 +136,24 @@ impl fmt::Display for Money {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usd_text_shows_cents_and_a_fraction_of_a_cent_where_it_matters() {
+        for (micros, shown) in [
+            (14_500, "$0.0145"),
+            (13_334, "$0.0133"),
+            (5_030_000, "$5.03"),
+            (500_000, "$0.50"),
+            (0, "$0.00"),
+            (1_204_500_000, "$1,204.50"),
+            (-1_204_500_000, "-$1,204.50"),
+            (1_234_567_891_000, "$1,234,567.89"),
+            (2_945_000, "$2.95"),
+            (-500_000, "-$0.50"),
+        ] {
+            assert_eq!(Money(micros).usd_text(), shown, "{micros}");
+        }
+    }
 
     #[test]
     fn dollars_round_trip_to_the_micro() {

@@ -220,6 +220,13 @@ pub struct PlacementExplanation {
     #[schema(value_type = Object)]
     pub outcome: serde_json::Value,
     pub candidates: Vec<CandidateView>,
+    /// For a job that ran on a node launched for it: the round that chose to launch, with the
+    /// candidates it weighed (what waiting for existing capacity would have cost and when it
+    /// would have finished). The top-level round is then the one that placed the job on the new
+    /// node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(no_recursion)]
+    pub launch_round: Option<Box<PlacementExplanation>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -262,6 +269,67 @@ pub struct PoolNode {
     /// GPUs declared with `--fake-gpus` rather than read from NVML.
     pub simulated: bool,
     pub last_heartbeat: DateTime<Utc>,
+}
+
+/// `GET /nodes/{id}`: one GPU node, its GPUs, what runs on them, and the telemetry its
+/// heartbeats carried recently.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeDetail {
+    pub id: String,
+    pub hostname: String,
+    pub pool: String,
+    pub healthy: bool,
+    pub draining: bool,
+    pub revoked: bool,
+    pub isolation: bool,
+    /// GPUs declared with `--fake-gpus` rather than read from NVML.
+    pub simulated: bool,
+    pub registered_at: DateTime<Utc>,
+    pub last_heartbeat: DateTime<Utc>,
+    /// As of the last heartbeat; absent figures were not reported.
+    pub gpus: Vec<NodeGpu>,
+    /// Attempts running on the node now. Another team's job shows to a developer as
+    /// `name: null`.
+    pub running: Vec<NodeJob>,
+    /// Heartbeat samples since the broker started (at most the last hour, oldest first). Held in
+    /// memory by the broker that received them: empty after a restart or on another replica.
+    pub history: Vec<NodeSample>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeGpu {
+    pub index: u32,
+    pub model: String,
+    pub memory_total_mb: u64,
+    pub memory_used_mb: Option<u64>,
+    pub utilization_pct: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeJob {
+    pub job_id: Uuid,
+    pub attempt_id: Uuid,
+    pub name: Option<String>,
+    pub team: String,
+    pub gpus: Vec<u32>,
+    pub started_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeSample {
+    pub at: DateTime<Utc>,
+    pub gpus: Vec<GpuSample>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GpuSample {
+    pub index: u32,
+    pub utilization_pct: Option<u32>,
+    pub memory_used_mb: Option<u64>,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -415,7 +483,11 @@ pub struct InstanceView {
     pub launched_at: Option<DateTime<Utc>>,
     pub ready_at: Option<DateTime<Utc>>,
     pub ended_at: Option<DateTime<Utc>>,
+    /// The last error of a launch or terminate call.
     pub last_error: Option<String>,
+    /// Why it ended: `idle: no job for N s`, a boot timeout, gone at the provider….
+    #[serde(default)]
+    pub end_reason: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -568,6 +640,18 @@ pub struct WhatIfOutcome {
     pub queue_delay_s: QueueDelay,
     /// Jobs that never started under this policy.
     pub held_jobs: u32,
+    /// What the replayed jobs cost per UTC day, by the day each cost was charged (when a job's
+    /// run or a cloud node ended), from the first replayed submission to the last charge of
+    /// either outcome; days with no cost included, so the two outcomes line up.
+    #[serde(default)]
+    pub cost_per_day: Vec<DayCost>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DayCost {
+    /// `YYYY-MM-DD` (UTC).
+    pub day: String,
+    pub cost_usd: f64,
 }
 
 /// `POST /policies/{team}/what-if`: the team's recorded jobs replayed under the current policy
@@ -577,6 +661,27 @@ pub struct WhatIfReport {
     pub jobs: u32,
     pub current: WhatIfOutcome,
     pub draft: WhatIfOutcome,
+    /// Jobs the draft treats differently: held (never started) where the current policy ran
+    /// them, released, moved to another pool, or ran at another cost. At most 200, the biggest
+    /// cost differences first.
+    #[serde(default)]
+    pub changes: Vec<WhatIfChange>,
+}
+
+/// One job the draft policy treats differently from the current one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WhatIfChange {
+    pub job_id: Uuid,
+    pub name: String,
+    pub project: Option<String>,
+    /// `held` (runs now, never starts under the draft), `released` (the opposite), `moved`
+    /// (starts first in another pool) or `cost` (same pool, another cost).
+    pub change: String,
+    /// The pool it first started in under each policy (`null`: never started).
+    pub current_pool: Option<String>,
+    pub draft_pool: Option<String>,
+    pub current_cost_usd: f64,
+    pub draft_cost_usd: f64,
 }
 
 /// `PATCH /pools/{id}`: infra's edits to a pool.

@@ -140,9 +140,11 @@ impl Reject {
     pub(crate) fn summary(self) -> String {
         match self {
             Reject::ContendedCapacity => "capacity given to other jobs this round".into(),
-            Reject::BudgetExhausted { remaining, .. } => {
-                format!("costs more than the team's remaining budget of {remaining}")
-            }
+            Reject::BudgetExhausted { cost, remaining } => format!(
+                "over budget: needs {}, {} left",
+                cost.usd_text(),
+                remaining.usd_text()
+            ),
             Reject::OutsideTimeWindow => {
                 "outside the time windows the team's policy allows for its priority".into()
             }
@@ -151,7 +153,10 @@ impl Reject {
             }
             Reject::OverPolicyMaxPrice {
                 max_per_gpu_hour, ..
-            } => format!("costs more than the team's maximum of {max_per_gpu_hour}/GPU-h"),
+            } => format!(
+                "costs more than the team's maximum of {}/GPU-h",
+                max_per_gpu_hour.usd_text()
+            ),
             Reject::RegionNotAllowedByPolicy => "region not allowed by the team's policy".into(),
             Reject::ProviderNotAllowedByPolicy => {
                 "provider not allowed by the team's policy".into()
@@ -160,7 +165,10 @@ impl Reject {
             Reject::QuotaReached { .. } => "needs a new node but its node quota is reached".into(),
             Reject::NoCapacity => "no healthy node has or will free enough GPUs".into(),
             Reject::OverMaxPrice { max_per_hour, .. } => {
-                format!("costs more than the job's maximum of {max_per_hour}/h")
+                format!(
+                    "costs more than the job's maximum of {}/h",
+                    max_per_hour.usd_text()
+                )
             }
             Reject::LatencyTooHigh { max_ms, .. } => {
                 format!("region latency above the service's maximum of {max_ms} ms")

@@ -316,7 +316,20 @@ pub(crate) fn hold_reason(blocked: &[Blocked]) -> String {
             by_rank.resize(rank + 1, None);
         }
         match &mut by_rank[rank] {
-            Some((_, count)) => *count += 1,
+            Some((kept, count)) => {
+                *count += 1;
+                // Over budget: name what the cheapest pool would need.
+                if let (
+                    Reject::BudgetExhausted {
+                        cost: kept_cost, ..
+                    },
+                    Reject::BudgetExhausted { cost, .. },
+                ) = (kept, b.reject)
+                    && cost < *kept_cost
+                {
+                    *kept_cost = cost;
+                }
+            }
             slot @ None => *slot = Some((b.reject, 1)),
         }
     }

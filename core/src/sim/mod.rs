@@ -34,7 +34,7 @@ mod switchyard;
 pub use baselines::{Cheapest, FifoBurst};
 pub use engine::{job_id, run};
 pub use lower_bound::lp_lower_bound;
-pub use switchyard::Switchyard;
+pub use switchyard::{Commitment, Switchyard};
 
 use crate::domain::*;
 use crate::money::Money;
@@ -151,6 +151,11 @@ pub trait Scheduler {
 pub struct JobOutcome {
     pub submit: Timestamp,
     pub first_start: Option<Timestamp>,
+    /// The pool it first started in.
+    pub first_pool: Option<PoolId>,
+    /// Its GPUs' share of the price of the nodes it ran on while it ran, and its data's
+    /// egress; a cloud node's boot and idle time is not a job's.
+    pub cost: Money,
     pub finish: Option<Timestamp>,
     pub deadline: Option<Timestamp>,
     pub measured: bool,

@@ -10,6 +10,8 @@
 //! (`deadline − margin − runtime − the shortest boot time`), besides the engine's coarse tick.
 
 use super::{Action, Decisions, Scheduler, View};
+use crate::domain::JobId;
+use crate::money::Money;
 use crate::placement::Outcome;
 
 /// Deadline margin `plan` keeps: `max(60 s, 5% of the runtime)`.
@@ -20,13 +22,34 @@ pub struct Switchyard {
     /// The simulated catalogue changes only with the scenario, never during a run: it is
     /// indexed once and not compared again.
     cache: crate::placement::PlanCache,
+    /// What the last call committed: each job it assigned or launched a node for, with the
+    /// plan's estimate of its cost (what the broker reserves against a hard budget).
+    committed: Vec<Commitment>,
+}
+
+/// One job the last round started or launched a node for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Commitment {
+    pub job: JobId,
+    pub estimated_cost: Money,
+    /// A node launched for it (the job starts on it later).
+    pub launch: bool,
 }
 
 impl Default for Switchyard {
     fn default() -> Self {
         Switchyard {
             cache: crate::placement::PlanCache::fixed_catalogue(),
+            committed: Vec::new(),
         }
+    }
+}
+
+impl Switchyard {
+    /// The jobs the last [`Scheduler::decide`] assigned (once each, a gang too) or launched a
+    /// node for, with the plan's estimate of their cost.
+    pub fn committed(&self) -> &[Commitment] {
+        &self.committed
     }
 }
 
@@ -54,6 +77,29 @@ impl Scheduler for Switchyard {
             job: a.job,
             node: a.node.clone(),
         }));
+        self.committed.clear();
+        self.committed
+            .extend(
+                plan.assignments
+                    .iter()
+                    .filter(|a| a.rank == 0)
+                    .map(|a| Commitment {
+                        job: a.job,
+                        estimated_cost: a.estimated_cost,
+                        launch: false,
+                    }),
+            );
+        let mut launched: Vec<JobId> = Vec::new();
+        for l in &plan.launches {
+            if !view.is_provisioning(l.for_job) && !launched.contains(&l.for_job) {
+                launched.push(l.for_job);
+                self.committed.push(Commitment {
+                    job: l.for_job,
+                    estimated_cost: l.estimated_cost,
+                    launch: true,
+                });
+            }
+        }
         actions.extend(
             plan.launches
                 .iter()

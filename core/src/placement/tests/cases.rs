@@ -74,16 +74,16 @@ fn quota_limits_launches() {
 fn max_price_filters_pools() {
     let over = |max: &str| format!("costs more than the job's maximum of {max}/h");
     check(two_pools(8, 8).job(1).max_price(5.0), "assign d1 on_demand");
-    check(two_pools(0, 8).job(1).max_price(5.0), &hold(&[(NO_CAPACITY, 1), (&over("$5.000000"), 1)]));
+    check(two_pools(0, 8).job(1).max_price(5.0), &hold(&[(NO_CAPACITY, 1), (&over("$5.00"), 1)]));
     check(two_pools(0, 8).job(1).max_price(10.0), "assign a1 on_demand");
-    check(two_pools(0, 8).job(2).max_price(10.0), &hold(&[(NO_CAPACITY, 1), (&over("$10.000000"), 1)]));
+    check(two_pools(0, 8).job(2).max_price(10.0), &hold(&[(NO_CAPACITY, 1), (&over("$10.00"), 1)]));
     // Spot brings the price under the ceiling ($4/GPU-h): on a spot node, or a new one (a1,
     // bought on demand, is over it).
     check(two_pools(0, 8).spot_node("a1").job(1).max_price(5.0).spot(SpotRule::Allowed), "assign a1 spot");
     check(two_pools(0, 8).job(1).max_price(5.0).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
     check(two_pools(0, 0).busy("d1", 8, 3600).job(1).max_price(5.0).deadline_in(1800), WAIT_DGX);
     // On-prem charges its internal rate even where it lists a cheaper spot figure.
-    check(w().pool(DGX, "H100", 8, 16.0, Some(8.0)).node(DGX, "d1", 8).job(1).max_price(1.5).spot(SpotRule::Allowed), &hold(&[(&over("$1.500000"), 1)]));
+    check(w().pool(DGX, "H100", 8, 16.0, Some(8.0)).node(DGX, "d1", 8).job(1).max_price(1.5).spot(SpotRule::Allowed), &hold(&[(&over("$1.50"), 1)]));
 }
 
 #[rustfmt::skip]

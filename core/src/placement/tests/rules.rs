@@ -206,7 +206,7 @@ fn budgets_are_hard_and_spent_across_the_round() {
     assert_eq!(p.holds[0].job, JobId(Uuid::from_u128(2)));
     assert_eq!(
         p.holds[0].reason,
-        "no pool can take this job now: costs more than the team's remaining budget of $1.000000 (1 pool)"
+        "no pool can take this job now: over budget: needs $2.00, $1.00 left (1 pool)"
     );
     let e = p
         .explanation(&JobId(Uuid::from_u128(2)))

@@ -44,6 +44,10 @@ struct JobRec {
     state: JobState,
     epoch: u32,
     first_start: Option<Timestamp>,
+    /// The pool of the node it first started on.
+    first_pool: Option<usize>,
+    /// Its GPUs' share of what the nodes it ran on cost while it ran (egress included).
+    cost: Money,
     finish: Option<Timestamp>,
 }
 
@@ -182,6 +186,8 @@ impl<'w> Engine<'w> {
                     state: JobState::NotArrived,
                     epoch: 0,
                     first_start: None,
+                    first_pool: None,
+                    cost: Money::ZERO,
                     finish: None,
                 })
                 .collect(),
@@ -384,6 +390,7 @@ impl<'w> Engine<'w> {
             let cost = egress.saturating_mul(i64::from(d.size_gb));
             self.charge(now, &src, cost);
             self.out.egress_cost += cost;
+            self.jobs[j].cost += cost;
             let gbps = match self.region_by_id.get(&pool.region) {
                 Some(&r) if self.world.regions[r].ingress_gbps > 0 => {
                     self.world.regions[r].ingress_gbps
@@ -402,6 +409,7 @@ impl<'w> Engine<'w> {
             work_start_ms,
         };
         rec.first_start.get_or_insert(Timestamp(now));
+        rec.first_pool.get_or_insert(self.nodes[n].pool);
         let (id, epoch) = (rec.id, rec.epoch);
         let nr = &mut self.nodes[n];
         nr.gpus_free -= gpus;
@@ -458,6 +466,11 @@ impl<'w> Engine<'w> {
         if let Some(pos) = self.node_at[node] {
             self.snap.nodes[pos].gpus_free = self.nodes[node].gpus_free;
         }
+        let ran_s = (now - start_ms + 999) / 1000;
+        self.jobs[j].cost += pool
+            .price_per_gpu_hour(self.nodes[node].market)
+            .saturating_mul(i64::from(gpus))
+            .per_hour_for_secs(ran_s);
         if !pool.launchable {
             let secs = (now - start_ms + 999) / 1000;
             let cost = pool
@@ -558,6 +571,8 @@ impl<'w> Engine<'w> {
             .map(|(r, j)| JobOutcome {
                 submit: j.submit,
                 first_start: r.first_start,
+                first_pool: r.first_pool.map(|p| self.world.pools[p].pool.id.clone()),
+                cost: r.cost,
                 finish: r.finish,
                 deadline: j.spec.deadline,
                 measured: j.measured,
