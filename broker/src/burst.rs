@@ -102,7 +102,13 @@ pub async fn reconcile(app: &App, reap: bool) -> Result<bool, StoreError> {
                 let booting_for = inst.launched_at.map_or(0, |t| now.secs_since(t));
                 if booting_for >= app.config.boot_timeout_s as i64 {
                     tracing::warn!(instance.id = %inst.id, pool.id = %inst.pool, booting_for_s = booting_for, "boot timeout");
-                    end(app, inst, Some("boot timeout: the agent never enrolled")).await?
+                    end(
+                        app,
+                        inst,
+                        Some("boot timeout: the agent never enrolled"),
+                        true,
+                    )
+                    .await?
                 } else {
                     false
                 }
@@ -259,13 +265,25 @@ async fn idle_check(
     if now < idle_until.max(paid_until) {
         return Ok(false);
     }
-    tracing::info!(instance.id = %inst.id, idle_s = now.secs_since(idle_since), "instance idle past its TTL; terminating");
-    end(app, inst, Some("idle")).await
+    let idle_s = now.secs_since(idle_since);
+    tracing::info!(instance.id = %inst.id, idle_s, "instance idle past its TTL; terminating");
+    end(
+        app,
+        inst,
+        Some(&format!("idle: no job for {idle_s} s")),
+        false,
+    )
+    .await
 }
 
 /// Terminates at the provider first, then records the end: an instance is never marked ended
 /// while it may still be running (and billing).
-async fn end(app: &App, inst: &InstanceRecord, reason: Option<&str>) -> Result<bool, StoreError> {
+async fn end(
+    app: &App,
+    inst: &InstanceRecord,
+    reason: Option<&str>,
+    error: bool,
+) -> Result<bool, StoreError> {
     let provider = app.providers.for_pool(&inst.pool);
     // No provider id: the launch answer was lost and the agent enrolled anyway. The machine is
     // found by its tag.
@@ -300,6 +318,7 @@ async fn end(app: &App, inst: &InstanceRecord, reason: Option<&str>) -> Result<b
         .end_instance(
             &inst.id,
             reason,
+            error,
             app.config.min_billed_s as i64,
             clock::now(),
         )
@@ -389,6 +408,7 @@ async fn reap_orphans(app: &App) -> Result<bool, StoreError> {
                     .end_instance(
                         &inst.id,
                         Some("gone: the provider no longer lists it"),
+                        true,
                         app.config.min_billed_s as i64,
                         clock::now(),
                     )

@@ -1,8 +1,10 @@
 //! The ledger's accrual loop. The ledger is the source of truth for spend: every running
 //! attempt on a node the broker did not launch (on-prem and pre-registered nodes) accrues its
 //! GPUs × the per-GPU rate of its pool and market (on-prem: the team's rate for the GPU model
-//! when its policy sets one), and every live cloud instance accrues its hourly price, idle time
-//! included, attributed to the job running on it, else to the job it was launched for.
+//! when its policy sets one), and every live cloud instance accrues its hourly price: its time
+//! running a job is that job's (`instance`), and its time booting (`instance_boot`, until its
+//! node was ready) or idle (`instance_idle`) is the team's overhead — charged to the team and
+//! project of the job it was launched for, to no job, so a job's cost stops when it ends.
 //!
 //! Every `ledger_accrual_interval_ms` this loop writes entries for `[accrued_until, now]` of
 //! each source (the store does it in one transaction; `(source, period_start)` is unique, so a

@@ -215,7 +215,10 @@ async fn a_machine_that_enrols_before_its_lost_launch_answer_is_retried_is_not_l
         fake.terminations()
     );
     assert!(
-        all[0]["last_error"].as_str().unwrap_or("").contains("idle"),
+        all[0]["end_reason"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("idle: no job for"),
         "ended as idle, not reaped: {}",
         all[0]
     );
@@ -419,7 +422,7 @@ async fn terminate_failures_are_retried_until_the_instance_is_gone() {
     // terminate call succeeds or the reaper sees the machine gone first.
     assert!(calls.len() >= 4, "four failures, then success: {calls:?}");
     assert!(calls.iter().all(|c| *c == calls[0]), "{calls:?}");
-    let ended_as = all[0]["last_error"].as_str().unwrap_or("").to_string();
+    let ended_as = all[0]["end_reason"].as_str().unwrap_or("").to_string();
     assert!(
         ended_as.contains("idle") || ended_as.contains("gone"),
         "{ended_as}"

@@ -981,20 +981,35 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
         .apply_events(&node, &[started(&r2)], at(60))
         .await
         .unwrap();
-    assert!(store.end_instance("i-1", None, 3600, at(70)).await.unwrap());
+    assert!(
+        store
+            .end_instance("i-1", None, false, 3600, at(70))
+            .await
+            .unwrap()
+    );
     // Later passes add nothing.
     assert_eq!(store.accrue_ledger(at(100), 3600).await.unwrap(), 0);
     assert_eq!(store.accrue_ledger(at(200), 3600).await.unwrap(), 0);
 
     let entries = store.ledger_entries(None).await.unwrap();
-    // (from s, to s, job, attempt, micro-dollars)
-    type Stretch = (i64, i64, Option<String>, Option<String>, i64);
+    // (from s, to s, kind, team, job, attempt, micro-dollars)
+    type Stretch = (
+        i64,
+        i64,
+        String,
+        String,
+        Option<String>,
+        Option<String>,
+        i64,
+    );
     let stretches: Vec<Stretch> = entries
         .iter()
         .map(|e| {
             (
                 (e.period_start.millis() - t0.millis()) / 1000,
                 (e.period_end.millis() - t0.millis()) / 1000,
+                e.kind.clone(),
+                e.team.clone().unwrap_or_default(),
                 e.job.clone(),
                 e.attempt.clone(),
                 e.amount.micros(),
@@ -1006,27 +1021,64 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
         Some(r1.attempt_id.to_string()),
         Some(r2.attempt_id.to_string()),
     );
+    let (boot, idle, on_job) = ("instance_boot", "instance_idle", "instance");
+    let row = |from: i64, to: i64, kind: &str, team: &str, job, attempt, micros| {
+        (
+            from,
+            to,
+            kind.to_string(),
+            team.to_string(),
+            job,
+            attempt,
+            micros,
+        )
+    };
     assert_eq!(
         stretches,
         vec![
-            (0, 10, j1s.clone(), None, 10_000),
-            (10, 30, j1s.clone(), None, 20_000),
-            (30, 40, j1s.clone(), a1s.clone(), 10_000),
-            (40, 50, j1s.clone(), a1s.clone(), 10_000),
-            // Idle between jobs: the job it was launched for.
-            (50, 60, j1s.clone(), None, 10_000),
+            // Booting until its node joined at 20 s, then idle until j1 started: the team's
+            // overhead, charged to no job.
+            row(0, 10, boot, "ml", None, None, 10_000),
+            row(10, 20, boot, "ml", None, None, 10_000),
+            row(20, 30, idle, "ml", None, None, 10_000),
+            row(30, 40, on_job, "ml", j1s.clone(), a1s.clone(), 10_000),
+            row(40, 50, on_job, "ml", j1s.clone(), a1s.clone(), 10_000),
+            // Idle between jobs: the team of the job it was launched for.
+            row(50, 60, idle, "ml", None, None, 10_000),
             // The rest of the billed hour goes to the work on it at the end.
-            (60, 70, j2s.clone(), a2s.clone(), 3_540_000),
+            row(60, 70, on_job, "web", j2s.clone(), a2s.clone(), 3_540_000),
         ]
     );
-    assert!(entries.iter().all(|e| e.kind == "instance"
-        && e.instance.as_deref() == Some("i-1")
-        && e.source.as_deref() == Some("instance:i-1")));
+    assert!(entries.iter().all(
+        |e| e.instance.as_deref() == Some("i-1") && e.source.as_deref() == Some("instance:i-1")
+    ));
     assert_eq!(store.ledger_total().await.unwrap(), 3_600_000);
-    assert_eq!(store.job(j1.id).await.unwrap().unwrap().cost, Money(60_000));
+    // A job pays for its own time only: j1's cost stopped when it finished.
+    assert_eq!(store.job(j1.id).await.unwrap().unwrap().cost, Money(20_000));
     assert_eq!(
         store.job(j2.id).await.unwrap().unwrap().cost,
         Money(3_540_000)
+    );
+    let by_usage = store
+        .spend(&SpendQuery {
+            group: SpendGroup::Usage,
+            bucket: None,
+            from: None,
+            to: None,
+            team: Some("ml".into()),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        by_usage
+            .iter()
+            .map(|r| (r.key.clone().unwrap(), r.amount.micros()))
+            .collect::<Vec<_>>(),
+        vec![
+            ("instance_boot".to_string(), 20_000),
+            ("instance_idle".to_string(), 20_000),
+            ("job".to_string(), 20_000),
+        ]
     );
     let by_team = store
         .spend(&SpendQuery {
@@ -1218,4 +1270,88 @@ async fn enrol_node(
         .unwrap()
         .unwrap();
     node
+}
+
+/// What-if and the live broker agree: the team's jobs replayed under the policy that holds some
+/// of them live hold exactly those (current and an identical draft alike), and a draft without
+/// the budget releases exactly them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_if_holds_what_the_live_broker_holds_under_the_same_hard_budget() {
+    let app = TestApp::spawn_with(
+        |c| {
+            c.ledger_accrual_interval_ms = 100;
+            c.lease_ttl_s = 600;
+        },
+        |_| ProviderSet::default(),
+    )
+    .await;
+    for _ in 0..3 {
+        app.agent(4).await;
+    }
+    let finance = app.token("finance", None).await;
+    let dev = app.token("developer", Some("ml")).await;
+    // Each job is estimated at 1 GPU × $2/h × 1 h = $2: the budget fits five of eight.
+    put_budget(&app, &finance, "ml", 11.0).await;
+    let spec = json!({"name": "b", "team": "ml", "command": ["true"], "resources": {"gpus": 1},
+                      "estimated_runtime_s": 3600});
+    // One at a time: the live queue and the replay order them by submission alike.
+    for _ in 0..8 {
+        id_of(&app.submit(&dev, spec.clone()).await);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let jobs = eventually("the queue to settle", 30, async || {
+        let jobs = all_jobs(&app).await;
+        let placed = jobs.iter().filter(|j| j["state"] == "placed").count();
+        let held = jobs.iter().filter(|j| j["state"] == "held").count();
+        (placed == 5 && held == 3).then_some(jobs)
+    })
+    .await;
+    let mut live_held: Vec<String> = jobs
+        .iter()
+        .filter(|j| j["state"] == "held")
+        .map(|j| j["id"].as_str().unwrap().to_string())
+        .collect();
+    live_held.sort();
+    let policy = app
+        .call(Method::GET, "/api/v1/policies/ml", Some(&finance), None)
+        .await
+        .body;
+    let what_if = async |draft: Value| {
+        let r = app
+            .call(
+                Method::POST,
+                "/api/v1/policies/ml/what-if",
+                Some(&finance),
+                Some(draft),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        r.body
+    };
+    let same = what_if(policy["policy"].clone()).await;
+    assert_eq!(same["jobs"], 8, "{same}");
+    assert_eq!(same["current"]["held_jobs"], 3, "{same}");
+    assert_eq!(same["draft"]["held_jobs"], 3, "{same}");
+    assert_eq!(same["changes"], json!([]), "{same}");
+    // Five jobs of $2 each, charged the day they end.
+    let per_day: f64 = same["current"]["cost_per_day"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["cost_usd"].as_f64().unwrap())
+        .sum();
+    assert!((per_day - 10.0).abs() < 0.01, "{same}");
+    let none = what_if(json!({})).await;
+    assert_eq!(none["draft"]["held_jobs"], 0, "{none}");
+    let mut released: Vec<String> = none["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            assert_eq!(c["change"], "released", "{c}");
+            c["job_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    released.sort();
+    assert_eq!(released, live_held, "{none}");
 }

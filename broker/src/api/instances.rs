@@ -64,5 +64,6 @@ fn view(i: &InstanceRecord, now: switchyard_core::Timestamp, min_billed_s: i64) 
         ready_at: i.ready_at.map(to_datetime),
         ended_at: i.ended_at.map(to_datetime),
         last_error: i.last_error.clone(),
+        end_reason: i.end_reason.clone(),
     }
 }

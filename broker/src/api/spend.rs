@@ -22,7 +22,9 @@ use crate::store::{SpendBucket, SpendGroup, SpendGroupRow, SpendQuery};
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct SpendParams {
-    /// `team` (default), `project`, `region`, `provider` or `pool`.
+    /// `team` (default), `project`, `region`, `provider`, `pool` or `usage` (`job`,
+    /// `instance_boot`, `instance_idle`: a cloud instance's boot and idle time is the team's
+    /// overhead, charged to no job).
     group_by: Option<String>,
     /// Entries whose period starts at or after this time (RFC 3339).
     from: Option<String>,
@@ -76,7 +78,7 @@ pub async fn report(
     let group = SpendGroup::parse(group_by).ok_or_else(|| {
         ApiError::invalid(
             "group_by",
-            "must be team, project, region, provider or pool",
+            "must be team, project, region, provider, pool or usage",
         )
     })?;
     let bucket = match params.bucket.as_deref() {

@@ -496,11 +496,14 @@ pub trait Store: Send + Sync + 'static {
     async fn set_instance_idle(&self, id: &str, idle_since: Option<Timestamp>) -> StoreResult<()>;
     /// Ends an instance in one transaction: state `terminated`, its lifetime cost in the
     /// ledger (at least `min_billed_s`), its node retired and the node's live work requeued, and
-    /// a job still waiting for it back in the queue. Returns false if it had already ended.
+    /// a job still waiting for it back in the queue. `reason` is kept as its `end_reason`, and
+    /// as its `last_error` too when `error` (a boot timeout, gone at the provider; not a normal
+    /// idle shutdown). Returns false if it had already ended.
     async fn end_instance(
         &self,
         id: &str,
         reason: Option<&str>,
+        error: bool,
         min_billed_s: i64,
         now: Timestamp,
     ) -> StoreResult<bool>;

@@ -285,6 +285,7 @@ fn instance_from_row(r: &PgRow) -> StoreResult<InstanceRecord> {
         launch_attempts: u32_of(r.try_get("launch_attempts")?, "launch_attempts")?,
         next_attempt_at: get_ts(r, "next_attempt_at")?,
         last_error: r.try_get("last_error")?,
+        end_reason: r.try_get("end_reason")?,
         requested_at: get_ts(r, "requested_at")?,
         launched_at: get_ts_opt(r, "launched_at")?,
         ready_at: get_ts_opt(r, "ready_at")?,
@@ -1353,6 +1354,7 @@ impl Store for PgStore {
         &self,
         id: &str,
         reason: Option<&str>,
+        error: bool,
         min_billed_s: i64,
         now: Timestamp,
     ) -> StoreResult<bool> {
@@ -1370,11 +1372,13 @@ impl Store for PgStore {
         }
         sqlx::query(
             "UPDATE instances SET state = 'terminated', ended_at = $1, \
-             last_error = COALESCE($2, last_error), billed = TRUE WHERE id = $3",
+             end_reason = COALESCE($2, end_reason), \
+             last_error = CASE WHEN $4 THEN COALESCE($2, last_error) ELSE last_error END, billed = TRUE WHERE id = $3",
         )
         .bind(tz(now))
         .bind(reason)
         .bind(id)
+        .bind(error)
         .execute(&mut *tx)
         .await?;
         // Its cost up to now (at least the minimum billed time), charged to the work on it,

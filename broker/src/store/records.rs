@@ -304,6 +304,8 @@ pub struct InstanceRecord {
     pub launch_attempts: u32,
     pub next_attempt_at: Timestamp,
     pub last_error: Option<String>,
+    /// Why it ended (idle past its TTL, a boot timeout, gone at the provider).
+    pub end_reason: Option<String>,
     pub requested_at: Timestamp,
     pub launched_at: Option<Timestamp>,
     pub ready_at: Option<Timestamp>,
@@ -390,6 +392,9 @@ pub enum SpendGroup {
     Region,
     Provider,
     Pool,
+    /// `job` (a job's own time), `instance_boot` or `instance_idle` (a cloud instance's time
+    /// before its node was ready, or with no job on it: the team's overhead).
+    Usage,
 }
 
 impl SpendGroup {
@@ -400,6 +405,7 @@ impl SpendGroup {
             "region" => SpendGroup::Region,
             "provider" => SpendGroup::Provider,
             "pool" => SpendGroup::Pool,
+            "usage" => SpendGroup::Usage,
             _ => return None,
         })
     }
@@ -411,6 +417,7 @@ impl SpendGroup {
             SpendGroup::Region => "region",
             SpendGroup::Provider => "provider",
             SpendGroup::Pool => "pool",
+            SpendGroup::Usage => "usage",
         }
     }
 }

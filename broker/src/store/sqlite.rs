@@ -1735,6 +1735,7 @@ impl Store for SqliteStore {
         &self,
         id: &str,
         reason: Option<&str>,
+        error: bool,
         min_billed_s: i64,
         now: Timestamp,
     ) -> StoreResult<bool> {
@@ -1752,11 +1753,13 @@ impl Store for SqliteStore {
         }
         sqlx::query(
             "UPDATE instances SET state = 'terminated', ended_at = $1, \
-             last_error = COALESCE($2, last_error), billed = 1 WHERE id = $3",
+             end_reason = COALESCE($2, end_reason), \
+             last_error = CASE WHEN $4 THEN COALESCE($2, last_error) ELSE last_error END, billed = 1 WHERE id = $3",
         )
         .bind(now.millis())
         .bind(reason)
         .bind(id)
+        .bind(error)
         .execute(&mut *tx)
         .await?;
         // Its cost up to now (at least the minimum billed time), charged to the work on it,
@@ -2075,6 +2078,7 @@ fn instance_from_row(r: &SqliteRow) -> StoreResult<InstanceRecord> {
         launch_attempts: u32_of(r.try_get("launch_attempts")?, "launch_attempts")?,
         next_attempt_at: Timestamp(r.try_get("next_attempt_at")?),
         last_error: r.try_get("last_error")?,
+        end_reason: r.try_get("end_reason")?,
         requested_at: Timestamp(r.try_get("requested_at")?),
         launched_at: r.try_get::<Option<i64>, _>("launched_at")?.map(Timestamp),
         ready_at: r.try_get::<Option<i64>, _>("ready_at")?.map(Timestamp),

@@ -49,6 +49,40 @@ pub(crate) fn stretches<'a, O: PartialEq>(
     out
 }
 
+/// The ledger kind of a cloud instance's time spent on a job.
+pub(crate) const INSTANCE_JOB: &str = "instance";
+/// The ledger kind of a cloud instance's time before its node was ready: the team's overhead.
+pub(crate) const INSTANCE_BOOT: &str = "instance_boot";
+/// The ledger kind of a cloud instance's time with its node ready and no job on it: the team's
+/// overhead.
+pub(crate) const INSTANCE_IDLE: &str = "instance_idle";
+
+/// Each stretch labelled with its ledger kind: a job's time ([`INSTANCE_JOB`]), or, for the
+/// stretches no job ran in (`is_job` false), boot time up to `ready_at` and idle time after it,
+/// split there. Never ready (a launch that failed to join): all boot.
+pub(crate) fn labelled<O>(
+    stretches: Vec<(Timestamp, Timestamp, &O)>,
+    is_job: impl Fn(&O) -> bool,
+    ready_at: Option<Timestamp>,
+) -> Vec<(Timestamp, Timestamp, &O, &'static str)> {
+    let mut out = Vec::with_capacity(stretches.len() + 1);
+    for (start, end, owner) in stretches {
+        if is_job(owner) {
+            out.push((start, end, owner, INSTANCE_JOB));
+            continue;
+        }
+        match ready_at {
+            Some(ready) if ready <= start => out.push((start, end, owner, INSTANCE_IDLE)),
+            Some(ready) if ready < end => {
+                out.push((start, ready, owner, INSTANCE_BOOT));
+                out.push((ready, end, owner, INSTANCE_IDLE));
+            }
+            _ => out.push((start, end, owner, INSTANCE_BOOT)),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +125,32 @@ mod tests {
         assert_eq!((s[0].0, s[0].1, *s[0].2), (t(5), t(50), "a"));
         let s = stretches(&occ, &"launch", t(50), t(50));
         assert_eq!((s[0].0, s[0].1, *s[0].2), (t(50), t(50), "a"));
+    }
+
+    #[test]
+    fn time_without_a_job_is_boot_until_ready_then_idle() {
+        let (job, none) = ("job", "");
+        let s = vec![
+            (t(0), t(30), &none),
+            (t(30), t(40), &job),
+            (t(40), t(50), &none),
+        ];
+        let got: Vec<(i64, i64, &str, &str)> = labelled(s, |o| !o.is_empty(), Some(t(20)))
+            .iter()
+            .map(|(a, b, o, k)| (a.0 / 1000, b.0 / 1000, **o, *k))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 20, "", INSTANCE_BOOT),
+                (20, 30, "", INSTANCE_IDLE),
+                (30, 40, "job", INSTANCE_JOB),
+                (40, 50, "", INSTANCE_IDLE),
+            ]
+        );
+        let never = labelled(vec![(t(0), t(9), &none)], |o| !o.is_empty(), None);
+        assert_eq!(never[0].3, INSTANCE_BOOT);
+        let at_ready = labelled(vec![(t(5), t(9), &none)], |o| !o.is_empty(), Some(t(5)));
+        assert_eq!(at_ready[0].3, INSTANCE_IDLE);
     }
 }

@@ -10,7 +10,7 @@
 //! billed time however many passes wrote them.
 
 use super::*;
-use crate::store::stretches::{Occupant, stretches};
+use crate::store::stretches::{INSTANCE_JOB, Occupant, labelled, stretches};
 
 /// The attempts accrued by the ledger themselves: started, on a node no instance is bound to.
 const ATTEMPT_SELECT: &str = "SELECT a.id, a.job_id, a.pool_id, a.market, a.gpus_json, \
@@ -171,8 +171,9 @@ struct Owner {
 }
 
 /// Accrues instance `id` up to `until`; with `min_billed_s`, settles it (its total is at least
-/// that long). Each stretch is charged to the job that ran on the instance's node then, else to
-/// the job the instance was launched for.
+/// that long). Each stretch is charged to the job that ran on the instance's node then; time
+/// with no job on it is boot or idle time, charged to the team (and project) of the job it was
+/// launched for but to no job.
 async fn accrue_instance(
     tx: &mut Tx,
     id: &str,
@@ -182,7 +183,7 @@ async fn accrue_instance(
 ) -> StoreResult<usize> {
     let Some(r) = sqlx::query(
         "SELECT i.provider, i.pool_id, i.region_id, i.hourly_price_micros, i.for_job, i.node_id, \
-         i.launched_at, i.accrued_until, j.team, j.project \
+         i.launched_at, i.ready_at, i.accrued_until, j.team, j.project \
          FROM instances i LEFT JOIN jobs j ON j.id = i.for_job WHERE i.id = $1",
     )
     .bind(id)
@@ -241,7 +242,14 @@ async fn accrue_instance(
             });
         }
     }
-    let stretches = stretches(&occupants, &launched_for, from, until);
+    // Time no job ran in is the team's overhead, not the launching job's: boot until the
+    // node was ready, idle after.
+    let ready_at = r.try_get::<Option<i64>, _>("ready_at")?.map(Timestamp);
+    let stretches = labelled(
+        stretches(&occupants, &launched_for, from, until),
+        |o| o.attempt.is_some(),
+        ready_at,
+    );
     let (provider, pool, region): (String, String, String) = (
         r.try_get("provider")?,
         r.try_get("pool_id")?,
@@ -253,7 +261,8 @@ async fn accrue_instance(
     // A stretch too short to cost anything is folded into the next one (the entries stay
     // contiguous; the time is free either way).
     let mut carried: Option<Timestamp> = None;
-    for (i, (start, end, owner)) in stretches.iter().enumerate() {
+    for (i, (start, end, owner, kind)) in stretches.iter().enumerate() {
+        let on_job = *kind == INSTANCE_JOB;
         let start = carried.take().unwrap_or(*start);
         let billed_end = if i == last { billed_until } else { *end };
         let amount = cost_to(rate, origin, billed_end) - cost_to(rate, origin, start);
@@ -264,12 +273,12 @@ async fn accrue_instance(
         written += insert(
             tx,
             &Entry {
-                kind: "instance",
+                kind,
                 source: &source,
                 team: owner.team.as_deref(),
                 project: owner.project.as_deref(),
-                job: owner.job.as_deref(),
-                attempt: owner.attempt.as_deref(),
+                job: owner.job.as_deref().filter(|_| on_job),
+                attempt: owner.attempt.as_deref().filter(|_| on_job),
                 instance: Some(id),
                 provider: &provider,
                 region: &region,
@@ -398,6 +407,10 @@ pub(super) async fn spend(pool: &SqlitePool, q: &SpendQuery) -> StoreResult<Vec<
         SpendGroup::Region => "region_id",
         SpendGroup::Provider => "provider",
         SpendGroup::Pool => "pool_id",
+        SpendGroup::Usage => {
+            "CASE kind WHEN 'instance_boot' THEN 'instance_boot' \
+             WHEN 'instance_idle' THEN 'instance_idle' ELSE 'job' END"
+        }
     };
     let bucket = match q.bucket {
         Some(b) => format!("(period_start / {0}) * {0}", b.millis()),
