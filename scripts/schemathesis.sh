@@ -6,10 +6,10 @@
 #   scripts/schemathesis.sh                 the debug binary (target/debug/switchyard)
 #   SWITCHYARD_BIN=target/release/switchyard SWITCHYARD_SCHEMATHESIS_EXAMPLES=200 scripts/schemathesis.sh
 #
-# Installs schemathesis into a virtual environment under target/ when missing. The broker runs
-# on 127.0.0.1 and a free port with a fresh data directory (SQLite), with the one on-prem pool
-# of the end-to-end tests; it is stopped and removed at exit. Reports (JUnit, and the broker's
-# log) go to target/schemathesis/.
+# Installs schemathesis into a virtual environment under target/ when missing. The broker
+# (scripts/lib/broker.sh) runs on 127.0.0.1 and a free port with a fresh data directory (SQLite),
+# with the one on-prem pool of the end-to-end tests; it is stopped and removed at exit. Reports
+# (JUnit, and the broker's log) go to target/schemathesis/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,69 +24,16 @@ if [ ! -x "$ST" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet 'schemathesis>=4.3,<5'
 fi
-if [ ! -x "$BIN" ]; then
-  cargo build --locked -p switchyard-broker
-fi
-
 rm -rf "$OUT"
 mkdir -p "$OUT"
-DATA=$(mktemp -d)
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-BASE="http://127.0.0.1:$PORT"
-cat >"$DATA/switchyard.toml" <<EOF
-listen = "127.0.0.1:$PORT"
-data_dir = "$DATA"
-heartbeat_interval_s = 1
-lease_ttl_s = 10
-grace_s = 2
-scheduler_tick_ms = 200
-
-[[regions]]
-id = "onprem:st-dc"
-latency_ms = 1
-
-[[pools]]
-id = "st-h100"
-region = "onprem:st-dc"
-gpu_model = "H100"
-gpus_per_node = 4
-gpu_memory_gb = 80
-price_per_gpu_hour_usd = 2.0
-node_limit = 4
-EOF
-
-"$BIN" --json-logs serve --config "$DATA/switchyard.toml" >"$OUT/broker.log" 2>&1 &
-BROKER=$!
-cleanup() {
-  kill "$BROKER" 2>/dev/null || true
-  wait "$BROKER" 2>/dev/null || true
-  rm -rf "$DATA"
-}
-trap cleanup EXIT
-
-for _ in $(seq 1 150); do
-  if curl -fsS "$BASE/healthz" >/dev/null 2>&1 && [ -s "$DATA/admin.token" ]; then break; fi
-  if ! kill -0 "$BROKER" 2>/dev/null; then
-    cat "$OUT/broker.log" >&2
-    echo "schemathesis: the broker exited at start-up" >&2
-    exit 1
-  fi
-  sleep 0.2
-done
-ADMIN=$(cat "$DATA/admin.token")
-
-token() { # role [team]
-  local body
-  if [ -n "${2:-}" ]; then body="{\"role\":\"$1\",\"team\":\"$2\",\"name\":\"st-$1\"}"
-  else body="{\"role\":\"$1\",\"name\":\"st-$1\"}"; fi
-  curl -fsS -X POST "$BASE/api/v1/tokens" -H "Authorization: Bearer $ADMIN" \
-    -H 'Content-Type: application/json' -d "$body" | jq -r .token
-}
+# shellcheck source=scripts/lib/broker.sh
+. scripts/lib/broker.sh
+SWITCHYARD_BIN="$BIN" start_broker "$OUT/broker.log"
 declare -A TOKENS=(
-  [admin]="$ADMIN"
-  [infra]="$(token infra)"
-  [finance]="$(token finance)"
-  [developer]="$(token developer ml)"
+  [admin]="$ADMIN_TOKEN"
+  [infra]="$(mint_token infra)"
+  [finance]="$(mint_token finance)"
+  [developer]="$(mint_token developer ml)"
 )
 
 # Something to find: a job of the developer's team, and a policy.

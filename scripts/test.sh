@@ -6,7 +6,8 @@
 #
 # It installs what the tests need when it is missing: the Rust toolchain's own components and
 # the EC2 emulator (moto) the AWS provider tests start, and Chromium with chromedriver for the
-# console's browser tests; PostgreSQL joins here with the suites that use it.
+# console's browser tests; schemathesis, openapi-spec-validator and openapi-python-client go into
+# virtual environments under target/; PostgreSQL joins here with the suites that use it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +51,10 @@ fi
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+# One feature set per crate: `cargo run --release -- up` after a workspace build rebuilds nothing.
+step "features: the broker alone resolves as in --workspace"
+scripts/check-features.sh
+
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
@@ -77,6 +82,11 @@ step "cargo fuzz (${SWITCHYARD_FUZZ_SECONDS:-60} s per target)"
 scripts/fuzz.sh
 step "schemathesis against /openapi.json (every role)"
 scripts/schemathesis.sh
+# The contract itself: /openapi.json passes openapi-spec-validator (OpenAPI 3.1), and a Python
+# client generated from it (openapi-python-client, both installed into target/ when missing)
+# type-checks and submits, reads, lists and cancels a job on a real broker.
+step "openapi: validate /openapi.json, generate a client, drive a broker with it"
+scripts/openapi-check.sh
 
 # The broker's suites again on PostgreSQL: a throwaway PostgreSQL 15 cluster (Debian's binaries,
 # initdb as the postgres user, a loopback port, its socket in a temp dir, fsync off), one fresh
