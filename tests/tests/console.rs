@@ -653,6 +653,20 @@ async fn assert_page_data(b: &Browser, name: &str, context: &str) {
             at_least("[data-test=audit-row]", 2).await;
             at_least("[data-test=audit-row][data-action=\"policy.put\"]", 2).await;
         }
+        "node" => {
+            // Its GPUs, what runs on them, and the history charts (or words where simulated
+            // GPUs report nothing: never zeros drawn for figures nobody reported).
+            at_least("[data-test=node-gpu-row]", 1).await;
+            at_least("[data-test=node-chart-panel]", 4).await;
+            let unreported = b.count("[data-test=node-not-reported]").await;
+            let charts = b.count("svg[data-test^=node-chart-]").await;
+            let words = b.count("[data-test=node-chart-none]").await;
+            assert!(
+                charts + words == 4 && (unreported == 0 || charts == 0),
+                "{context}: {charts} charts, {words} in words, {unreported}"
+            );
+            b.el("[data-test=node-jobs-table]").await;
+        }
         other => panic!("no data check for page {other}"),
     }
 }
@@ -870,7 +884,15 @@ async fn a_budget_set_in_the_console_holds_a_job_until_it_is_raised() {
         policy["policy"]["max_price_per_gpu_hour"].is_null(),
         "the what-if saved nothing: {policy}"
     );
-    b.open("#/jobs?team=ml", "jobs").await;
+    // The draft is unsaved: leaving asks first, and discarding it goes on.
+    b.js("location.hash = '#/jobs?team=ml'; return true;", vec![])
+        .await;
+    b.el("[data-test=unsaved-discard]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.ready("jobs").await;
     let (state, _) = job_row_state(
         &b,
         &id,
@@ -962,6 +984,16 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
     b.sign_in(&up.token).await;
     // The console log the error checks below read must work: one known error shows in it.
     b.probe_console_log().await;
+    let pools = up.get("/api/v1/pools").await;
+    let node = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["node_list"].as_array().cloned().unwrap_or_default())
+        .find(|n| n["healthy"] == true)
+        .unwrap_or_else(|| panic!("a healthy node in {pools}"));
+    let node_id = node["id"].as_str().unwrap().to_string();
+    let node_route = format!("#/nodes/{node_id}");
     let pages = [
         ("overview", "#/overview"),
         ("catalogue", "#/catalogue"),
@@ -971,11 +1003,16 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
         ("spend", "#/spend"),
         ("instances", "#/instances"),
         ("audit", "#/audit"),
+        ("node", &*node_route),
     ];
     for (width, height, label) in [(1440, 900, "desktop"), (390, 844, "phone")] {
         b.set_width(width, height).await;
         for (name, route) in pages {
-            let page = if name == "job-detail" { "jobs" } else { name };
+            let page = match name {
+                "job-detail" => "jobs",
+                "node" => "nodes",
+                other => other,
+            };
             let root = b.open(route, page).await;
             let text = root.text().await.unwrap();
             assert!(!text.trim().is_empty(), "{name} at {label} is empty");
@@ -989,6 +1026,137 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
 
     // Data shows where it should.
     b.set_width(1440, 900).await;
+
+    // The overview: one "spent" figure per budget period (ml's month, vision's week, never
+    // added up), and the spend trend with the budget line and a labelled linear forecast.
+    b.open("#/overview", "overview").await;
+    let spent = b
+        .js(
+            "return [...document.querySelectorAll('[data-test=card-spent]')].map(c => c.getAttribute('data-period')).sort();",
+            vec![],
+        )
+        .await;
+    assert_eq!(spent, json!(["month", "week"]), "{spent}");
+    b.el("[data-test=trend][data-period=month] [data-test=chart-trend] [data-test=trend-budget]")
+        .await;
+    b.el("[data-test=trend][data-period=month] [data-test=trend-forecast]")
+        .await;
+    let label = b
+        .text_of("[data-test=trend][data-period=month] [data-test=trend-forecast-label]")
+        .await
+        .unwrap_or_default();
+    assert!(label.starts_with("forecast (linear): $"), "{label:?}");
+
+    // The catalogue counts live nodes from each pool's node list, and a launchable cloud pool
+    // with none says what it may launch instead of "0 / 0".
+    b.open("#/catalogue", "catalogue").await;
+    let onprem = b
+        .text_of("[data-test=pool-row][data-pool=\"onprem:local-dc1/sim-h100x4\"] [data-test=pool-node-count]")
+        .await
+        .unwrap_or_default();
+    let healthy = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == "onprem:local-dc1/sim-h100x4")
+        .map(|p| {
+            p["node_list"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["healthy"] == true)
+                .count()
+        })
+        .unwrap();
+    assert_eq!(onprem, format!("{healthy} nodes"), "{pools}");
+    let launchable = b
+        .js(
+            "return [...document.querySelectorAll('[data-test=pool-row]')]
+               .map(r => r.querySelector('[data-test=pool-node-count]').textContent)
+               .filter(t => t.startsWith('launchable, up to ')).length;",
+            vec![],
+        )
+        .await;
+    assert!(launchable.as_u64() > Some(0), "{launchable}");
+    let zeros = b
+        .js(
+            "return [...document.querySelectorAll('[data-test=pool-free]')].filter(t => t.textContent === '0 / 0').length;",
+            vec![],
+        )
+        .await;
+    assert_eq!(zeros, json!(0), "no pool shows 0 / 0 free GPUs");
+    // Its node list links to the node's page.
+    b.el(&format!("[data-test=node-link][data-node=\"{node_id}\"]"))
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.ready("nodes").await;
+    assert_eq!(
+        b.text_of("[data-test=node-id]").await.as_deref(),
+        Some(node_id.as_str())
+    );
+
+    // Job detail: times to the second, durations, the estimate, full node ids on hover.
+    b.open(&format!("#/jobs/{}", ids[0]), "jobs").await;
+    let times = b
+        .js(
+            "return ['submitted', 'started', 'finished', 'queued', 'ran', 'estimate']
+               .map(k => document.querySelector('[data-test=detail-' + k + ']').textContent);",
+            vec![],
+        )
+        .await;
+    let t = |i: usize| times[i].as_str().unwrap().to_string();
+    for i in 0..3 {
+        assert!(
+            t(i).len() == 23 && t(i).ends_with(" UTC") && t(i).as_bytes()[16] == b':',
+            "a time to the second: {times}"
+        );
+    }
+    assert!(t(3).ends_with(" s") && t(4).ends_with(" s"), "{times}");
+    assert!(t(5).starts_with(" · estimate $"), "{times}");
+    let node_ref = b
+        .js(
+            "const a = document.querySelector('[data-test=detail-runs-on] [data-test=node-ref]');
+             return [a.getAttribute('title'), a.getAttribute('href')];",
+            vec![],
+        )
+        .await;
+    let placed = up.get(&format!("/api/v1/jobs/{}", ids[0])).await;
+    assert_eq!(node_ref[0], placed["placement"]["node"], "{node_ref}");
+    b.el("[data-test=detail-runs-on] [data-test=node-copy]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.until(
+        "the node id to be copied",
+        WAIT,
+        "return window.__syCopied === arguments[0];",
+        vec![placed["placement"]["node"].clone()],
+    )
+    .await;
+    let detail = b.el("[data-test=job-detail]").await.text().await.unwrap();
+    assert_no_raw_numbers(&detail);
+
+    // Audit: filters by actor, action and time.
+    b.open("#/audit?action=policy.put", "audit").await;
+    let actions = b
+        .js(
+            "return [...new Set([...document.querySelectorAll('[data-test=audit-row]')].map(r => r.getAttribute('data-action')))];",
+            vec![],
+        )
+        .await;
+    assert_eq!(actions, json!(["policy.put"]), "{actions}");
+    let future = in_secs(3600);
+    b.open(&format!("#/audit?from={future}"), "audit").await;
+    assert_eq!(b.count("[data-test=audit-row]").await, 0);
+    b.el("[data-test=audit-empty]").await;
+    b.open("#/audit?actor=nobody-at-all", "audit").await;
+    assert_eq!(b.count("[data-test=audit-row]").await, 0);
+    b.open("#/audit?actor=admin", "audit").await;
+    assert!(b.count("[data-test=audit-row]").await >= 2);
+    b.screenshot("audit-filtered", 1440, 900).await;
     b.open("#/catalogue", "catalogue").await;
     let pools = b
         .js(
@@ -1207,6 +1375,47 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
         "a developer gets no policy editing controls"
     );
     b.screenshot("policies-developer", 1440, 900).await;
+    // Another team's policy, and a page hidden from the role: said in words.
+    b.open("#/policies/vision", "policies").await;
+    let hidden = b
+        .text_of("[data-test=not-visible]")
+        .await
+        .unwrap_or_default();
+    assert!(hidden.contains("not visible to your role"), "{hidden:?}");
+    assert!(
+        !b.text_of("[data-test=page-policies]")
+            .await
+            .unwrap_or_default()
+            .contains("no policy yet")
+    );
+    b.screenshot("policies-other-team-developer", 1440, 900)
+        .await;
+    for page in ["audit", "instances"] {
+        b.open(&format!("#/{page}"), page).await;
+        let hidden = b
+            .text_of("[data-test=not-visible]")
+            .await
+            .unwrap_or_default();
+        assert!(hidden.contains("not visible to your role"), "{hidden:?}");
+        b.screenshot(&format!("{page}-developer"), 1440, 900).await;
+    }
+    // Every page a developer has, shot.
+    for (name, route) in [
+        ("overview", "#/overview"),
+        ("catalogue", "#/catalogue"),
+        ("jobs", "#/jobs"),
+        ("job-detail", &*format!("#/jobs/{}", ids[0])),
+        ("spend", "#/spend"),
+        ("node", &*node_route),
+    ] {
+        let page = match name {
+            "job-detail" => "jobs",
+            "node" => "nodes",
+            other => other,
+        };
+        b.open(route, page).await;
+        b.screenshot(&format!("{name}-developer"), 1440, 900).await;
+    }
     b.assert_no_errors("as a developer").await;
 }
 

@@ -220,8 +220,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
   function duration(secs) {
     const v = Math.max(0, Math.round(Number(secs) || 0));
     if (v < 90) return v + ' s';
-    if (v < 5400) return Math.floor(v / 60) + ' min ' + (v % 60) + ' s';
-    if (v < 172800) return Math.floor(v / 3600) + ' h ' + Math.round((v % 3600) / 60) + ' min';
+    if (v < 3600) return Math.floor(v / 60) + ' min' + (v % 60 ? ' ' + (v % 60) + ' s' : '');
+    if (v < 172800) return Math.floor(v / 3600) + ' h' + (Math.round((v % 3600) / 60) ? ' ' + Math.round((v % 3600) / 60) + ' min' : '');
     return (v / 86400).toFixed(1) + ' d';
   }
 
@@ -260,6 +260,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
     if (typeof v !== 'object') return String(v).replace(/_/g, ' ');
     const tag = v.code || v.decision || v.kind;
     if (v.decision === 'hold' && v.reason) return 'held: ' + v.reason;
+    // Newer brokers put the rejection in words themselves.
+    if (typeof v.message === 'string' && v.message) return (tag ? String(tag).replace(/_/g, ' ') + ': ' : '') + v.message;
     const rest = Object.entries(v)
       .filter(([k]) => !['code', 'decision', 'kind'].includes(k))
       .map(([k, x]) => fieldName(k) + ' ' + fieldValue(k, x));
@@ -608,7 +610,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
           const cls = frac >= 1 ? 'over' : (b.alerts_crossed && b.alerts_crossed.length ? 'warn' : '');
           return h('tr', { 'data-test': 'budget-row', 'data-team': b.team },
             h('td', null, teamLabel(b.team, b.project)),
-            h('td', { class: 'small hide-narrow' }, dt(b.period_start).slice(0, 10) + ' → ' + dt(b.period_end).slice(0, 10)),
+            h('td', { class: 'small hide-narrow', title: dt(b.period_start) + ' → ' + dt(b.period_end) }, periodLabel(b.period_start, b.period_end).replace(/^(week|month)$/, 'this $1'),
+              h('div', { class: 'muted' }, dt(b.period_start).slice(0, 10) + ' → ' + dt(b.period_end).slice(0, 10))),
             h('td', { class: 'num', 'data-test': 'budget-spent' }, usd(b.spent_usd)),
             h('td', { class: 'num', 'data-test': 'budget-amount' }, usd(amount)),
             h('td', null, bar(frac, { committed, cls, label: pct(frac) + ' spent' }),
@@ -1579,11 +1582,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
         h('td', { class: 'small ins' }, c.after === undefined ? '(removed)' : c.after))))));
       return changes;
     };
-    let diffTimer = null;
-    const changed = () => {
-      clearTimeout(diffTimer);
-      diffTimer = setTimeout(() => { if (live(seq)) drawDiff(); }, 120);
-    };
+    const changed = () => { if (live(seq)) drawDiff(); };
     form.addEventListener('input', changed);
     form.addEventListener('change', changed);
     drawDiff();
@@ -1608,7 +1607,6 @@ document.addEventListener('securitypolicyviolation', (e) => {
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
       if (!editable) return;
-      clearTimeout(diffTimer);
       drawDiff();
       const { body, errors } = draft();
       if (!markErrors(errors)) { refuse(errors); return; }
@@ -1637,6 +1635,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
       }
     });
     whatIfBtn.addEventListener('click', async () => {
+      drawDiff();
       const { body, errors } = draft();
       if (!markErrors(errors)) { refuse(errors); return; }
       status.textContent = '';
