@@ -623,9 +623,10 @@ impl Worker {
                 explanations.insert(*id, plan.clone());
             }
         }
-        if !commits.is_empty() {
+        if !commits.is_empty() || !launches.is_empty() {
             let placed = commits.iter().map(|c| (c.job, c.id)).collect();
-            self.explain_committed(app, plan.clone(), placed);
+            let launched = launches.iter().map(|l| (l.for_job, l.id.clone())).collect();
+            self.explain_committed(app, plan.clone(), placed, launched);
         }
         for c in commits {
             let Some(pending) = state.pending.remove(&c.job) else {
@@ -668,14 +669,21 @@ impl Worker {
         self.apply_holds(app, state, &plan.holds).await
     }
 
-    /// Stores the explanations of the jobs a committed plan placed, worked out in the
-    /// background (`Plan::explanations_of` plans the round again recording those jobs' lists,
-    /// about the cost of the decisions), so the scheduler loop does not wait for them. One
-    /// plan at a time, in commit order, so a busy broker spends at most about a core on them.
-    /// Until they are stored the plan stays in the mirror, so `GET
-    /// /api/v1/jobs/{id}/placement` answers from it either way. Lost in a crash before they
-    /// are stored: the job's placement then has no explanation to show.
-    fn explain_committed(&self, app: &App, plan: Arc<Plan>, placed: Vec<(JobId, AttemptId)>) {
+    /// Stores the explanations of the jobs a committed plan placed, and of those it launched a
+    /// node for (kept with the instance: the decisive round of a job that bursts, shown with
+    /// its placement later), worked out in the background (`Plan::explanations_of` plans the
+    /// round again recording those jobs' lists, about the cost of the decisions), so the
+    /// scheduler loop does not wait for them. One plan at a time, in commit order, so a busy
+    /// broker spends at most about a core on them. Until they are stored the plan stays in the
+    /// mirror, so `GET /api/v1/jobs/{id}/placement` answers from it either way. Lost in a crash
+    /// before they are stored: the job's placement then has no explanation to show.
+    fn explain_committed(
+        &self,
+        app: &App,
+        plan: Arc<Plan>,
+        placed: Vec<(JobId, AttemptId)>,
+        launched: Vec<(JobId, String)>,
+    ) {
         let store = app.store.clone();
         let mirror = self.explanations.clone();
         let turn = self.explaining.clone();
@@ -685,21 +693,31 @@ impl Worker {
             };
             let work = plan.clone();
             let jobs = placed.clone();
-            let rows = tokio::task::spawn_blocking(move || {
-                let ids: Vec<JobId> = jobs.iter().map(|(job, _)| *job).collect();
+            let (rows, launch_rows) = tokio::task::spawn_blocking(move || {
+                let mut ids: Vec<JobId> = jobs.iter().map(|(job, _)| *job).collect();
+                ids.extend(launched.iter().map(|(job, _)| *job));
                 let attempts: HashMap<JobId, AttemptId> = jobs.into_iter().collect();
-                work.explanations_of(&ids)
-                    .into_iter()
-                    .filter_map(|e| {
-                        let attempt = *attempts.get(&e.job)?;
-                        Some((e.job, attempt, serde_json::to_string(&e).ok()?))
-                    })
-                    .collect::<Vec<_>>()
+                let instances: HashMap<JobId, String> = launched.into_iter().collect();
+                let (mut rows, mut launch_rows) = (Vec::new(), Vec::new());
+                for e in work.explanations_of(&ids) {
+                    let Ok(json) = serde_json::to_string(&e) else {
+                        continue;
+                    };
+                    if let Some(attempt) = attempts.get(&e.job) {
+                        rows.push((e.job, *attempt, json));
+                    } else if let Some(instance) = instances.get(&e.job) {
+                        launch_rows.push((instance.clone(), json));
+                    }
+                }
+                (rows, launch_rows)
             })
             .await
             .unwrap_or_default();
             if let Err(e) = store.set_explanations(&rows).await {
                 tracing::warn!(error = %e, jobs = rows.len(), "storing placement explanations failed");
+            }
+            if let Err(e) = store.set_launch_explanations(&launch_rows).await {
+                tracing::warn!(error = %e, jobs = launch_rows.len(), "storing launch explanations failed");
             }
             let mut mirror = mirror.write().unwrap_or_else(|e| e.into_inner());
             for (job, _) in placed {

@@ -63,6 +63,37 @@ async fn capacity_error_fails_over_to_the_next_region_and_the_job_runs_there() {
         .await;
     assert_eq!(job["placement"]["node"], agent.node.as_str());
     assert_eq!(job["placement"]["pool"], DEAR);
+    // Its explanation keeps the round that decided to burst, not only the one that placed it
+    // on the new node: the launch, with the candidates it was weighed against.
+    let explained = eventually("the launch round in the explanation", 10, async || {
+        let r = app
+            .call(
+                Method::GET,
+                &format!("/api/v1/jobs/{id}/placement"),
+                Some(&dev),
+                None,
+            )
+            .await;
+        (r.status == reqwest::StatusCode::OK && r.body["launch_round"].is_object())
+            .then_some(r.body)
+    })
+    .await;
+    assert_eq!(explained["outcome"]["decision"], "assigned", "{explained}");
+    let launch = &explained["launch_round"];
+    assert_eq!(launch["outcome"]["decision"], "launch", "{explained}");
+    assert_eq!(launch["outcome"]["pool"], DEAR, "{explained}");
+    let kinds: Vec<&str> = launch["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"launch"), "{explained}");
+    // Times are dates, not epoch milliseconds.
+    assert!(
+        launch["planned_at"].as_str().unwrap().starts_with("20"),
+        "{explained}"
+    );
     let inst = instances(&app)
         .await
         .into_iter()

@@ -427,21 +427,51 @@ pub async fn placement(
     let planned = tokio::task::spawn_blocking(move || scheduler.explanation(job_id))
         .await
         .map_err(|e| ApiError::Internal(format!("explaining the placement failed: {e}")))?;
-    if let Some(e) = planned {
-        return Ok(Json(convert::explanation_view(&e)));
-    }
+    let round = match planned {
+        Some(e) => convert::explanation_view(&e),
+        None => stored_explanation(&app, &caller, &id, job.clone()).await?,
+    };
+    // A job that ran on (or waits for) a node launched for it: the round that chose to
+    // launch, which the rounds since (placed on the new node, waiting for it) do not show.
+    let node = job.placement.as_ref().map(|p| p.node.to_string());
+    let launch_round = match app
+        .store
+        .launch_explanation(job.id, node.as_deref())
+        .await?
+    {
+        Some(text) => {
+            let e: switchyard_core::Explanation = serde_json::from_str(&text).map_err(|e| {
+                ApiError::Internal(format!("stored launch explanation unreadable: {e}"))
+            })?;
+            Some(Box::new(convert::explanation_view(&e)))
+        }
+        None => None,
+    };
+    Ok(Json(PlacementExplanation {
+        launch_round,
+        ..round
+    }))
+}
+
+/// The explanation stored with a placed job (the scheduler's mirror no longer has it).
+async fn stored_explanation(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    job: JobRecord,
+) -> Result<PlacementExplanation, ApiError> {
     // The scheduler stores a placed job's explanation, then drops its plan from what was
     // asked above: a row read before the store and a plan dropped since both miss it, so a
     // placed job's row without one is read again.
     let job = match job.explanation_json {
-        None if job.placement.is_some() => visible_job(&app, &caller, &id).await?,
+        None if job.placement.is_some() => visible_job(app, caller, id).await?,
         _ => job,
     };
     match job.explanation_json.as_deref() {
         Some(text) => {
             let e: switchyard_core::Explanation = serde_json::from_str(text)
                 .map_err(|e| ApiError::Internal(format!("stored explanation unreadable: {e}")))?;
-            Ok(Json(convert::explanation_view(&e)))
+            Ok(convert::explanation_view(&e))
         }
         // Placed, but the broker stopped before it stored the explanation (it is worked out
         // just after the commit).

@@ -461,6 +461,15 @@ pub trait Store: Send + Sync + 'static {
     /// Records placement explanations worked out after their plan was committed: each for
     /// the attempt it explains, so a job placed again since keeps its newer one.
     async fn set_explanations(&self, rows: &[(JobId, AttemptId, String)]) -> StoreResult<()>;
+    /// Stores, per instance id, the explanation of the round that launched it for its job.
+    async fn set_launch_explanations(&self, rows: &[(String, String)]) -> StoreResult<()>;
+    /// The explanation of the round that launched an instance for `job`: the one whose node is
+    /// `node`, or without a node the newest one still live.
+    async fn launch_explanation(
+        &self,
+        job: JobId,
+        node: Option<&str>,
+    ) -> StoreResult<Option<String>>;
 
     // Scheduler.
     async fn pending_jobs(&self) -> StoreResult<Vec<JobRecord>>;

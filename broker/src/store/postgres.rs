@@ -1123,6 +1123,39 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn set_launch_explanations(&self, rows: &[(String, String)]) -> StoreResult<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for (instance, json) in rows {
+            sqlx::query("UPDATE instances SET launch_explanation_json = $1 WHERE id = $2")
+                .bind(json)
+                .bind(instance)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn launch_explanation(
+        &self,
+        job: JobId,
+        node: Option<&str>,
+    ) -> StoreResult<Option<String>> {
+        let text: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT launch_explanation_json FROM instances WHERE for_job = $1 \
+             AND (($2 IS NOT NULL AND node_id = $2) OR ($2 IS NULL AND state <> 'terminated')) \
+             ORDER BY requested_at DESC LIMIT 1",
+        )
+        .bind(job.0)
+        .bind(node)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(text.flatten())
+    }
+
     async fn pending_jobs(&self) -> StoreResult<Vec<JobRecord>> {
         let rows = sqlx::query(SQL_PENDING_JOBS).fetch_all(&self.pool).await?;
         rows.iter().map(job_from_row).collect()
