@@ -247,7 +247,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
     if (MONEY_KEYS.includes(k)) return typeof x === 'number' ? usdMicros(x) : String(x);
     if (TIME_KEYS.includes(k) || /_at$/.test(k)) return dt(x);
     if (typeof x === 'object') return JSON.stringify(x);
-    return String(x).replace(/_/g, ' ');
+    // Enumerations read as words; ids (pools, nodes) stay as they are.
+    return ['market', 'kind', 'decision', 'code'].includes(k) ? String(x).replace(/_/g, ' ') : String(x);
   }
 
   function fieldName(k) {
@@ -261,7 +262,11 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const tag = v.code || v.decision || v.kind;
     if (v.decision === 'hold' && v.reason) return 'held: ' + v.reason;
     // Newer brokers put the rejection in words themselves.
-    if (typeof v.message === 'string' && v.message) return (tag ? String(tag).replace(/_/g, ' ') + ': ' : '') + v.message;
+    if (typeof v.message === 'string' && v.message) {
+      const words = tag ? String(tag).replace(/_/g, ' ') : '';
+      const msg = v.message.replace(/\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)/g, (m) => dt(m));
+      return !words || msg.toLowerCase().startsWith(words.toLowerCase()) ? msg : words + ': ' + msg;
+    }
     const rest = Object.entries(v)
       .filter(([k]) => !['code', 'decision', 'kind'].includes(k))
       .map(([k, x]) => fieldName(k) + ' ' + fieldValue(k, x));
@@ -821,7 +826,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
         trs.push(tr);
       }
       holder.appendChild(table(['Pool', ['Provider', 'hide-narrow'], ['Region', 'hide-narrow'], 'GPU', ['$/GPU-h', 'num'], ['Spot', 'num hide-narrow'], ['Latency', 'num'],
-        ['Nodes', 'num hide-narrow'], ['GPUs free', 'num'], 'Utilisation', ['Price age', 'num'], can.editPools() ? '' : null].filter((x) => x !== null),
+        ['Nodes', 'hide-narrow'], ['GPUs free', 'num'], 'Utilisation', ['Price age', 'num'], can.editPools() ? '' : null].filter((x) => x !== null),
       trs, { test: 'pools-table', empty: 'No pool matches.', stack: true }));
     };
     [provSel, modelSel, sortSel].forEach((el) => el.addEventListener('change', draw));
