@@ -2002,7 +2002,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
     root.appendChild(h('div', { class: 'filters' }, h('label', { class: 'check' }, showEnded, 'Show terminated')));
     const holder = h('div', { class: 'panel' });
     root.appendChild(holder);
-    const data = await get('/api/v1/instances');
+    let data = await get('/api/v1/instances');
     if (!live(seq)) return;
     const emptyText = () => {
       if (!data.instances.length) return 'No cloud instances: the broker has not launched any. Bursts to the cloud show here; on-prem nodes are on the Catalogue page.';
@@ -2038,6 +2038,13 @@ document.addEventListener('securitypolicyviolation', (e) => {
     };
     showEnded.addEventListener('change', draw);
     draw();
+    // Uptime and cost to date of live instances move: read them again every 5 s.
+    every(5000, async () => {
+      const next = await settle(get('/api/v1/instances'));
+      if (!live(seq) || next instanceof ApiError) return;
+      data = next;
+      draw();
+    });
   }
 
   // ---- Nodes -------------------------------------------------------------------------------
