@@ -1678,7 +1678,10 @@ async fn a_what_if_under_a_tiny_hard_budget_holds_what_the_live_broker_held() {
             .as_array()
             .unwrap()
             .contains(&json!([id.clone(), "held"])),
-        "the draft holds the job the live broker held: {change}"
+        "the draft holds the job the live broker held: {change}; the what-if showed: {}",
+        b.text_of("[data-test=whatif-result]")
+            .await
+            .unwrap_or_default()
     );
     let held = b
         .text_of("[data-test=whatif-row][data-metric=held_jobs] [data-test=whatif-draft]")
