@@ -747,7 +747,8 @@ impl Scheduler for WithPolicies<'_> {
 }
 
 /// The recorded jobs as the simulator takes them, in submission order: submitted when they
-/// were, running as long as they ran (or as estimated, when they never finished). Jobs
+/// were, running as long as they ran (or as estimated, when they never finished), the planner
+/// told their users' estimates as it was live. Jobs
 /// cancelled before they ever started are left out. Each comes with its record.
 fn sim_jobs(jobs: &[JobRecord]) -> Vec<(SimJob, &JobRecord)> {
     let mut out: Vec<(SimJob, &JobRecord)> = jobs
@@ -761,6 +762,8 @@ fn sim_jobs(jobs: &[JobRecord]) -> Vec<(SimJob, &JobRecord)> {
             let sim = SimJob {
                 submit: j.submitted_at,
                 runtime_s: ran.unwrap_or_else(|| j.spec.runtime_s()),
+                // The planner decided (budgets, deadlines) on the user's estimate, live.
+                estimate_s: Some(j.spec.runtime_s()),
                 spec: j.spec.clone(),
                 measured: true,
             };
@@ -1041,7 +1044,7 @@ mod tests {
             &world,
             &jobs,
             std::slice::from_ref(&draft),
-            &[draft],
+            std::slice::from_ref(&draft),
             later(),
         )
         .expect("in time");
@@ -1056,6 +1059,24 @@ mod tests {
         );
         let report = what_if(&world, &jobs, &[], &[soft], later()).expect("in time");
         assert_eq!(report.draft.held_jobs, 0);
+    }
+
+    #[test]
+    fn a_draft_budget_judges_jobs_by_their_estimates_as_the_live_planner_did() {
+        // Estimated at an hour ($2), finished in a second: live, a one-cent hard budget held
+        // it on its estimate, and so does the replay.
+        let mut jobs = ran_jobs(1, 1);
+        jobs[0].spec.estimated_runtime_s = Some(3600);
+        let draft = record(
+            serde_json::from_value(serde_json::json!({
+                "budget": {"amount_usd": 0.01, "period": "month", "enforcement": "hard"}
+            }))
+            .expect("a budget"),
+        );
+        let report = what_if(&onprem_world(), &jobs, &[], &[draft], later()).expect("in time");
+        assert_eq!(report.current.held_jobs, 0, "{report:?}");
+        assert_eq!(report.draft.held_jobs, 1, "{report:?}");
+        assert_eq!(report.changes[0].change, "held");
     }
 
     #[test]

@@ -61,6 +61,7 @@ fn jobs(n: usize) -> Vec<SimJob> {
             SimJob {
                 submit: Timestamp::from_secs(t),
                 runtime_s,
+                estimate_s: None,
                 measured: true,
                 spec: JobSpec {
                     name: "j".into(),

@@ -66,6 +66,7 @@ fn job(submit_s: i64, runtime_s: i64, deadline_factor: Option<f64>, spot: SpotRu
     SimJob {
         submit: Timestamp::from_secs(submit_s),
         runtime_s,
+        estimate_s: None,
         spec: JobSpec {
             name: "j".into(),
             team: "t".into(),

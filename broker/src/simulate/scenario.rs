@@ -433,6 +433,7 @@ impl Scenario {
                 SimJob {
                     submit,
                     runtime_s,
+                    estimate_s: None,
                     spec: JobSpec {
                         name: format!("philly-{}", t.line),
                         team: "philly".into(),

@@ -62,8 +62,12 @@ pub struct World {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimJob {
     pub submit: Timestamp,
-    /// True runtime; the scheduler is told the same figure as the estimate.
+    /// True runtime.
     pub runtime_s: i64,
+    /// What the scheduler is told the job will run (less the progress it keeps when requeued):
+    /// `None` tells it the true runtime, as an oracle would; a replay of recorded jobs tells
+    /// it what their users estimated, as the live planner was told.
+    pub estimate_s: Option<i64>,
     pub spec: JobSpec,
     /// Counted in the metrics (false for warm-up jobs, which only load the world).
     pub measured: bool,

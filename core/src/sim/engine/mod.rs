@@ -356,7 +356,13 @@ impl<'w> Engine<'w> {
     fn enqueue(&mut self, j: usize) {
         self.jobs[j].state = JobState::Queued;
         let mut spec = self.jobs_in[j].spec.clone();
-        spec.estimated_runtime_s = Some(self.jobs[j].remaining_s);
+        let remaining = self.jobs[j].remaining_s;
+        let told = match self.jobs_in[j].estimate_s {
+            // The user's estimate, less the progress the job keeps.
+            Some(estimate) => (estimate - (self.jobs_in[j].runtime_s - remaining)).max(1),
+            None => remaining,
+        };
+        spec.estimated_runtime_s = Some(told);
         self.queued_at[j] = Some(self.snap.queued.len());
         self.queued_idx.push(j);
         self.snap.queued.push(QueuedJob {
