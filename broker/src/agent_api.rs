@@ -233,6 +233,7 @@ async fn heartbeat(
         }
     }
     let now = clock::now();
+    app.telemetry.record(&node.id, &hb.inventory, now);
     let mut stop = if node.healthy {
         // The common case: written with other heartbeats (heartbeats.rs), answered once that
         // write committed (the agent counts its lease from this answer), from one read.

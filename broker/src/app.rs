@@ -37,6 +37,8 @@ pub struct AppInner {
     pub leadership: Arc<Leadership>,
     /// Heartbeats of healthy nodes, written in batches (`heartbeats.rs`).
     pub heartbeats: crate::heartbeats::HeartbeatBuffer,
+    /// The GPU telemetry heartbeats carried in the last hour (`GET /nodes/{id}`).
+    pub telemetry: crate::heartbeats::TelemetryHistory,
 }
 
 /// Which provider launches which pool. Pools without one are never launched.
@@ -209,6 +211,7 @@ impl App {
             metrics: crate::metrics::Metrics::default(),
             leadership,
             heartbeats: Default::default(),
+            telemetry: Default::default(),
         }));
         let election = tokio::spawn(crate::leader::run(app.clone()));
         spawn_listener(&app, notify_pool);

@@ -22,6 +22,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 use switchyard_core::{NodeId, Timestamp};
+use switchyard_protocol::agent::Inventory;
+use switchyard_protocol::api::{GpuSample, NodeSample};
 use tokio::sync::{Notify, watch};
 
 use crate::app::App;
@@ -40,6 +42,74 @@ struct Pending {
     beats: HashMap<NodeId, (String, Timestamp)>,
     /// The generation the heartbeats now gathered will be written under.
     generation: u64,
+}
+
+/// Samples a node's GPU telemetry is kept for: the last hour, one per [`SAMPLE_EVERY_MS`].
+const HISTORY_MS: i64 = 3_600_000;
+const SAMPLE_EVERY_MS: i64 = 10_000;
+
+/// The GPU telemetry the heartbeats carried recently, per node, in memory (`GET /nodes/{id}`
+/// charts it): lost on restart and local to the replica that heard the heartbeats; the durable
+/// record of GPUs is the node's inventory in the store and the `/metrics` series scraped from
+/// it.
+#[derive(Default)]
+pub struct TelemetryHistory {
+    nodes: Mutex<HashMap<NodeId, std::collections::VecDeque<NodeSample>>>,
+}
+
+impl TelemetryHistory {
+    /// Keeps `inventory`'s GPU readings at `at`, at most one sample per 10 s per node and the
+    /// last hour of them. An inventory with no reading at all (GPUs that report nothing) adds
+    /// nothing.
+    pub fn record(&self, node: &NodeId, inventory: &Inventory, at: Timestamp) {
+        let gpus: Vec<GpuSample> = inventory
+            .gpus
+            .iter()
+            .map(|g| GpuSample {
+                index: g.index,
+                utilization_pct: g.utilization_pct,
+                memory_used_mb: g.memory_used_mb,
+                temperature_c: g.temperature_c,
+                power_w: g.power_w,
+            })
+            .collect();
+        let reported = gpus.iter().any(|g| {
+            g.utilization_pct.is_some()
+                || g.memory_used_mb.is_some()
+                || g.temperature_c.is_some()
+                || g.power_w.is_some()
+        });
+        if !reported {
+            return;
+        }
+        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let samples = nodes.entry(node.clone()).or_default();
+        if samples
+            .back()
+            .is_some_and(|last| at.millis() - last.at.timestamp_millis() < SAMPLE_EVERY_MS)
+        {
+            return;
+        }
+        samples.push_back(NodeSample {
+            at: crate::clock::to_datetime(at),
+            gpus,
+        });
+        while samples
+            .front()
+            .is_some_and(|first| at.millis() - first.at.timestamp_millis() > HISTORY_MS)
+        {
+            samples.pop_front();
+        }
+    }
+
+    /// The node's samples, oldest first.
+    pub fn of(&self, node: &NodeId) -> Vec<NodeSample> {
+        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        nodes
+            .get(node)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
 }
 
 /// Heartbeats heard and not yet written, and the newest generation written.

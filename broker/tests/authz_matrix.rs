@@ -49,6 +49,7 @@ const MATRIX: &[(&str, &str, [Want; 8])] = &[
     ("PATCH", "/api/v1/pools/{id}",                    [OK,    OK,    OK,    OK,    FORB,  FORB,  FORB,  FORB ]),
     ("GET",   "/api/v1/regions",                       [OK,    OK,    OK,    OK,    OK,    OK,    OK,    OK   ]),
     ("GET",   "/api/v1/instances",                     [OK,    OK,    OK,    OK,    OK,    OK,    FORB,  FORB ]),
+    ("GET",   "/api/v1/nodes/{id}",                    [OK,    OK,    OK,    OK,    OK,    OK,    OK,    OK   ]),
     ("POST",  "/api/v1/tokens",                        [NEW,   NEW,   FORB,  FORB,  FORB,  FORB,  FORB,  FORB ]),
     ("GET",   "/api/v1/tokens",                        [OK,    OK,    FORB,  FORB,  FORB,  FORB,  FORB,  FORB ]),
     ("DELETE","/api/v1/tokens/{id}",                   [OK,    OK,    FORB,  FORB,  FORB,  FORB,  FORB,  FORB ]),

@@ -404,3 +404,68 @@ async fn instances_by_state_and_provider_and_their_spend() {
     start(&app, &agent, &id).await;
     live_one(&instances(&app).await, "ready").await;
 }
+
+/// `GET /nodes/{id}`: a node's GPUs as of its last heartbeat, the attempts running on it (a
+/// developer sees another team's job without its name), and the telemetry its heartbeats
+/// carried, one sample per 10 s at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_page_shows_its_gpus_its_work_and_their_telemetry() {
+    let app = TestApp::spawn().await;
+    let ml = app.token("developer", Some("ml")).await;
+    let web = app.token("developer", Some("web")).await;
+    let agent = app.agent(2).await;
+    let beat = async |util: u32| {
+        let gpus: Vec<_> = (0..2)
+            .map(|i| {
+                json!({"index": i, "uuid": format!("GPU-{i}"), "model": "H100",
+                       "memory_mb": 81920, "memory_used_mb": 2048,
+                       "utilization_pct": util + i, "temperature_c": 55, "power_w": 250.0})
+            })
+            .collect();
+        let hb = app
+            .call(
+                Method::POST,
+                "/agent/v1/heartbeat",
+                Some(&agent.token),
+                Some(
+                    json!({"inventory": {"gpus": gpus, "cpus": 8, "memory_mb": 65536,
+                                          "simulated": false}, "running": []}),
+                ),
+            )
+            .await;
+        assert_eq!(hb.status, StatusCode::OK, "{}", hb.body);
+    };
+    beat(30).await;
+    // Within 10 s of the first: not a second sample.
+    beat(90).await;
+    let job = id_of(&app.submit(&ml, hour_job("ml", 1)).await);
+    start(&app, &agent, &job).await;
+
+    let path = format!("/api/v1/nodes/{}", agent.node);
+    let mine = app.call(Method::GET, &path, Some(&ml), None).await;
+    assert_eq!(mine.status, StatusCode::OK, "{}", mine.body);
+    let n = &mine.body;
+    assert_eq!(n["id"], agent.node.as_str());
+    assert_eq!(n["gpus"].as_array().unwrap().len(), 2, "{n}");
+    // The last heartbeat's readings.
+    assert_eq!(n["gpus"][1]["utilization_pct"], 91, "{n}");
+    assert_eq!(n["gpus"][0]["memory_total_mb"], 81920, "{n}");
+    let history = n["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{n}");
+    assert_eq!(history[0]["gpus"][0]["utilization_pct"], 30, "{n}");
+    assert_eq!(n["running"][0]["job_id"], job.as_str(), "{n}");
+    assert_eq!(n["running"][0]["name"], "h", "{n}");
+    assert_eq!(n["running"][0]["gpus"].as_array().unwrap().len(), 1, "{n}");
+    // Another team's developer sees the work, not its name.
+    let theirs = app.call(Method::GET, &path, Some(&web), None).await;
+    assert!(
+        theirs.body["running"][0]["name"].is_null(),
+        "{}",
+        theirs.body
+    );
+    assert_eq!(theirs.body["running"][0]["team"], "ml");
+    let none = app
+        .call(Method::GET, "/api/v1/nodes/no-such-node", Some(&ml), None)
+        .await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND);
+}

@@ -7,6 +7,7 @@ pub mod budgets;
 pub mod catalogue;
 pub mod instances;
 pub mod jobs;
+pub mod nodes;
 mod openapi;
 pub mod policies;
 pub mod spend;
@@ -65,6 +66,7 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(catalogue::pools))
         .routes(routes!(catalogue::regions))
         .routes(routes!(instances::list))
+        .routes(routes!(nodes::get))
         .routes(routes!(tokens::create, tokens::list))
         .routes(routes!(tokens::revoke))
         .routes(routes!(tokens::list_agent))
