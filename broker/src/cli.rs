@@ -1,6 +1,11 @@
-//! The `switchyard` client commands: submit, jobs, job, logs, cancel, pools, token create. They
-//! talk to a broker over REST with a bearer token from `--token`, `SWITCHYARD_TOKEN`, or the
+//! The `switchyard` client commands: submit, jobs, job, explain, logs, cancel, pools, regions,
+//! instances, budgets, audit, tokens, policies (get, set, list, what-if) and spend. They talk
+//! to a broker over REST with a bearer token from `--token`, `SWITCHYARD_TOKEN`, or the
 //! `admin.token` file that `switchyard up` writes.
+//!
+//! Each prints for people by default (aligned tables, money as [`money`], times with how long
+//! ago they were) and, with `--json`, what the broker answered, as JSON (`logs`: one entry a
+//! line). `logs --follow` exits with the job's exit code ([`exit_code_of`]).
 //!
 //! What they print comes from other people (job names, teams, output): every field is passed
 //! through [`printable`], which escapes control characters and bidirectional overrides, so a
@@ -10,14 +15,17 @@
 //! (`switchyard jobs | head -1`); `main` ends quietly on that error ([`is_broken_pipe`]).
 
 use anyhow::{Context, bail};
+use chrono::{DateTime, Utc};
 use reqwest::{Method, StatusCode};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use switchyard_protocol::api::{
-    AuditList, BudgetList, CreateToken, ErrorBody, InstanceList, JobList, JobSpec, JobView,
-    LogPage, LogStream, PolicyBody, PolicyView, PoolList, Role, TokenCreated, TokenList, TokenView,
+    AuditList, BudgetList, CreateToken, ErrorBody, InstanceList, JobList, JobSpec, JobState,
+    JobView, LogPage, LogStream, PolicyBody, PolicyList, PolicyView, PoolList, QueueDelay,
+    RegionList, Role, TokenCreated, TokenList, TokenView,
 };
 
 /// `println!` that returns the write error (a closed pipe) instead of panicking.
@@ -26,6 +34,13 @@ macro_rules! out {
         use std::io::Write as _;
         writeln!(std::io::stdout().lock(), $($arg)*)?
     }};
+}
+
+/// A line for the reader on stderr (what a command is waiting for); a closed stderr is no
+/// reason to stop.
+fn note(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "[switchyard] {line}");
 }
 
 /// Whether `e` is a write to a closed pipe: the reader went away (`| head`), which is no
@@ -77,7 +92,15 @@ fn needs_escape(c: char) -> bool {
 /// Pretty JSON for the terminal: JSON already escapes C0 controls; the rest (DEL, C1 and the
 /// bidirectional overrides) are written as `\uXXXX` escapes, which read back as the same JSON.
 fn json_text<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
-    let text = serde_json::to_string_pretty(value)?;
+    Ok(terminal_safe_json(&serde_json::to_string_pretty(value)?))
+}
+
+/// [`json_text`] on one line (`logs --json`: one entry a line).
+fn json_line<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
+    Ok(terminal_safe_json(&serde_json::to_string(value)?))
+}
+
+fn terminal_safe_json(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         // Outside strings only JSON's own whitespace can occur, and inside them serde_json
@@ -88,13 +111,29 @@ fn json_text<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
             out.push(c);
         }
     }
-    Ok(out)
+    out
+}
+
+/// `s` as one percent-encoded path segment (an id typed as `../tokens` stays one segment).
+fn seg(s: &str) -> String {
+    let dots = matches!(s, "." | "..");
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~') || (b == b'.' && !dots) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 pub struct Client {
     http: reqwest::Client,
     base: String,
     token: String,
+    /// `--json`: the commands print the broker's JSON instead of text for people.
+    json: bool,
 }
 
 /// Finds the token: the flag or variable first, then `{data_dir}/admin.token`.
@@ -133,6 +172,7 @@ impl Client {
             http,
             base: url.trim_end_matches('/').to_string(),
             token,
+            json: false,
         })
     }
 
@@ -226,6 +266,41 @@ fn reason(s: StatusCode) -> &'static str {
     s.canonical_reason().unwrap_or("error")
 }
 
+impl Client {
+    /// This client with its commands printing JSON (`--json`) or text for people.
+    pub fn with_json(mut self, json: bool) -> Client {
+        self.json = json;
+        self
+    }
+
+    /// The broker's URL, as the client calls it.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// `GET /api/v1{path}`, read as `T`.
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        self.call(Method::GET, path, None).await
+    }
+
+    /// One request whose answer is printed as it came with `--json` (fields this client does
+    /// not know included), and otherwise read as `T` for the caller to print (`Some`).
+    async fn fetch<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Option<T>> {
+        let value: Value = self.call(method, path, body).await?;
+        if printed_as_json(self.json, &value)? {
+            return Ok(None);
+        }
+        serde_json::from_value(value)
+            .map(Some)
+            .with_context(|| format!("unexpected response from {}/api/v1{path}", self.base))
+    }
+}
+
 /// Reads a `.toml` or `.json` document as JSON.
 fn read_doc(path: &Path) -> anyhow::Result<Value> {
     let text =
@@ -249,72 +324,60 @@ pub fn read_spec(path: &Path) -> anyhow::Result<Value> {
     Ok(value)
 }
 
-pub async fn submit(c: &Client, file: &Path) -> anyhow::Result<()> {
-    let spec = read_spec(file)?;
-    // A fresh key per submit; its retries reuse it, so a lost answer never makes a second job.
-    let key = uuid::Uuid::now_v7().to_string();
-    let job: JobView = c
-        .call_with(Method::POST, "/jobs", Some(&spec), Some(&key))
-        .await?;
-    out!("{}", job.id);
-    Ok(())
+/// An aligned table: each column as wide as its widest cell, two spaces between columns.
+/// Columns whose name starts with `>` are right-aligned (numbers, money); the `>` is not shown.
+struct Table {
+    head: Vec<String>,
+    right: Vec<bool>,
+    rows: Vec<Vec<String>>,
 }
 
-/// The filters of `switchyard jobs`.
-pub struct JobFilters {
-    pub state: Option<String>,
-    pub team: Option<String>,
-    pub priority: Option<String>,
-    pub name: Option<String>,
-    pub limit: u32,
-}
-
-pub async fn jobs(c: &Client, filters: JobFilters, json: bool) -> anyhow::Result<()> {
-    let mut query = vec![("limit", filters.limit.to_string())];
-    for (key, value) in [
-        ("state", filters.state),
-        ("team", filters.team),
-        ("priority", filters.priority),
-        ("name", filters.name),
-    ] {
-        if let Some(v) = value {
-            query.push((key, v));
+impl Table {
+    fn new(columns: &[&str]) -> Table {
+        Table {
+            head: columns
+                .iter()
+                .map(|c| c.trim_start_matches('>').to_string())
+                .collect(),
+            right: columns.iter().map(|c| c.starts_with('>')).collect(),
+            rows: Vec::new(),
         }
     }
-    let list: JobList = c
-        .call(
-            Method::GET,
-            &format!("/jobs?{}", encode_query(&query)),
-            None,
-        )
-        .await?;
-    if printed_as_json(json, &list)? {
-        return Ok(());
+
+    /// One row; its cells are shown as they are (pass them through [`printable`] first).
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
     }
-    out!(
-        "{:<36}  {:<20}  {:<12}  {:<10}  {:>4}  {:<28}",
-        "ID",
-        "NAME",
-        "TEAM",
-        "STATE",
-        "EXIT",
-        "PLACEMENT"
-    );
-    for j in list.jobs {
-        out!(
-            "{:<36}  {:<20}  {:<12}  {:<10}  {:>4}  {:<28}",
-            j.id,
-            truncate(&printable(&j.name), 20),
-            truncate(&printable(&j.team), 12),
-            state_name(&j),
-            j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
-            j.placement
-                .as_ref()
-                .map(|p| format!("{} {:?}", printable(&p.node), p.gpus))
-                .unwrap_or_default()
-        );
+
+    fn print(&self) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        let width = |s: &str| s.chars().count();
+        let mut widths: Vec<usize> = self.head.iter().map(|h| width(h)).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(widths.len()) {
+                widths[i] = widths[i].max(width(cell));
+            }
+        }
+        let mut stdout = std::io::stdout().lock();
+        for row in std::iter::once(&self.head).chain(&self.rows) {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate().take(widths.len()) {
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                let pad = " ".repeat(widths[i] - width(cell));
+                if self.right[i] {
+                    line.push_str(&pad);
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    line.push_str(&pad);
+                }
+            }
+            writeln!(stdout, "{}", line.trim_end())?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// `k=v&…` with each value percent-encoded (a job name may hold spaces or `&`).
@@ -327,9 +390,14 @@ fn encode_query(pairs: &[(&str, String)]) -> String {
 /// USD as money: cents, and a fraction of a cent where it matters (`$0.0145`, `$5.03`,
 /// `-$1,204.50`).
 pub fn money(usd: f64) -> String {
+    if !usd.is_finite() {
+        return "-".into();
+    }
     let sign = if usd < 0.0 { "-" } else { "" };
     let abs = usd.abs();
-    let cents_only = abs >= 1.0 || ((abs * 100.0).round() - abs * 100.0).abs() < 1e-9;
+    // In hundredths of a cent: below a dollar, a fraction of a cent is shown when there is one.
+    let hundredths = (abs * 10_000.0).round();
+    let cents_only = abs >= 1.0 || hundredths % 100.0 == 0.0;
     let text = if cents_only {
         format!("{abs:.2}")
     } else {
@@ -343,315 +411,1184 @@ pub fn money(usd: f64) -> String {
         }
         grouped.push(ch);
     }
+    let sign = if grouped.chars().all(|c| c == '0' || c == ',') && frac.chars().all(|c| c == '0') {
+        ""
+    } else {
+        sign
+    };
     format!("{sign}${grouped}.{frac}")
 }
 
+/// A length of time for people: `0s`, `0.4s`, `45s`, `3m 05s`, `2h 03m`, `3d 04h`.
+pub fn span(secs: f64) -> String {
+    if !secs.is_finite() {
+        return "-".into();
+    }
+    let secs = secs.max(0.0);
+    if secs < 10.0 {
+        let text = format!("{secs:.1}");
+        return format!("{}s", text.trim_end_matches(".0"));
+    }
+    // Saturates for absurd spans; rounded to the second shown.
+    let s = secs.round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3_600 => format!("{}m {:02}s", s / 60, s % 60),
+        3_600..86_400 => format!("{}h {:02}m", s / 3_600, s % 3_600 / 60),
+        _ => format!("{}d {:02}h", s / 86_400, s % 86_400 / 3_600),
+    }
+}
+
+/// How long ago `t` was (or how far off it is): `just now`, `42 s ago`, `3 min ago`, `5 h ago`,
+/// `2 days ago`, `in 4 min`.
+pub fn ago(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let d = (now - t).num_seconds();
+    let n = d.unsigned_abs();
+    let amount = match n {
+        0..5 => return "just now".into(),
+        5..60 => format!("{n} s"),
+        60..3_600 => format!("{} min", n / 60),
+        3_600..86_400 => format!("{} h", n / 3_600),
+        86_400..172_800 => "1 day".into(),
+        _ => format!("{} days", n / 86_400),
+    };
+    if d >= 0 {
+        format!("{amount} ago")
+    } else {
+        format!("in {amount}")
+    }
+}
+
+/// A time for people: `2025-12-05 08:26:01 UTC (3 min ago)`.
+fn when(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    format!("{} ({})", t.format("%Y-%m-%d %H:%M:%S UTC"), ago(t, now))
+}
+
+/// Seconds from `a` to `b`.
+fn secs_between(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
+    (b - a).num_milliseconds() as f64 / 1000.0
+}
+
+/// A time in the broker's JSON: RFC 3339 text, or milliseconds since the epoch.
+fn time_of(v: &Value) -> Option<DateTime<Utc>> {
+    match v {
+        Value::String(s) => DateTime::parse_from_rfc3339(s)
+            .ok()
+            .map(|t| t.with_timezone(&Utc)),
+        Value::Number(n) => DateTime::from_timestamp_millis(n.as_i64()?),
+        _ => None,
+    }
+}
+
 fn state_name(j: &JobView) -> String {
-    serde_json::to_value(j.state)
+    enum_name(&j.state)
+}
+
+/// The wire name of a serde enum value (`on_demand`, `running`).
+fn enum_name<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default()
+}
+
+fn finished(state: JobState) -> bool {
+    matches!(
+        state,
+        JobState::Succeeded | JobState::Failed | JobState::Cancelled
+    )
+}
+
+/// The state as people should read it: a live job whose cancel is pending says so.
+fn shown_state(j: &JobView) -> String {
+    if j.cancel_requested && !finished(j.state) {
+        "cancel requested".into()
+    } else {
+        state_name(j)
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {
-        let mut t: String = s.chars().take(n - 1).collect();
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
         t.push('…');
         t
     }
 }
 
-pub async fn job(c: &Client, id: &str) -> anyhow::Result<()> {
-    let job: Value = c.call(Method::GET, &format!("/jobs/{id}"), None).await?;
-    out!("{}", json_text(&job)?);
+/// An argv as a shell would take it back: words with spaces or quotes in single quotes.
+fn command_line(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            let plain = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_alphanumeric() || "-_./=:,@%+".contains(c));
+            if plain {
+                printable(a).into_owned()
+            } else {
+                format!("'{}'", printable(&a.replace('\'', "'\\''")))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Where a job runs: `pool, node N, GPUs 0,1 (spot)`.
+fn placement_text(j: &JobView) -> Option<String> {
+    j.placement.as_ref().map(|p| {
+        let gpus: Vec<String> = p.gpus.iter().map(u32::to_string).collect();
+        format!(
+            "{}, node {}, GPUs {} ({})",
+            printable(&p.pool),
+            printable(&p.node),
+            gpus.join(","),
+            printable(&p.market)
+        )
+    })
+}
+
+/// A placement outcome (`{"decision": "wait", …}`) in words.
+fn outcome_words(o: &Value, now: DateTime<Utc>) -> String {
+    let text = |k: &str| printable(o[k].as_str().unwrap_or("?")).into_owned();
+    match o["decision"].as_str() {
+        Some("assigned") => format!("assigned to node {} in {}", text("node"), text("pool")),
+        Some("wait") => match time_of(&o["expected_start"]) {
+            Some(t) => format!(
+                "waiting for capacity in {} that is cheaper than launching and still meets \
+                 the deadline; expected to start {}",
+                text("pool"),
+                when(t, now)
+            ),
+            None => format!("waiting for capacity in {}", text("pool")),
+        },
+        Some("launch") => format!(
+            "launching a {} node in {} for it",
+            text("market").replace('_', "-"),
+            text("pool")
+        ),
+        Some("hold") => format!("held: {}", text("reason")),
+        Some(other) => printable(other).into_owned(),
+        None => printable(&o.to_string()).into_owned(),
+    }
+}
+
+/// What of an outcome matters for saying it again: not the times, which move every round,
+/// nor the amounts in a reason (`needs $1.15, $0.01 left`), which move with prices.
+fn outcome_key(o: &Value) -> String {
+    ["decision", "pool", "node", "market", "reason"]
+        .iter()
+        .map(|k| {
+            o[*k]
+                .as_str()
+                .unwrap_or_default()
+                .chars()
+                .filter(|c| !c.is_ascii_digit())
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// The outcome of a job's placement (`{"decision": …}`), when it has been planned.
+async fn placement_outcome(c: &Client, id: &str) -> Option<Value> {
+    c.get::<Value>(&format!("/jobs/{}/placement", seg(id)))
+        .await
+        .ok()
+        .map(|p| p["outcome"].clone())
+        .filter(Value::is_object)
+}
+
+/// `switchyard submit FILE`: prints the new job's id (with `--json`, the job).
+pub async fn submit(c: &Client, file: &Path) -> anyhow::Result<()> {
+    let spec = read_spec(file)?;
+    // A fresh key per submit; its retries reuse it, so a lost answer never makes a second job.
+    let key = uuid::Uuid::now_v7().to_string();
+    let job: Value = c
+        .call_with(Method::POST, "/jobs", Some(&spec), Some(&key))
+        .await?;
+    if printed_as_json(c.json, &job)? {
+        return Ok(());
+    }
+    let job: JobView = serde_json::from_value(job).context("unexpected response to a submit")?;
+    out!("{}", job.id);
     Ok(())
 }
 
-pub async fn logs(c: &Client, id: &str, follow: bool) -> anyhow::Result<()> {
+/// The filters of `switchyard jobs`.
+pub struct JobFilters {
+    pub state: Option<String>,
+    pub team: Option<String>,
+    pub priority: Option<String>,
+    pub name: Option<String>,
+    pub limit: u32,
+}
+
+/// `switchyard jobs`: newest first, one line each.
+pub async fn jobs(c: &Client, filters: JobFilters) -> anyhow::Result<()> {
+    let mut query = vec![("limit", filters.limit.to_string())];
+    for (key, value) in [
+        ("state", filters.state),
+        ("team", filters.team),
+        ("priority", filters.priority),
+        ("name", filters.name),
+    ] {
+        if let Some(v) = value {
+            query.push((key, v));
+        }
+    }
+    let path = format!("/jobs?{}", encode_query(&query));
+    let Some(list) = c.fetch::<JobList>(Method::GET, &path, None).await? else {
+        return Ok(());
+    };
+    let now = Utc::now();
+    let mut table = Table::new(&[
+        "ID",
+        "NAME",
+        "TEAM",
+        "STATE",
+        "PRIORITY",
+        "SUBMITTED",
+        ">COST",
+        ">EXIT",
+        "WHERE / WHY",
+    ]);
+    for j in &list.jobs {
+        let where_why = placement_text(j)
+            .or_else(|| j.reason.as_deref().map(|r| truncate(&printable(r), 60)))
+            .unwrap_or_default();
+        table.row(vec![
+            j.id.to_string(),
+            truncate(&printable(&j.name), 32),
+            truncate(&printable(&j.team), 16),
+            shown_state(j),
+            enum_name(&j.priority),
+            ago(j.submitted_at, now),
+            money(j.cost_usd),
+            j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+            where_why,
+        ]);
+    }
+    table.print()
+}
+
+/// `switchyard job ID`: the id and state first, then the rest as aligned fields.
+pub async fn job(c: &Client, id: &str) -> anyhow::Result<()> {
+    let path = format!("/jobs/{}", seg(id));
+    let Some(j) = c.fetch::<JobView>(Method::GET, &path, None).await? else {
+        return Ok(());
+    };
+    // Why a live job is not running yet, from its placement (best effort: a job not planned
+    // yet has none).
+    let waiting = if matches!(
+        j.state,
+        JobState::Queued | JobState::Provisioning | JobState::Held
+    ) {
+        placement_outcome(c, id)
+            .await
+            .map(|o| outcome_words(&o, Utc::now()))
+    } else {
+        None
+    };
+    let now = Utc::now();
+    let mut fields: Vec<(&str, String)> = vec![
+        ("id", j.id.to_string()),
+        ("state", {
+            let mut s = state_name(&j);
+            if j.cancel_requested && !finished(j.state) {
+                s.push_str(" (cancel requested)");
+            }
+            s
+        }),
+    ];
+    if let Some(w) = waiting {
+        fields.push(("why", w));
+    }
+    if let Some(r) = &j.reason {
+        fields.push(("reason", printable(r).into_owned()));
+    }
+    fields.push(("name", printable(&j.name).into_owned()));
+    fields.push((
+        "team",
+        match &j.project {
+            Some(p) => format!("{} (project {})", printable(&j.team), printable(p)),
+            None => printable(&j.team).into_owned(),
+        },
+    ));
+    fields.push((
+        "priority",
+        format!("{} ({})", enum_name(&j.priority), enum_name(&j.kind)),
+    ));
+    fields.push(("submitted", when(j.submitted_at, now)));
+    let queued_until = j.started_at.or(j.finished_at).unwrap_or(now);
+    let queued = span(secs_between(j.submitted_at, queued_until));
+    fields.push((
+        "queued",
+        if j.started_at.is_none() && j.finished_at.is_none() {
+            format!("{queued} so far")
+        } else {
+            queued
+        },
+    ));
+    if let Some(started) = j.started_at {
+        fields.push(("started", when(started, now)));
+        let ran = span(secs_between(started, j.finished_at.unwrap_or(now)));
+        fields.push((
+            "ran",
+            if j.finished_at.is_some() {
+                ran
+            } else {
+                format!("{ran} so far")
+            },
+        ));
+    }
+    if let Some(f) = j.finished_at {
+        fields.push(("finished", when(f, now)));
+    }
+    if let Some(code) = j.exit_code {
+        fields.push(("exit code", code.to_string()));
+    }
+    if let Some(p) = placement_text(&j) {
+        fields.push(("placement", p));
+    }
+    if j.attempts > 1 {
+        fields.push(("attempts", j.attempts.to_string()));
+    }
+    fields.push((
+        "cost",
+        if finished(j.state) {
+            money(j.cost_usd)
+        } else {
+            format!("{} so far", money(j.cost_usd))
+        },
+    ));
+    let r = &j.spec.resources;
+    let mut resources = format!("{} GPU{}", r.gpus, if r.gpus == 1 { "" } else { "s" });
+    if !r.gpu_models.is_empty() {
+        let models: Vec<String> = r
+            .gpu_models
+            .iter()
+            .map(|m| printable(m).into_owned())
+            .collect();
+        resources.push_str(&format!(" ({})", models.join(" or ")));
+    }
+    if let Some(n) = r.nodes.filter(|n| *n > 1) {
+        resources.push_str(&format!(" on each of {n} nodes"));
+    }
+    fields.push(("resources", resources));
+    if let Some(d) = j.spec.deadline {
+        fields.push(("deadline", when(d, now)));
+    }
+    if let Some(s) = j.spec.estimated_runtime_s {
+        fields.push(("estimate", span(s as f64)));
+    }
+    if let Some(m) = j.spec.max_price_per_hour {
+        fields.push(("max price", format!("{}/hour", money(m))));
+    }
+    fields.push(("command", command_line(&j.spec.command)));
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in fields {
+        out!("{k:<width$}  {v}");
+    }
+    Ok(())
+}
+
+/// `switchyard explain ID`: the placement decision and the candidates it weighed (and, for a
+/// job that ran on a node launched for it, the round that chose to launch).
+pub async fn explain(c: &Client, id: &str) -> anyhow::Result<()> {
+    let path = format!("/jobs/{}/placement", seg(id));
+    let Some(e) = c.fetch::<Value>(Method::GET, &path, None).await? else {
+        return Ok(());
+    };
+    let now = Utc::now();
+    print_round(&e, now)?;
+    if let Some(launch) = e.get("launch_round").filter(|l| l.is_object()) {
+        out!("");
+        out!("the round that chose to launch a node:");
+        print_round(launch, now)?;
+    }
+    Ok(())
+}
+
+fn print_round(e: &Value, now: DateTime<Utc>) -> anyhow::Result<()> {
+    out!("decision  {}", outcome_words(&e["outcome"], now));
+    if let Some(t) = time_of(&e["planned_at"]) {
+        out!("planned   {}", when(t, now));
+    }
+    let candidates = e["candidates"].as_array().cloned().unwrap_or_default();
+    if candidates.is_empty() {
+        return Ok(());
+    }
+    out!("");
+    let mut table = Table::new(&[
+        "POOL", "KIND", "MARKET", "START", "FINISH", ">COST", "OUTCOME",
+    ]);
+    let at = |v: &Value| {
+        time_of(v)
+            .map(|t| format!("{} ({})", t.format("%m-%d %H:%M:%S"), ago(t, now)))
+            .unwrap_or_default()
+    };
+    let text = |v: &Value| printable(v.as_str().unwrap_or_default()).into_owned();
+    for cand in &candidates {
+        let pool = match cand["node"].as_str() {
+            Some(n) => format!("{} ({})", text(&cand["pool"]), printable(n)),
+            None => text(&cand["pool"]),
+        };
+        table.row(vec![
+            pool,
+            text(&cand["kind"]),
+            text(&cand["market"]),
+            at(&cand["start"]),
+            at(&cand["finish"]),
+            cand["cost_usd"].as_f64().map(money).unwrap_or_default(),
+            match &cand["rejected"] {
+                Value::Null => "chosen".into(),
+                r => rejection_words(r),
+            },
+        ]);
+    }
+    table.print()
+}
+
+/// A rejection (`"contended_capacity"`, `{"over_budget": {…}}`) as one line.
+fn rejection_words(r: &Value) -> String {
+    if let Some(message) = r.get("message").and_then(Value::as_str) {
+        return printable(message).into_owned();
+    }
+    if let Some(code) = r.get("code").and_then(Value::as_str) {
+        return printable(&code.replace('_', " ")).into_owned();
+    }
+    let words = match r {
+        Value::String(s) => s.replace('_', " "),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::Object(fields) if !fields.is_empty() => format!(
+                    "{}: {}",
+                    k.replace('_', " "),
+                    fields
+                        .iter()
+                        .map(|(f, x)| format!(
+                            "{} {}",
+                            f.replace('_', " "),
+                            match x {
+                                Value::String(s) => s.clone(),
+                                other => other.to_string(),
+                            }
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                Value::Null => k.replace('_', " "),
+                other => format!("{}: {other}", k.replace('_', " ")),
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        other => other.to_string(),
+    };
+    printable(&words).into_owned()
+}
+
+/// The exit status `logs --follow` ends with when the job was cancelled (as for a command
+/// interrupted with Ctrl-C).
+pub const EXIT_CANCELLED: u8 = 130;
+
+/// The exit status for a finished job: 0 when it succeeded, its own exit code when it failed
+/// with one (1 when it has none, or one a process cannot exit with), [`EXIT_CANCELLED`] when
+/// it was cancelled.
+pub fn exit_code_of(j: &JobView) -> u8 {
+    match j.state {
+        JobState::Failed => j
+            .exit_code
+            .and_then(|c| u8::try_from(c).ok())
+            .filter(|c| *c != 0)
+            .unwrap_or(1),
+        JobState::Cancelled => EXIT_CANCELLED,
+        _ => 0,
+    }
+}
+
+/// `switchyard logs ID [--follow]`: the job's output, stdout to stdout, stderr and the agent's
+/// notes to stderr (`--json`: every entry as one JSON line on stdout). Following, it says on
+/// stderr what the job waits for (from its state and placement), once per change, and returns
+/// the job's exit status ([`exit_code_of`]) when it has finished.
+pub async fn logs(c: &Client, id: &str, follow: bool) -> anyhow::Result<u8> {
     use std::io::Write;
     let mut after = 0;
+    let mut said: Option<String> = None;
+    let mut checked: Option<Instant> = None;
     loop {
         let page: LogPage = c
-            .call(Method::GET, &format!("/jobs/{id}/logs?after={after}"), None)
+            .get(&format!("/jobs/{}/logs?after={after}", seg(id)))
             .await?;
-        let mut out = std::io::stdout().lock();
-        let mut err = std::io::stderr().lock();
-        for e in &page.entries {
-            match e.stream {
-                LogStream::Stdout => out.write_all(e.text.as_bytes())?,
-                LogStream::Stderr => err.write_all(e.text.as_bytes())?,
-                LogStream::System => {
-                    writeln!(err, "[switchyard] {}", printable(e.text.trim_end()))?
+        {
+            let mut out = std::io::stdout().lock();
+            let mut err = std::io::stderr().lock();
+            for e in &page.entries {
+                if c.json {
+                    writeln!(out, "{}", json_line(e)?)?;
+                    continue;
+                }
+                match e.stream {
+                    LogStream::Stdout => out.write_all(e.text.as_bytes())?,
+                    // The job's own stderr, and the agent's notes: a closed stderr does not
+                    // stop the output.
+                    LogStream::Stderr => {
+                        let _ = err.write_all(e.text.as_bytes());
+                    }
+                    LogStream::System => {
+                        let _ = writeln!(err, "[switchyard] {}", printable(e.text.trim_end()));
+                    }
                 }
             }
+            out.flush()?;
         }
-        out.flush()?;
         after = page.next_after;
-        if !follow || page.complete {
-            return Ok(());
+        if !follow {
+            return Ok(0);
+        }
+        if page.complete {
+            let j: JobView = c.get(&format!("/jobs/{}", seg(id))).await?;
+            note(&match (j.state, j.exit_code) {
+                (JobState::Failed, Some(code)) => format!("failed with exit code {code}"),
+                (JobState::Failed, None) => format!(
+                    "failed: {}",
+                    printable(j.reason.as_deref().unwrap_or("no exit code"))
+                ),
+                _ => state_name(&j),
+            });
+            return Ok(exit_code_of(&j));
         }
         if page.entries.is_empty() {
+            if checked.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                say_what_it_waits_for(c, id, &mut said).await?;
+                checked = Some(Instant::now());
+            }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 }
 
-pub async fn cancel(c: &Client, id: &str) -> anyhow::Result<()> {
-    let job: JobView = c
-        .call(Method::POST, &format!("/jobs/{id}/cancel"), None)
-        .await?;
-    out!("{} {}", job.id, state_name(&job));
+/// One line on stderr on what a followed job is doing, when that changed since the last
+/// (`said`): queued (and why, from its placement), held (and why), provisioning, placed,
+/// running.
+async fn say_what_it_waits_for(
+    c: &Client,
+    id: &str,
+    said: &mut Option<String>,
+) -> anyhow::Result<()> {
+    let j: JobView = c.get(&format!("/jobs/{}", seg(id))).await?;
+    let state = state_name(&j);
+    let now = Utc::now();
+    let (key, line) = match j.state {
+        JobState::Queued | JobState::Provisioning => match placement_outcome(c, id).await {
+            Some(o) => (
+                format!("{state}|{}", outcome_key(&o)),
+                format!("{state}: {}", outcome_words(&o, now)),
+            ),
+            None => (state.clone(), format!("{state}: not planned yet")),
+        },
+        JobState::Held => {
+            // The job's reason is a code (`budget_exhausted`); its placement says it in words.
+            let code = printable(j.reason.as_deref().unwrap_or("no reason given")).into_owned();
+            let words = match placement_outcome(c, id).await {
+                Some(o) if o["decision"] == "hold" => outcome_words(&o, now),
+                _ => format!("held: {code}"),
+            };
+            (format!("held|{code}"), words)
+        }
+        JobState::Placed | JobState::Running => {
+            let at = placement_text(&j).unwrap_or_default();
+            let line = if j.state == JobState::Placed {
+                format!("placed on {at}; starting")
+            } else {
+                format!("running on {at}")
+            };
+            (format!("{state}|{at}"), line)
+        }
+        _ => return Ok(()),
+    };
+    if said.as_deref() != Some(key.as_str()) {
+        let line = if j.cancel_requested {
+            format!("{line} (cancel requested)")
+        } else {
+            line
+        };
+        note(&line);
+        *said = Some(key);
+    }
     Ok(())
 }
 
-pub async fn pools(c: &Client, json: bool) -> anyhow::Result<()> {
-    let list: PoolList = c.call(Method::GET, "/pools", None).await?;
-    if printed_as_json(json, &list)? {
+/// `switchyard cancel ID [--wait]`: asks the broker to cancel; prints `cancel requested` while
+/// the job has not stopped, and (with `--wait`, polling) the state it ended in.
+pub async fn cancel(c: &Client, id: &str, wait: bool) -> anyhow::Result<()> {
+    let path = format!("/jobs/{}", seg(id));
+    let answer: Value = c
+        .call(Method::POST, &format!("{path}/cancel"), None)
+        .await?;
+    let mut j: JobView =
+        serde_json::from_value(answer.clone()).context("unexpected response to a cancel")?;
+    if !wait {
+        if printed_as_json(c.json, &answer)? {
+            return Ok(());
+        }
+        if finished(j.state) {
+            out!("{} {}", j.id, state_name(&j));
+        } else {
+            out!("{} cancel requested", j.id);
+        }
         return Ok(());
     }
-    out!(
-        "{:<40}  {:<10}  {:>5}  {:>9}  {:>10}  {:>10}  {:>7}",
+    if !c.json && !finished(j.state) {
+        out!("{} cancel requested", j.id);
+    }
+    let mut last = answer;
+    while !finished(j.state) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        last = c.get(&path).await?;
+        j = serde_json::from_value(last.clone()).context("unexpected job from the broker")?;
+    }
+    if printed_as_json(c.json, &last)? {
+        return Ok(());
+    }
+    out!("{} {}", j.id, state_name(&j));
+    Ok(())
+}
+
+/// `switchyard pools`: every pool, its GPUs, capacity and prices.
+pub async fn pools(c: &Client) -> anyhow::Result<()> {
+    let Some(list) = c.fetch::<PoolList>(Method::GET, "/pools", None).await? else {
+        return Ok(());
+    };
+    let mut table = Table::new(&[
         "POOL",
         "GPU",
-        "NODES",
-        "GPUS FREE",
-        "$/GPU-H",
-        "SPOT",
-        "LAT MS"
-    );
-    for p in list.pools {
-        out!(
-            "{:<40}  {:<10}  {:>5}  {:>9}  {:>10.4}  {:>10}  {:>7}",
-            truncate(&printable(&p.id), 40),
-            printable(&p.gpu_model),
-            p.nodes,
-            format!("{}/{}", p.gpus_free, p.gpus_total),
-            p.price_per_gpu_hour,
+        ">NODES",
+        "CAPACITY",
+        ">$/GPU-HOUR",
+        ">SPOT",
+        ">LATENCY",
+    ]);
+    for p in &list.pools {
+        let mut capacity = Vec::new();
+        if p.nodes > 0 {
+            capacity.push(format!("{} of {} GPUs free", p.gpus_free, p.gpus_total));
+        }
+        if p.launchable {
+            capacity.push(format!(
+                "launchable, up to {} node{}",
+                p.node_limit,
+                if p.node_limit == 1 { "" } else { "s" }
+            ));
+        }
+        if capacity.is_empty() {
+            capacity.push("no nodes".into());
+        }
+        table.row(vec![
+            printable(&p.id).into_owned(),
+            format!(
+                "{}x {} {} GB",
+                p.gpus_per_node,
+                printable(&p.gpu_model),
+                p.gpu_memory_gb
+            ),
+            p.nodes.to_string(),
+            capacity.join("; "),
+            money(p.price_per_gpu_hour),
             p.spot_price_per_gpu_hour
-                .map(|s| format!("{s:.4}"))
+                .map(money)
                 .unwrap_or_else(|| "-".into()),
-            p.latency_ms
-        );
+            format!("{} ms", p.latency_ms),
+        ]);
     }
-    Ok(())
+    table.print()
+}
+
+/// `switchyard regions`: every region with its latency, egress price, pools and nodes.
+pub async fn regions(c: &Client) -> anyhow::Result<()> {
+    let Some(list) = c.fetch::<RegionList>(Method::GET, "/regions", None).await? else {
+        return Ok(());
+    };
+    let mut table = Table::new(&[
+        "REGION",
+        "PROVIDER",
+        ">LATENCY",
+        ">EGRESS $/GB",
+        ">POOLS",
+        ">NODES",
+        "LOCATION",
+    ]);
+    for r in &list.regions {
+        table.row(vec![
+            printable(&r.id).into_owned(),
+            printable(&r.provider).into_owned(),
+            format!("{} ms", r.latency_ms),
+            money(r.egress_per_gb_usd),
+            r.pools.to_string(),
+            r.nodes.to_string(),
+            match (r.latitude, r.longitude) {
+                (Some(lat), Some(lon)) => format!("{lat:.2}, {lon:.2}"),
+                _ => "-".into(),
+            },
+        ]);
+    }
+    table.print()
 }
 
 /// `switchyard instances`: every cloud instance the broker launched, newest first.
-pub async fn instances(c: &Client, json: bool) -> anyhow::Result<()> {
-    let list: InstanceList = c.call(Method::GET, "/instances", None).await?;
-    if printed_as_json(json, &list)? {
+pub async fn instances(c: &Client) -> anyhow::Result<()> {
+    let Some(list) = c
+        .fetch::<InstanceList>(Method::GET, "/instances", None)
+        .await?
+    else {
         return Ok(());
-    }
-    out!(
-        "{:<36}  {:<28}  {:<11}  {:<9}  {:>10}  {:>10}  {:<20}",
+    };
+    let now = Utc::now();
+    let mut table = Table::new(&[
         "INSTANCE",
         "POOL",
         "STATE",
         "MARKET",
-        "$/HOUR",
-        "COST",
-        "PROVIDER ID"
-    );
+        ">$/HOUR",
+        ">UP",
+        ">COST",
+        "REQUESTED",
+        "PROVIDER ID",
+    ]);
     for i in &list.instances {
-        out!(
-            "{:<36}  {:<28}  {:<11}  {:<9}  {:>10}  {:>10}  {:<20}",
-            printable(&i.id),
-            truncate(&printable(&i.pool), 28),
-            printable(&i.state),
-            printable(&i.market),
+        let up = i
+            .launched_at
+            .map(|t| span(secs_between(t, i.ended_at.unwrap_or(now))))
+            .unwrap_or_else(|| "-".into());
+        table.row(vec![
+            printable(&i.id).into_owned(),
+            printable(&i.pool).into_owned(),
+            printable(&i.state).into_owned(),
+            printable(&i.market).into_owned(),
             money(i.hourly_price_usd),
+            up,
             money(i.cost_usd),
-            printable(i.provider_id.as_deref().unwrap_or("-"))
-        );
+            ago(i.requested_at, now),
+            printable(i.provider_id.as_deref().unwrap_or("-")).into_owned(),
+        ]);
     }
-    Ok(())
+    table.print()
 }
 
 /// `switchyard budgets`: each budget's period, amount, spent, committed and what is left.
-pub async fn budgets(c: &Client, json: bool) -> anyhow::Result<()> {
-    let list: BudgetList = c.call(Method::GET, "/budgets", None).await?;
-    if printed_as_json(json, &list)? {
+pub async fn budgets(c: &Client) -> anyhow::Result<()> {
+    let Some(list) = c.fetch::<BudgetList>(Method::GET, "/budgets", None).await? else {
         return Ok(());
-    }
-    out!(
-        "{:<24}  {:<10}  {:>12}  {:>12}  {:>12}  {:>12}  {:<8}  {:<10}",
+    };
+    let now = Utc::now();
+    let mut table = Table::new(&[
         "TEAM/PROJECT",
-        "ENDS",
-        "AMOUNT",
-        "SPENT",
-        "COMMITTED",
-        "LEFT",
+        "PERIOD ENDS",
+        ">AMOUNT",
+        ">SPENT",
+        ">COMMITTED",
+        ">LEFT",
         "KIND",
-        "ALERTS"
-    );
+        "ALERTS",
+    ]);
     for b in &list.budgets {
         let who = match &b.project {
             Some(p) => format!("{}/{}", b.team, p),
             None => b.team.clone(),
         };
-        let kind = serde_json::to_value(b.enforcement)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
         let alerts: Vec<String> = b
             .alerts_crossed
             .iter()
             .map(|a| format!("{:.0}%", a * 100.0))
             .collect();
-        out!(
-            "{:<24}  {:<10}  {:>12}  {:>12}  {:>12}  {:>12}  {:<8}  {:<10}",
-            truncate(&printable(&who), 24),
-            b.period_end.format("%Y-%m-%d"),
+        table.row(vec![
+            truncate(&printable(&who), 40),
+            format!(
+                "{} ({})",
+                b.period_end.format("%Y-%m-%d"),
+                ago(b.period_end, now)
+            ),
             money(b.amount_usd),
             money(b.spent_usd),
             money(b.committed_usd),
             money(b.remaining_usd),
-            kind,
+            enum_name(&b.enforcement),
             if alerts.is_empty() {
                 "-".to_string()
             } else {
                 alerts.join(",")
-            }
-        );
+            },
+        ]);
     }
-    Ok(())
+    table.print()
 }
 
 /// `switchyard audit`: the newest audit entries, optionally about one target.
-pub async fn audit(
-    c: &Client,
-    target: Option<String>,
-    limit: u32,
-    json: bool,
-) -> anyhow::Result<()> {
+pub async fn audit(c: &Client, target: Option<String>, limit: u32) -> anyhow::Result<()> {
     let mut query = vec![("limit", limit.to_string())];
     if let Some(t) = target {
         query.push(("target", t));
     }
-    let list: AuditList = c
-        .call(
-            Method::GET,
-            &format!("/audit?{}", encode_query(&query)),
-            None,
-        )
-        .await?;
-    if printed_as_json(json, &list)? {
+    let path = format!("/audit?{}", encode_query(&query));
+    let Some(list) = c.fetch::<AuditList>(Method::GET, &path, None).await? else {
         return Ok(());
-    }
-    out!(
-        "{:<20}  {:<28}  {:<24}  {:<40}",
-        "AT (UTC)",
-        "ACTOR",
-        "ACTION",
-        "TARGET"
-    );
+    };
+    let now = Utc::now();
+    let mut table = Table::new(&["AT (UTC)", "AGO", "ACTOR", "ACTION", "TARGET"]);
     for e in &list.entries {
-        out!(
-            "{:<20}  {:<28}  {:<24}  {:<40}",
-            e.at.format("%Y-%m-%d %H:%M:%S"),
-            truncate(&printable(&e.actor), 28),
-            truncate(&printable(&e.action), 24),
-            truncate(&printable(&e.target), 40)
-        );
+        table.row(vec![
+            e.at.format("%Y-%m-%d %H:%M:%S").to_string(),
+            ago(e.at, now),
+            truncate(&printable(&e.actor), 32),
+            truncate(&printable(&e.action), 32),
+            truncate(&printable(&e.target), 60),
+        ]);
     }
-    Ok(())
+    table.print()
 }
 
 /// `switchyard token list`: API tokens (never their secrets), admin only.
-pub async fn token_list(c: &Client, json: bool) -> anyhow::Result<()> {
-    let list: TokenList = c.call(Method::GET, "/tokens", None).await?;
-    if printed_as_json(json, &list)? {
+pub async fn token_list(c: &Client) -> anyhow::Result<()> {
+    let Some(list) = c.fetch::<TokenList>(Method::GET, "/tokens", None).await? else {
         return Ok(());
-    }
-    out!(
-        "{:<36}  {:<10}  {:<16}  {:<24}  {:<20}  {:<7}",
-        "ID",
-        "ROLE",
-        "TEAM",
-        "NAME",
-        "CREATED (UTC)",
-        "REVOKED"
-    );
+    };
+    let now = Utc::now();
+    let mut table = Table::new(&["ID", "ROLE", "TEAM", "NAME", "CREATED", "REVOKED"]);
     for t in &list.tokens {
-        out!(
-            "{:<36}  {:<10}  {:<16}  {:<24}  {:<20}  {:<7}",
-            t.id,
-            crate::store::role_name(t.role),
-            truncate(&printable(t.team.as_deref().unwrap_or("-")), 16),
-            truncate(&printable(t.name.as_deref().unwrap_or("-")), 24),
-            t.created_at.format("%Y-%m-%d %H:%M:%S"),
-            if t.revoked { "yes" } else { "no" }
-        );
+        table.row(vec![
+            t.id.to_string(),
+            crate::store::role_name(t.role).to_string(),
+            truncate(&printable(t.team.as_deref().unwrap_or("-")), 24),
+            truncate(&printable(t.name.as_deref().unwrap_or("-")), 32),
+            ago(t.created_at, now),
+            if t.revoked { "yes" } else { "no" }.to_string(),
+        ]);
     }
-    Ok(())
+    table.print()
 }
 
 /// `switchyard token revoke ID`: the token stops working at its next request.
-pub async fn token_revoke(c: &Client, id: &str, json: bool) -> anyhow::Result<()> {
-    let view: TokenView = c
-        .call(Method::DELETE, &format!("/tokens/{id}"), None)
-        .await?;
-    if json {
-        out!("{}", json_text(&view)?);
-    } else {
-        out!("{} revoked", view.id);
-    }
+pub async fn token_revoke(c: &Client, id: &str) -> anyhow::Result<()> {
+    let path = format!("/tokens/{}", seg(id));
+    let Some(view) = c.fetch::<TokenView>(Method::DELETE, &path, None).await? else {
+        return Ok(());
+    };
+    out!("{} revoked", view.id);
     Ok(())
 }
 
-pub async fn token_create(c: &Client, role: Role, team: Option<String>) -> anyhow::Result<()> {
-    let body = serde_json::to_value(CreateToken {
-        role,
-        team,
-        name: None,
-    })?;
-    let created: TokenCreated = c.call(Method::POST, "/tokens", Some(&body)).await?;
+/// `switchyard token create`: prints the new token once (with `--json`, also its id, role and
+/// team).
+pub async fn token_create(
+    c: &Client,
+    role: Role,
+    team: Option<String>,
+    name: Option<String>,
+) -> anyhow::Result<()> {
+    let body = serde_json::to_value(CreateToken { role, team, name })?;
+    let Some(created) = c
+        .fetch::<TokenCreated>(Method::POST, "/tokens", Some(&body))
+        .await?
+    else {
+        return Ok(());
+    };
     out!("{}", printable(&created.token));
     Ok(())
 }
 
-fn policy_path(team: &str, project: Option<&str>) -> String {
-    let mut path = format!("/policies/{team}");
+fn policy_path(team: &str, project: Option<&str>, suffix: &str) -> String {
+    let mut path = format!("/policies/{}{suffix}", seg(team));
     if let Some(p) = project {
-        path.push_str(&format!("?project={p}"));
+        path.push_str(&format!("?{}", encode_query(&[("project", p.to_string())])));
     }
     path
 }
 
-/// Prints the current policy of a team (or project) as JSON, with its version.
+/// `team` or `team/project`.
+fn scope_name(team: &str, project: Option<&str>) -> String {
+    match project {
+        Some(p) => format!("{}/{}", printable(team), printable(p)),
+        None => printable(team).into_owned(),
+    }
+}
+
+/// Reads a policy from a `.toml` or `.json` file (the REST body's fields), checked here so
+/// that a typo is reported before anything is sent.
+fn read_policy(file: &Path) -> anyhow::Result<Value> {
+    let body = read_doc(file)?;
+    let _: PolicyBody = serde_json::from_value(body.clone())
+        .with_context(|| format!("{} is not a valid policy", file.display()))?;
+    Ok(body)
+}
+
+/// `switchyard policy get TEAM`: the version, who saved it when, then its rules as TOML (what
+/// `policy set` takes).
 pub async fn policy_get(c: &Client, team: &str, project: Option<&str>) -> anyhow::Result<()> {
-    let view: PolicyView = c
-        .call(Method::GET, &policy_path(team, project), None)
-        .await?;
-    out!("{}", json_text(&view)?);
+    let path = policy_path(team, project, "");
+    let Some(view) = c.fetch::<PolicyView>(Method::GET, &path, None).await? else {
+        return Ok(());
+    };
+    out!(
+        "# policy of {}, version {}, saved {} by {}",
+        scope_name(&view.team, view.project.as_deref()),
+        view.version,
+        when(view.updated_at, Utc::now()),
+        printable(&view.updated_by)
+    );
+    let rules = match toml::to_string(&view.policy) {
+        Ok(text) => text,
+        Err(_) => json_text(&view.policy)?,
+    };
+    if rules.trim().is_empty() {
+        out!("# no rules");
+    } else {
+        for line in rules.lines() {
+            out!("{}", printable(line));
+        }
+    }
     Ok(())
 }
 
-/// Reads a policy from a `.toml` or `.json` file (the REST body's fields) and saves it as a new
-/// version.
+/// `switchyard policy set TEAM FILE`: saves the file's policy as a new version.
 pub async fn policy_set(
     c: &Client,
     team: &str,
     file: &Path,
     project: Option<&str>,
 ) -> anyhow::Result<()> {
-    let body = read_doc(file)?;
-    let _: PolicyBody = serde_json::from_value(body.clone())
-        .with_context(|| format!("{} is not a valid policy", file.display()))?;
-    let view: PolicyView = c
-        .call(Method::PUT, &policy_path(team, project), Some(&body))
-        .await?;
+    let body = read_policy(file)?;
+    let path = policy_path(team, project, "");
+    let Some(view) = c
+        .fetch::<PolicyView>(Method::PUT, &path, Some(&body))
+        .await?
+    else {
+        return Ok(());
+    };
     out!(
-        "policy of {}{} saved: version {}",
-        printable(&view.team),
-        view.project
-            .map(|p| format!("/{}", printable(&p)))
-            .unwrap_or_default(),
+        "policy of {} saved: version {}",
+        scope_name(&view.team, view.project.as_deref()),
         view.version
     );
     Ok(())
+}
+
+/// `switchyard policy list`: the stored policies, each at its current version.
+pub async fn policy_list(c: &Client) -> anyhow::Result<()> {
+    let Some(list) = c
+        .fetch::<PolicyList>(Method::GET, "/policies", None)
+        .await?
+    else {
+        return Ok(());
+    };
+    let now = Utc::now();
+    let mut table = Table::new(&["TEAM", "PROJECT", ">VERSION", "SAVED", "BY", "RULES"]);
+    for p in &list.policies {
+        let rules: Vec<String> = serde_json::to_value(&p.policy)
+            .ok()
+            .and_then(|v| v.as_object().map(|m| m.keys().cloned().collect()))
+            .unwrap_or_default();
+        table.row(vec![
+            printable(&p.team).into_owned(),
+            printable(p.project.as_deref().unwrap_or("-")).into_owned(),
+            p.version.to_string(),
+            ago(p.updated_at, now),
+            truncate(&printable(&p.updated_by), 32),
+            if rules.is_empty() {
+                "-".into()
+            } else {
+                rules.join(", ")
+            },
+        ]);
+    }
+    table.print()
+}
+
+/// A what-if report as this client reads it: what newer brokers add (per-day costs, the jobs
+/// that change) is optional, so that it reads older brokers' reports too.
+#[derive(Debug, Deserialize)]
+struct WhatIf {
+    jobs: u32,
+    current: WhatIfSide,
+    draft: WhatIfSide,
+    #[serde(default)]
+    changes: Vec<WhatIfJob>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WhatIfSide {
+    total_cost_usd: f64,
+    deadline_met_fraction: f64,
+    queue_delay_s: QueueDelay,
+    held_jobs: u32,
+    #[serde(default)]
+    cost_per_day: Vec<WhatIfDay>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WhatIfDay {
+    day: String,
+    cost_usd: f64,
+}
+
+#[derive(Debug, Deserialize)]
+struct WhatIfJob {
+    job_id: String,
+    name: String,
+    change: String,
+    current_pool: Option<String>,
+    draft_pool: Option<String>,
+    current_cost_usd: f64,
+    draft_cost_usd: f64,
+}
+
+/// `switchyard policy what-if FILE --team T`: the team's recent jobs replayed under its current
+/// policy and under the draft in FILE, side by side; the cost per day and the jobs the draft
+/// treats differently when the broker reports them. Saves nothing.
+pub async fn policy_what_if(
+    c: &Client,
+    team: &str,
+    file: &Path,
+    project: Option<&str>,
+) -> anyhow::Result<()> {
+    let body = read_policy(file)?;
+    let path = policy_path(team, project, "/what-if");
+    let Some(report) = c.fetch::<WhatIf>(Method::POST, &path, Some(&body)).await? else {
+        return Ok(());
+    };
+    print_what_if(&report, &scope_name(team, project))
+}
+
+fn print_what_if(r: &WhatIf, scope: &str) -> anyhow::Result<()> {
+    let (cur, draft) = (&r.current, &r.draft);
+    out!(
+        "what-if for {scope}: {} job{} of the last 30 days replayed under the current policy \
+         and the draft",
+        r.jobs,
+        if r.jobs == 1 { "" } else { "s" }
+    );
+    out!("");
+    let pct = |f: f64| format!("{:.1}%", f * 100.0);
+    let signed_money = |d: f64| {
+        if d.abs() < 0.000_05 {
+            "same".to_string()
+        } else if d > 0.0 {
+            format!("+{}", money(d))
+        } else {
+            money(d)
+        }
+    };
+    let signed = |d: f64, unit: &str| {
+        if d.abs() < 0.05 {
+            "same".to_string()
+        } else {
+            format!("{d:+.1}{unit}")
+        }
+    };
+    let delay = |a: f64, b: f64| {
+        if (b - a).abs() < 0.5 {
+            "same".to_string()
+        } else if b > a {
+            format!("+{}", span(b - a))
+        } else {
+            format!("-{}", span(a - b))
+        }
+    };
+    let mut table = Table::new(&["", ">CURRENT", ">DRAFT", ">CHANGE"]);
+    table.row(vec![
+        "total cost".into(),
+        money(cur.total_cost_usd),
+        money(draft.total_cost_usd),
+        signed_money(draft.total_cost_usd - cur.total_cost_usd),
+    ]);
+    table.row(vec![
+        "deadlines met".into(),
+        pct(cur.deadline_met_fraction),
+        pct(draft.deadline_met_fraction),
+        signed(
+            (draft.deadline_met_fraction - cur.deadline_met_fraction) * 100.0,
+            " pts",
+        ),
+    ]);
+    table.row(vec![
+        "queue delay p50".into(),
+        span(cur.queue_delay_s.p50),
+        span(draft.queue_delay_s.p50),
+        delay(cur.queue_delay_s.p50, draft.queue_delay_s.p50),
+    ]);
+    table.row(vec![
+        "queue delay p99".into(),
+        span(cur.queue_delay_s.p99),
+        span(draft.queue_delay_s.p99),
+        delay(cur.queue_delay_s.p99, draft.queue_delay_s.p99),
+    ]);
+    table.row(vec![
+        "held jobs".into(),
+        cur.held_jobs.to_string(),
+        draft.held_jobs.to_string(),
+        match i64::from(draft.held_jobs) - i64::from(cur.held_jobs) {
+            0 => "same".into(),
+            d => format!("{d:+}"),
+        },
+    ]);
+    table.print()?;
+
+    // Days with a cost under either policy, in order.
+    let mut days: std::collections::BTreeMap<&str, (f64, f64)> = Default::default();
+    for d in &cur.cost_per_day {
+        days.entry(d.day.as_str()).or_default().0 += d.cost_usd;
+    }
+    for d in &draft.cost_per_day {
+        days.entry(d.day.as_str()).or_default().1 += d.cost_usd;
+    }
+    days.retain(|_, (a, b)| *a != 0.0 || *b != 0.0);
+    if !days.is_empty() {
+        out!("");
+        out!("cost per day (UTC):");
+        let mut table = Table::new(&["DAY", ">CURRENT", ">DRAFT", ">CHANGE"]);
+        for (day, (a, b)) in days {
+            table.row(vec![
+                printable(day).into_owned(),
+                money(a),
+                money(b),
+                signed_money(b - a),
+            ]);
+        }
+        table.print()?;
+    }
+
+    out!("");
+    if r.changes.is_empty() {
+        out!("no job is treated differently by the draft");
+        return Ok(());
+    }
+    out!("jobs the draft treats differently ({}):", r.changes.len());
+    let mut table = Table::new(&[
+        "JOB",
+        "NAME",
+        "CHANGE",
+        "CURRENT POOL",
+        "DRAFT POOL",
+        ">CURRENT COST",
+        ">DRAFT COST",
+    ]);
+    let pool = |p: &Option<String>| match p {
+        Some(p) => printable(p).into_owned(),
+        None => "never starts".into(),
+    };
+    for ch in &r.changes {
+        table.row(vec![
+            printable(&ch.job_id).into_owned(),
+            truncate(&printable(&ch.name), 32),
+            printable(&ch.change).into_owned(),
+            pool(&ch.current_pool),
+            pool(&ch.draft_pool),
+            money(ch.current_cost_usd),
+            money(ch.draft_cost_usd),
+        ]);
+    }
+    table.print()
 }
 
 /// What `switchyard spend` asks for.
@@ -663,7 +1600,8 @@ pub struct SpendArgs {
     pub team: Option<String>,
 }
 
-/// Prints spend from the ledger as a table, or the broker's CSV as it comes.
+/// Prints spend from the ledger as a table, as the broker's JSON (`--json`), or as its CSV
+/// (`csv`).
 pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()> {
     let mut query = vec![("group_by", args.group_by.clone())];
     for (name, value) in [
@@ -712,15 +1650,20 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
         }
         return Ok(());
     }
-    let report: switchyard_protocol::api::SpendReport =
+    let value: Value =
         serde_json::from_str(&text).with_context(|| format!("unexpected response from {url}"))?;
+    if printed_as_json(c.json, &value)? {
+        return Ok(());
+    }
+    let report: switchyard_protocol::api::SpendReport =
+        serde_json::from_value(value).with_context(|| format!("unexpected response from {url}"))?;
     let bucketed = report.rows.iter().any(|r| r.bucket_start.is_some());
     let key_name = printable(&report.group_by).to_uppercase();
-    if bucketed {
-        out!("{:<20}  {:<40}  {:>14}", "BUCKET", key_name, "USD");
+    let mut table = if bucketed {
+        Table::new(&["BUCKET (UTC)", &key_name, ">USD"])
     } else {
-        out!("{:<40}  {:>14}", key_name, "USD");
-    }
+        Table::new(&[&key_name, ">USD"])
+    };
     for row in &report.rows {
         let key = row
             .key
@@ -728,30 +1671,24 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
             .cloned()
             .flatten()
             .unwrap_or_else(|| "-".into());
-        let key = printable(&key);
+        let key = truncate(&printable(&key), 60);
         match row.bucket_start {
-            Some(b) => out!(
-                "{:<20}  {:<40}  {:>14}",
-                b.format("%Y-%m-%d %H:%M"),
-                truncate(&key, 40),
-                money(row.amount_usd)
-            ),
-            None => out!("{:<40}  {:>14}", truncate(&key, 40), money(row.amount_usd)),
+            Some(b) => table.row(vec![
+                b.format("%Y-%m-%d %H:%M").to_string(),
+                key,
+                money(row.amount_usd),
+            ]),
+            None if bucketed => table.row(vec![String::new(), key, money(row.amount_usd)]),
+            None => table.row(vec![key, money(row.amount_usd)]),
         }
     }
-    let width = if bucketed { 78 } else { 56 };
-    out!("{}", "-".repeat(width));
+    let total = money(report.total_usd);
     if bucketed {
-        out!(
-            "{:<20}  {:<40}  {:>14}",
-            "",
-            "TOTAL",
-            money(report.total_usd)
-        );
+        table.row(vec![String::new(), "TOTAL".into(), total]);
     } else {
-        out!("{:<40}  {:>14}", "TOTAL", money(report.total_usd));
+        table.row(vec!["TOTAL".into(), total]);
     }
-    Ok(())
+    table.print()
 }
 
 #[cfg(test)]
@@ -809,6 +1746,154 @@ mod tests {
         ] {
             assert_eq!(money(usd), shown, "{usd}");
         }
+    }
+
+    #[test]
+    fn money_rounds_to_what_it_shows() {
+        for (usd, shown) in [
+            (0.99999, "$1.00"),
+            (0.00001, "$0.00"),
+            (-0.00001, "$0.00"),
+            (0.0150, "$0.0150"),
+            (0.546, "$0.5460"),
+            (f64::NAN, "-"),
+        ] {
+            assert_eq!(money(usd), shown, "{usd}");
+        }
+    }
+
+    #[test]
+    fn spans_and_ages_read_as_people_say_them() {
+        for (secs, shown) in [
+            (0.0, "0s"),
+            (0.44, "0.4s"),
+            (3.0, "3s"),
+            (45.2, "45s"),
+            (185.0, "3m 05s"),
+            (7_380.0, "2h 03m"),
+            (273_600.0, "3d 04h"),
+            (-5.0, "0s"),
+        ] {
+            assert_eq!(span(secs), shown, "{secs}");
+        }
+        let now = Utc::now();
+        let secs = |s: i64| now - chrono::Duration::seconds(s);
+        assert_eq!(ago(secs(2), now), "just now");
+        assert_eq!(ago(secs(42), now), "42 s ago");
+        assert_eq!(ago(secs(185), now), "3 min ago");
+        assert_eq!(ago(secs(5 * 3_600 + 10), now), "5 h ago");
+        assert_eq!(ago(secs(86_400 + 5), now), "1 day ago");
+        assert_eq!(ago(secs(3 * 86_400), now), "3 days ago");
+        assert_eq!(ago(secs(-240), now), "in 4 min");
+    }
+
+    fn job_in(state: JobState, exit_code: Option<i32>) -> JobView {
+        let spec: JobSpec = serde_json::from_value(serde_json::json!({
+            "name": "j", "team": "t", "command": ["true"], "resources": {"gpus": 1}
+        }))
+        .unwrap();
+        JobView {
+            id: uuid::Uuid::nil(),
+            name: "j".into(),
+            team: "t".into(),
+            project: None,
+            state,
+            priority: switchyard_protocol::api::Priority::Normal,
+            kind: switchyard_protocol::api::JobKind::Batch,
+            submitted_at: Utc::now(),
+            started_at: None,
+            finished_at: None,
+            exit_code,
+            reason: None,
+            placement: None,
+            attempts: 1,
+            cancel_requested: false,
+            cost_usd: 0.0,
+            spec,
+        }
+    }
+
+    #[test]
+    fn a_finished_job_gives_its_exit_status() {
+        for (state, code, status) in [
+            (JobState::Succeeded, Some(0), 0),
+            (JobState::Failed, Some(3), 3),
+            (JobState::Failed, None, 1),
+            // Codes a process cannot exit with (a signal as negative, or 0 on a failure).
+            (JobState::Failed, Some(-9), 1),
+            (JobState::Failed, Some(0), 1),
+            (JobState::Failed, Some(300), 1),
+            (JobState::Cancelled, None, EXIT_CANCELLED),
+            (JobState::Cancelled, Some(143), EXIT_CANCELLED),
+        ] {
+            assert_eq!(
+                exit_code_of(&job_in(state, code)),
+                status,
+                "{state:?} {code:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn placement_outcomes_and_rejections_read_in_words() {
+        let now = Utc::now();
+        let hold = serde_json::json!({"decision": "hold", "reason": "over budget: needs $1.15"});
+        assert_eq!(outcome_words(&hold, now), "held: over budget: needs $1.15");
+        let wait = serde_json::json!({"decision": "wait", "pool": "p",
+            "expected_start": (now + chrono::Duration::minutes(4)).timestamp_millis()});
+        let words = outcome_words(&wait, now);
+        assert!(words.starts_with("waiting for capacity in p"), "{words}");
+        assert!(
+            words.ends_with("(in 4 min)") || words.ends_with("(in 3 min)"),
+            "{words}"
+        );
+        let launch =
+            serde_json::json!({"decision": "launch", "pool": "aws:x", "market": "on_demand"});
+        assert_eq!(
+            outcome_words(&launch, now),
+            "launching a on-demand node in aws:x for it"
+        );
+        // The same wait, a round later, is not said again; another pool is.
+        let later = serde_json::json!({"decision": "wait", "pool": "p", "expected_start": 1});
+        assert_eq!(outcome_key(&wait), outcome_key(&later));
+        let elsewhere = serde_json::json!({"decision": "wait", "pool": "q"});
+        assert_ne!(outcome_key(&wait), outcome_key(&elsewhere));
+        let cheaper = serde_json::json!({"decision": "hold", "reason": "over budget: needs $0.15"});
+        assert_eq!(outcome_key(&hold), outcome_key(&cheaper));
+
+        let r = serde_json::json!({"code": "budget_exhausted", "message": "over budget"});
+        assert_eq!(rejection_words(&r), "over budget");
+        assert_eq!(
+            rejection_words(&serde_json::json!("contended_capacity")),
+            "contended capacity"
+        );
+        assert_eq!(
+            rejection_words(&serde_json::json!({"over_budget": {"needed": 3}})),
+            "over budget: needed 3"
+        );
+    }
+
+    #[test]
+    fn a_path_segment_stays_one_segment() {
+        assert_eq!(seg("0193-ab_c~d.e"), "0193-ab_c~d.e");
+        assert_eq!(seg("../tokens"), "..%2Ftokens");
+        assert_eq!(seg(".."), "%2E%2E");
+        assert_eq!(seg("a b?c#d"), "a%20b%3Fc%23d");
+    }
+
+    #[test]
+    fn command_lines_quote_what_a_shell_would_split() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(command_line(&argv(&["echo", "a b"])), "echo 'a b'");
+        assert_eq!(
+            command_line(&argv(&["sh", "-c", "it's"])),
+            "sh -c 'it'\\''s'"
+        );
+        assert_eq!(
+            command_line(&argv(&["python", "train.py", "--lr=0.1"])),
+            "python train.py --lr=0.1"
+        );
+        assert_eq!(command_line(&argv(&["x\u{1b}[2J"])), "'x\\u{1b}[2J'");
     }
 
     #[test]

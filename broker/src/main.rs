@@ -1,9 +1,17 @@
 //! `switchyard`: the broker (`serve`), the all-in-one federation (`up`), the embedded agent
 //! (`agent`), and the client commands.
+//!
+//! The client commands each take the connection options (`--url`, `--token`, `--ca-cert`, also
+//! from `SWITCHYARD_URL`, `SWITCHYARD_TOKEN`, `SWITCHYARD_CA_CERT`) and `--json`; the other
+//! commands do not. The connection options are also read before the command, where earlier
+//! versions took them (`switchyard --url URL jobs`); after the command they win.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::builder::PossibleValuesParser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 use switchyard_broker::{cli, config::Config, server, up};
 use switchyard_protocol::api::Role;
@@ -12,30 +20,88 @@ use switchyard_protocol::api::Role;
 #[command(
     name = "switchyard",
     version,
-    about = "Multi-cloud GPU federation broker"
+    about = "Multi-cloud GPU federation broker",
+    after_help = "Client commands take --url, --token, --ca-cert and --json after the command \
+                  name: `switchyard jobs --url URL --json`. Exit status: 0 on success, 1 on an \
+                  error, 2 on a usage error; `logs --follow` exits with the job's own code."
 )]
 struct Args {
-    /// Broker URL for client commands.
-    #[arg(
-        long,
-        global = true,
-        env = "SWITCHYARD_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
-    url: String,
-    /// API token for client commands (default: `<data-dir>/admin.token`).
-    #[arg(long, global = true, env = "SWITCHYARD_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// For client commands against an https broker with a private CA: trust only the CA
-    /// certificates of this PEM file (the agent's `--ca-cert`).
-    #[arg(long, global = true, env = "SWITCHYARD_CA_CERT")]
-    ca_cert: Option<PathBuf>,
-    /// Log as JSON lines.
+    #[command(flatten)]
+    before: ConnectionBefore,
+    /// Log as JSON lines (`up`, `serve`, `agent`).
     #[arg(long, global = true)]
     json_logs: bool,
     #[command(subcommand)]
     command: Command,
 }
+
+/// The connection options where earlier versions took them, before the command
+/// (`switchyard --url URL jobs`); hidden from `--help`, which shows them on the client commands.
+#[derive(clap::Args, Debug, Default)]
+struct ConnectionBefore {
+    /// Broker URL (client commands).
+    #[arg(long = "url", id = "before_url", hide = true)]
+    url: Option<String>,
+    /// API token (client commands).
+    #[arg(long = "token", id = "before_token", hide = true)]
+    token: Option<String>,
+    /// CA certificates to trust (client commands).
+    #[arg(long = "ca-cert", id = "before_ca_cert", hide = true)]
+    ca_cert: Option<PathBuf>,
+}
+
+impl ConnectionBefore {
+    fn any(&self) -> bool {
+        self.url.is_some() || self.token.is_some() || self.ca_cert.is_some()
+    }
+}
+
+/// How a client command reaches the broker, and whether it prints for machines.
+#[derive(clap::Args, Debug, Clone)]
+struct ClientArgs {
+    /// Broker URL.
+    #[arg(
+        long,
+        env = "SWITCHYARD_URL",
+        value_name = "URL",
+        default_value = "http://127.0.0.1:8080",
+        help_heading = "Connection"
+    )]
+    url: String,
+    /// API token [default: the `admin.token` that `switchyard up` writes in `.switchyard/`].
+    #[arg(
+        long,
+        env = "SWITCHYARD_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN",
+        help_heading = "Connection"
+    )]
+    token: Option<String>,
+    /// For an https broker with a private CA: trust only the CA certificates of this PEM file
+    /// (the agent's `--ca-cert`).
+    #[arg(
+        long,
+        env = "SWITCHYARD_CA_CERT",
+        value_name = "FILE",
+        help_heading = "Connection"
+    )]
+    ca_cert: Option<PathBuf>,
+    /// Print JSON for programs instead of text for people (`logs`: one JSON object a line).
+    #[arg(long)]
+    json: bool,
+}
+
+const JOB_STATES: [&str; 8] = [
+    "queued",
+    "held",
+    "provisioning",
+    "placed",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+];
+const PRIORITIES: [&str; 4] = ["critical", "high", "normal", "low"];
 
 // Parsed once per process; boxing a variant to shrink it buys nothing here.
 #[allow(clippy::large_enum_variant)]
@@ -43,8 +109,10 @@ struct Args {
 enum Command {
     /// Run the whole federation on this machine: broker, SQLite, local agents, priced regions.
     Up {
+        /// Port of the broker's API and console on 127.0.0.1.
         #[arg(long, default_value_t = 8080)]
         port: u16,
+        /// Directory for the database, the admin token and the agents' state.
         #[arg(long, default_value = ".switchyard")]
         data_dir: PathBuf,
         /// On-prem agents to start (4 simulated H100 each).
@@ -72,6 +140,7 @@ enum Command {
         /// Listen address, e.g. 127.0.0.1:8080.
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        /// Directory for the SQLite database and the admin token (overrides the config's).
         #[arg(long)]
         data_dir: Option<PathBuf>,
         /// `sqlite://…` (default: `<data-dir>/switchyard.db`) or `postgres://…` (builds with
@@ -89,40 +158,87 @@ enum Command {
     /// Run an edge agent (the same as the `switchyard-agent` binary).
     Agent(switchyard_agent::AgentArgs),
     /// Submit a job from a .toml or .json spec; prints its id.
-    Submit { file: PathBuf },
-    /// List jobs, newest first.
+    Submit {
+        /// The job spec, a `.toml` or `.json` file (name, team, command, resources…).
+        file: PathBuf,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List jobs, newest first: state, priority, age, cost, where it runs.
     Jobs {
-        /// Only jobs in this state: queued, held, provisioning, placed, running, succeeded,
-        /// failed or cancelled.
-        #[arg(long)]
+        /// Only jobs in this state.
+        #[arg(long, value_parser = PossibleValuesParser::new(JOB_STATES))]
         state: Option<String>,
         /// Only this team's jobs (developers always see only their own).
         #[arg(long)]
         team: Option<String>,
-        /// Only jobs of this priority: critical, high, normal or low.
-        #[arg(long)]
+        /// Only jobs of this priority.
+        #[arg(long, value_parser = PossibleValuesParser::new(PRIORITIES))]
         priority: Option<String>,
         /// Only jobs with exactly this name.
         #[arg(long)]
         name: Option<String>,
         /// How many, 1 to 500.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
         limit: u32,
-        /// Print the API's JSON instead of a table.
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one job: id and state first, then where it runs, times, cost and command.
+    Job {
+        /// The job's id (from `submit` or `jobs`).
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Why a job went where it went, or why it waits: the decision and every candidate pool.
+    Explain {
+        /// The job's id.
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Print a job's output (stdout to stdout; stderr and the broker's notes to stderr).
+    Logs {
+        /// The job's id.
+        id: String,
+        /// Keep printing until the job finishes, saying on stderr while it waits and why; then
+        /// exit with the job's exit code (1 for a failed job without one, 130 for a cancelled
+        /// job).
+        #[arg(long, short)]
+        follow: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Cancel a job: prints "cancel requested" until the job has stopped.
+    Cancel {
+        /// The job's id.
+        id: String,
+        /// Wait until the job has stopped, and print the state it ended in.
         #[arg(long)]
-        json: bool,
+        wait: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List pools: GPUs, nodes, free GPUs, prices per GPU-hour, latency.
+    Pools {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List regions: provider, latency, egress price, pools and nodes.
+    Regions {
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// List the cloud instances the broker launched, with state, price and cost to date.
     Instances {
-        /// Print the API's JSON instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Budgets: amount, spent, committed and left in the current period.
     Budgets {
-        /// Print the API's JSON instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// The audit log, newest first (admin, finance, infra).
     Audit {
@@ -130,58 +246,44 @@ enum Command {
         #[arg(long)]
         target: Option<String>,
         /// How many, 1 to 500.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
         limit: u32,
-        /// Print the API's JSON instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
-    /// Show one job as JSON.
-    Job { id: String },
-    /// Print a job's output.
-    Logs {
-        id: String,
-        /// Keep printing until the job finishes.
-        #[arg(long, short)]
-        follow: bool,
-    },
-    /// Cancel a job.
-    Cancel { id: String },
-    /// List pools with price, latency and free GPUs.
-    Pools {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Manage API tokens.
+    /// Manage API tokens (admin).
     Token {
         #[command(subcommand)]
         command: TokenCommand,
     },
-    /// Read or set a team's cost policy.
+    /// Read, set or try out a team's cost policy.
     Policy {
         #[command(subcommand)]
         command: PolicyCommand,
     },
     /// Spend from the ledger, grouped (finance, admin, infra: every team; developers: their own).
     Spend {
-        /// team, project, region, provider or pool.
-        #[arg(long, default_value = "team")]
+        /// What one row adds up.
+        #[arg(long, default_value = "team",
+              value_parser = PossibleValuesParser::new(["team", "project", "region", "provider", "pool"]))]
         group_by: String,
-        /// From this time (RFC 3339).
+        /// From this time (RFC 3339, e.g. 2025-01-01T00:00:00Z).
         #[arg(long)]
         from: Option<String>,
         /// Up to this time (RFC 3339).
         #[arg(long)]
         to: Option<String>,
-        /// hour or day: one row per bucket and key.
-        #[arg(long)]
+        /// One row per bucket (UTC) and key.
+        #[arg(long, value_parser = PossibleValuesParser::new(["hour", "day"]))]
         bucket: Option<String>,
         /// Only this team.
         #[arg(long)]
         team: Option<String>,
-        /// Print CSV instead of a table.
-        #[arg(long)]
+        /// Print the broker's CSV instead of a table.
+        #[arg(long, conflicts_with = "json")]
         csv: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Replay a job trace under Switchyard and the peers' strategies; writes report.json and
     /// SVG plots.
@@ -198,45 +300,82 @@ enum TokenCommand {
         /// The team a developer token acts for.
         #[arg(long)]
         team: Option<String>,
+        /// A name to know the token by in `token list` and the audit log.
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// List API tokens: id, role, team, name, revoked (admin; never the secrets).
     List {
-        /// Print the API's JSON instead of a table.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Revoke an API token by id (admin); it stops working at its next request.
     Revoke {
         /// The token's id (from `token list`).
         id: String,
-        /// Print the API's JSON instead of a line.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
     },
 }
 
 #[derive(Subcommand, Debug)]
 enum PolicyCommand {
-    /// Print the team's (or project's) current policy as JSON.
+    /// Print the team's (or project's) current policy: version, who saved it, and its rules as
+    /// TOML (what `policy set` takes).
     Get {
+        /// The team.
         team: String,
+        /// The project's own policy instead of the team's.
         #[arg(long)]
         project: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Save a new version of the policy from a `.json` or `.toml` file (finance, admin).
     Set {
+        /// The team.
         team: String,
+        /// The policy: a `.toml` or `.json` file with the fields of `PUT /policies/{team}`.
         file: PathBuf,
+        /// Set the project's own policy instead of the team's.
         #[arg(long)]
         project: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the stored policies: team, project, version, when and by whom.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Replay the team's last 30 days of jobs under its current policy and under a draft
+    /// (finance, admin): cost, deadlines met, queueing delay, held jobs, and the jobs the draft
+    /// treats differently. Saves nothing.
+    WhatIf {
+        /// The draft policy: a `.toml` or `.json` file, as `policy set` takes.
+        file: PathBuf,
+        /// The team whose jobs to replay.
+        #[arg(long)]
+        team: String,
+        /// Only this project's jobs, under a draft of the project's own policy.
+        #[arg(long)]
+        project: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum RoleArg {
+    /// Everything.
     Admin,
+    /// Policies, budgets, spend, instances and the audit log of every team.
     Finance,
+    /// Pools, agents and their enrolment, instances and the audit log.
     Infra,
+    /// One team's jobs (needs --team).
     Developer,
 }
 
@@ -251,8 +390,12 @@ impl From<RoleArg> for Role {
     }
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> ExitCode {
+    let matches = Args::command().get_matches();
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
     // Logs (and traces, when an OTLP endpoint is set) for the long-running commands; set up
     // outside the runtime so that the exporter's flush at exit runs outside it too.
     let telemetry = match &args.command {
@@ -262,23 +405,89 @@ fn main() -> anyhow::Result<()> {
         _ => None,
     }
     .map(|(service, filter)| switchyard_agent::telemetry::init(service, args.json_logs, filter));
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let result = runtime.block_on(run(args));
-    drop(runtime);
+    let result = tokio::runtime::Runtime::new()
+        .context("starting the async runtime")
+        .and_then(|runtime| runtime.block_on(run(args, leaf(&matches))));
     drop(telemetry);
     match result {
+        Ok(code) => code,
         // The reader of our output went away (`switchyard jobs | head -1`): not a failure.
-        Err(e) if cli::is_broken_pipe(&e) => Ok(()),
-        other => other,
+        Err(e) if cli::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            use std::io::Write as _;
+            // As `main` returning the error would (less a backtrace), without a panic when
+            // stderr is closed too.
+            let _ = writeln!(std::io::stderr(), "{}", error_text(&e));
+            ExitCode::FAILURE
+        }
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
-    let client = |data_dir: PathBuf| -> anyhow::Result<cli::Client> {
-        let token = cli::resolve_token(args.token.clone(), &data_dir)?;
-        cli::Client::with_ca(&args.url, token, args.ca_cert.as_deref())
+/// `Error: …` and what caused it, as anyhow writes an error that `main` returns.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = format!("Error: {e}");
+    let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
+    if !causes.is_empty() {
+        text.push_str("\n\nCaused by:");
+        for (i, cause) in causes.iter().enumerate() {
+            if causes.len() == 1 {
+                text.push_str(&format!("\n    {cause}"));
+            } else {
+                text.push_str(&format!("\n    {i}: {cause}"));
+            }
+        }
+    }
+    text
+}
+
+/// The matches of the innermost subcommand (`token list` → `list`'s).
+fn leaf(matches: &ArgMatches) -> &ArgMatches {
+    let mut m = matches;
+    while let Some((_, sub)) = m.subcommand() {
+        m = sub;
+    }
+    m
+}
+
+/// A client from the command's connection options: given after the command, they win; then
+/// those given before it (`switchyard --url URL jobs`); then the environment and defaults.
+fn connect(
+    c: &ClientArgs,
+    before: &ConnectionBefore,
+    leaf: &ArgMatches,
+) -> anyhow::Result<cli::Client> {
+    let given = |id: &str| leaf.value_source(id) == Some(ValueSource::CommandLine);
+    let url = match &before.url {
+        Some(u) if !given("url") => u.clone(),
+        _ => c.url.clone(),
     };
-    let default_dir = || PathBuf::from(".switchyard");
+    let token = match &before.token {
+        Some(t) if !given("token") => Some(t.clone()),
+        _ => c.token.clone(),
+    };
+    let ca_cert = match &before.ca_cert {
+        Some(p) if !given("ca_cert") => Some(p.clone()),
+        _ => c.ca_cert.clone(),
+    };
+    let token = cli::resolve_token(token, &PathBuf::from(".switchyard"))?;
+    Ok(cli::Client::with_ca(&url, token, ca_cert.as_deref())?.with_json(c.json))
+}
+
+async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
+    let before = args.before;
+    if before.any()
+        && matches!(
+            args.command,
+            Command::Up { .. } | Command::Serve { .. } | Command::Agent(_) | Command::Simulate(_)
+        )
+    {
+        anyhow::bail!(
+            "--url, --token and --ca-cert are options of the client commands (jobs, submit, \
+             logs…), not of this one"
+        );
+    }
+    let connect = |c: &ClientArgs| connect(c, &before, leaf);
+    let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match args.command {
         Command::Up {
             port,
@@ -288,7 +497,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             idle_ttl,
             billing_minimum,
             database_url,
-        } => {
+        } => done(
             up::run(up::UpOptions {
                 port,
                 data_dir,
@@ -298,8 +507,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 billing_minimum,
                 database_url,
             })
-            .await
-        }
+            .await,
+        ),
         Command::Serve {
             config,
             listen,
@@ -307,75 +516,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
             database_url,
             tls_cert,
             tls_key,
-        } => {
-            let mut cfg = match config {
-                Some(path) => Config::from_file(&path)?,
-                None => Config::default(),
-            };
-            cfg.apply_env(std::env::vars())?;
-            if let Some(l) = listen {
-                cfg.listen = l;
-            }
-            if let Some(d) = data_dir {
-                cfg.data_dir = d;
-            }
-            if let Some(u) = database_url {
-                cfg.database_url = Some(u);
-            }
-            if let (Some(cert), Some(key)) = (tls_cert, tls_key) {
-                cfg.tls_cert = Some(cert);
-                cfg.tls_key = Some(key);
-            }
-            cfg.validate()?;
-            server::check_tls(&cfg)?;
-            let listener = tokio::net::TcpListener::bind(cfg.listen)
-                .await
-                .with_context(|| format!("binding {}", cfg.listen))?;
-            let mut providers = switchyard_broker::app::ProviderSet::default();
-            if let Some(mut aws) = cfg.aws.clone() {
-                use switchyard_providers::Provider;
-                if let Some(ca) = &cfg.agent_ca_cert {
-                    // The instances' agents trust the broker's private CA (cloud-init).
-                    let pem = std::fs::read_to_string(ca)
-                        .with_context(|| format!("reading agent_ca_cert {}", ca.display()))?;
-                    aws.agent.ca_cert_pem = Some(pem);
-                }
-                let provider = switchyard_providers::aws::AwsProvider::new(aws)
-                    .await
-                    .context("setting up the AWS provider")?;
-                let offers = provider
-                    .offers()
-                    .await
-                    .context("reading AWS offers (catalogue, spot prices, instance types)")?;
-                eprintln!(
-                    "aws: {} pools in {} regions",
-                    offers.pools.len(),
-                    offers.regions.len()
-                );
-                providers.add_with_offers(std::sync::Arc::new(provider), offers);
-            }
-            let running = switchyard_broker::app::App::start(cfg.clone(), providers).await?;
-            if running.created_admin_token.is_some() {
-                eprintln!(
-                    "admin token written to {}",
-                    cfg.data_dir.join("admin.token").display()
-                );
-            }
-            eprintln!("switchyard listening on {}", cfg.public_url());
-            let served =
-                server::serve(running.app.clone(), listener, server::shutdown_signal()).await;
-            running.stop().await;
-            served
-        }
-        Command::Agent(agent_args) => switchyard_agent::run(agent_args).await,
-        Command::Submit { file } => cli::submit(&client(default_dir())?, &file).await,
+        } => done(serve(config, listen, data_dir, database_url, tls_cert, tls_key).await),
+        Command::Agent(agent_args) => done(switchyard_agent::run(agent_args).await),
+        Command::Submit { file, client } => done(cli::submit(&connect(&client)?, &file).await),
         Command::Jobs {
             state,
             team,
             priority,
             name,
             limit,
-            json,
+            client,
         } => {
             let filters = cli::JobFilters {
                 state,
@@ -384,28 +534,59 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 name,
                 limit,
             };
-            cli::jobs(&client(default_dir())?, filters, json).await
+            done(cli::jobs(&connect(&client)?, filters).await)
         }
-        Command::Instances { json } => cli::instances(&client(default_dir())?, json).await,
-        Command::Budgets { json } => cli::budgets(&client(default_dir())?, json).await,
+        Command::Job { id, client } => done(cli::job(&connect(&client)?, &id).await),
+        Command::Explain { id, client } => done(cli::explain(&connect(&client)?, &id).await),
+        Command::Logs { id, follow, client } => cli::logs(&connect(&client)?, &id, follow)
+            .await
+            .map(ExitCode::from),
+        Command::Cancel { id, wait, client } => {
+            done(cli::cancel(&connect(&client)?, &id, wait).await)
+        }
+        Command::Pools { client } => done(cli::pools(&connect(&client)?).await),
+        Command::Regions { client } => done(cli::regions(&connect(&client)?).await),
+        Command::Instances { client } => done(cli::instances(&connect(&client)?).await),
+        Command::Budgets { client } => done(cli::budgets(&connect(&client)?).await),
         Command::Audit {
             target,
             limit,
-            json,
-        } => cli::audit(&client(default_dir())?, target, limit, json).await,
-        Command::Token {
-            command: TokenCommand::List { json },
-        } => cli::token_list(&client(default_dir())?, json).await,
-        Command::Token {
-            command: TokenCommand::Revoke { id, json },
-        } => cli::token_revoke(&client(default_dir())?, &id, json).await,
-        Command::Job { id } => cli::job(&client(default_dir())?, &id).await,
-        Command::Logs { id, follow } => cli::logs(&client(default_dir())?, &id, follow).await,
-        Command::Cancel { id } => cli::cancel(&client(default_dir())?, &id).await,
-        Command::Pools { json } => cli::pools(&client(default_dir())?, json).await,
-        Command::Token {
-            command: TokenCommand::Create { role, team },
-        } => cli::token_create(&client(default_dir())?, role.into(), team).await,
+            client,
+        } => done(cli::audit(&connect(&client)?, target, limit).await),
+        Command::Token { command } => match command {
+            TokenCommand::Create {
+                role,
+                team,
+                name,
+                client,
+            } => done(cli::token_create(&connect(&client)?, role.into(), team, name).await),
+            TokenCommand::List { client } => done(cli::token_list(&connect(&client)?).await),
+            TokenCommand::Revoke { id, client } => {
+                done(cli::token_revoke(&connect(&client)?, &id).await)
+            }
+        },
+        Command::Policy { command } => match command {
+            PolicyCommand::Get {
+                team,
+                project,
+                client,
+            } => done(cli::policy_get(&connect(&client)?, &team, project.as_deref()).await),
+            PolicyCommand::Set {
+                team,
+                file,
+                project,
+                client,
+            } => done(cli::policy_set(&connect(&client)?, &team, &file, project.as_deref()).await),
+            PolicyCommand::List { client } => done(cli::policy_list(&connect(&client)?).await),
+            PolicyCommand::WhatIf {
+                file,
+                team,
+                project,
+                client,
+            } => done(
+                cli::policy_what_if(&connect(&client)?, &team, &file, project.as_deref()).await,
+            ),
+        },
         Command::Spend {
             group_by,
             from,
@@ -413,6 +594,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             bucket,
             team,
             csv,
+            client,
         } => {
             let query = cli::SpendArgs {
                 group_by,
@@ -421,26 +603,205 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 bucket,
                 team,
             };
-            cli::spend(&client(default_dir())?, &query, csv).await
+            done(cli::spend(&connect(&client)?, &query, csv).await)
         }
-        Command::Policy {
-            command: PolicyCommand::Get { team, project },
-        } => cli::policy_get(&client(default_dir())?, &team, project.as_deref()).await,
-        Command::Policy {
-            command:
-                PolicyCommand::Set {
-                    team,
-                    file,
-                    project,
-                },
-        } => cli::policy_set(&client(default_dir())?, &team, &file, project.as_deref()).await,
         Command::Simulate(sim) => {
             switchyard_broker::simulate::run(&sim)?;
             eprintln!(
                 "report written to {}",
                 sim.out.join("report.json").display()
             );
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `switchyard serve`: the broker alone, from a config file, the environment and flags.
+async fn serve(
+    config: Option<PathBuf>,
+    listen: Option<std::net::SocketAddr>,
+    data_dir: Option<PathBuf>,
+    database_url: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let mut cfg = match config {
+        Some(path) => Config::from_file(&path)?,
+        None => Config::default(),
+    };
+    cfg.apply_env(std::env::vars())?;
+    if let Some(l) = listen {
+        cfg.listen = l;
+    }
+    if let Some(d) = data_dir {
+        cfg.data_dir = d;
+    }
+    if let Some(u) = database_url {
+        cfg.database_url = Some(u);
+    }
+    if let (Some(cert), Some(key)) = (tls_cert, tls_key) {
+        cfg.tls_cert = Some(cert);
+        cfg.tls_key = Some(key);
+    }
+    cfg.validate()?;
+    server::check_tls(&cfg)?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    let mut providers = switchyard_broker::app::ProviderSet::default();
+    if let Some(mut aws) = cfg.aws.clone() {
+        use switchyard_providers::Provider;
+        if let Some(ca) = &cfg.agent_ca_cert {
+            // The instances' agents trust the broker's private CA (cloud-init).
+            let pem = std::fs::read_to_string(ca)
+                .with_context(|| format!("reading agent_ca_cert {}", ca.display()))?;
+            aws.agent.ca_cert_pem = Some(pem);
+        }
+        let provider = switchyard_providers::aws::AwsProvider::new(aws)
+            .await
+            .context("setting up the AWS provider")?;
+        let offers = provider
+            .offers()
+            .await
+            .context("reading AWS offers (catalogue, spot prices, instance types)")?;
+        eprintln!(
+            "aws: {} pools in {} regions",
+            offers.pools.len(),
+            offers.regions.len()
+        );
+        providers.add_with_offers(std::sync::Arc::new(provider), offers);
+    }
+    let running = switchyard_broker::app::App::start(cfg.clone(), providers).await?;
+    if running.created_admin_token.is_some() {
+        eprintln!(
+            "admin token written to {}",
+            cfg.data_dir.join("admin.token").display()
+        );
+    }
+    eprintln!("switchyard listening on {}", cfg.public_url());
+    let served = server::serve(running.app.clone(), listener, server::shutdown_signal()).await;
+    running.stop().await;
+    served
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Every subcommand, with its path (`token list`).
+    fn commands() -> Vec<(String, clap::Command)> {
+        fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {
+            for sub in cmd.get_subcommands() {
+                let p = format!("{path} {}", sub.get_name()).trim().to_string();
+                out.push((p.clone(), sub.clone()));
+                walk(sub, &p, out);
+            }
+        }
+        let mut root = Args::command();
+        root.build();
+        let mut out = vec![(String::new(), root.clone())];
+        walk(&root, "", &mut out);
+        out
+    }
+
+    #[test]
+    fn every_command_and_argument_has_a_description() {
+        let mut missing = Vec::new();
+        for (path, cmd) in commands() {
+            if cmd.get_about().is_none() {
+                missing.push(format!("`{path}`"));
+            }
+            for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("`{path}` {}", arg.get_id()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "undescribed: {missing:?}");
+    }
+
+    #[test]
+    fn connection_options_are_shown_on_client_commands_only() {
+        let servers = ["up", "serve", "simulate", "agent"];
+        for (path, cmd) in commands() {
+            let shown: Vec<String> = cmd
+                .get_arguments()
+                .filter(|a| !a.is_hide_set())
+                .filter_map(|a| a.get_long().map(str::to_string))
+                .collect();
+            let has_url = shown.iter().any(|l| l == "url");
+            let leaf = cmd.get_subcommands().next().is_none();
+            if path.split(' ').any(|w| w == "help") {
+                continue;
+            }
+            if servers.contains(&path.as_str()) || !leaf {
+                assert!(!has_url, "`{path}` shows --url: {shown:?}");
+                assert!(!shown.iter().any(|l| l == "token"), "`{path}`: {shown:?}");
+            } else {
+                for flag in ["url", "token", "ca-cert", "json"] {
+                    assert!(shown.iter().any(|l| l == flag), "`{path}` lacks --{flag}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_connection_after_the_command_wins_over_the_one_before() {
+        let parse = |argv: &[&str]| {
+            let matches = Args::command().try_get_matches_from(argv).unwrap();
+            let args = Args::from_arg_matches(&matches).unwrap();
+            let Command::Jobs { client, .. } = &args.command else {
+                panic!("not jobs");
+            };
+            let c = connect(client, &args.before, leaf(&matches)).unwrap();
+            c.base_url().to_string()
+        };
+        let t = ["--token", "t"];
+        assert_eq!(
+            parse(&[&["switchyard", "--url", "http://before:1", "jobs"][..], &t].concat()),
+            "http://before:1"
+        );
+        assert_eq!(
+            parse(&[&["switchyard", "jobs", "--url", "http://after:1"][..], &t].concat()),
+            "http://after:1"
+        );
+        assert_eq!(
+            parse(
+                &[
+                    &[
+                        "switchyard",
+                        "--url",
+                        "http://before:1",
+                        "jobs",
+                        "--url",
+                        "http://after:1"
+                    ][..],
+                    &t
+                ]
+                .concat()
+            ),
+            "http://after:1"
+        );
+    }
+
+    #[test]
+    fn enumerations_are_checked_and_listed() {
+        let refused =
+            Args::command().try_get_matches_from(["switchyard", "jobs", "--priority", "urgent"]);
+        let text = refused.unwrap_err().to_string();
+        assert!(text.contains("critical") && text.contains("low"), "{text}");
+        assert!(
+            Args::command()
+                .try_get_matches_from([
+                    "switchyard",
+                    "spend",
+                    "--group-by",
+                    "pool",
+                    "--bucket",
+                    "day"
+                ])
+                .is_ok()
+        );
     }
 }

@@ -264,7 +264,7 @@ async fn switchyard_up_runs_a_federation_and_ctrl_c_stops_it_all() {
     assert!(ok, "{err}");
     let id = id.trim().to_string();
     eventually("the job to succeed", Duration::from_secs(30), || async {
-        let (_, out, _) = cli(&["job", &id]);
+        let (_, out, _) = cli(&["job", &id, "--json"]);
         out.contains("\"succeeded\"").then_some(())
     })
     .await;

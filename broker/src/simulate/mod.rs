@@ -27,11 +27,13 @@ pub struct SimulateArgs {
     /// Job trace to replay (plain CSV or gzip).
     #[arg(long)]
     pub trace: PathBuf,
+    /// The trace's columns: `philly` is the Microsoft Philly cluster trace's CSV.
     #[arg(long, value_enum, default_value_t = TraceFormat::Philly)]
     pub trace_format: TraceFormat,
     /// Scenario TOML (defaults for every key; unknown keys are errors).
     #[arg(long)]
     pub scenario: Option<PathBuf>,
+    /// The scheduler to replay the trace under (`all`: Switchyard and every peer's strategy).
     #[arg(long, value_enum, default_value_t = Which::All)]
     pub scheduler: Which,
     /// Skip malformed trace rows (and count them) instead of stopping at the first.
