@@ -396,6 +396,35 @@ async fn every_change_is_audited_and_the_log_cannot_be_rewritten() {
     assert_eq!(rest.len(), 3);
     assert_eq!(rest[0]["id"], entries[2]["id"]);
 
+    // Filters: by actor, by action, by time (RFC 3339; a bad time names its parameter).
+    let finance_actor = latest["actor"].as_str().unwrap();
+    let by_actor = audit(&app, &format!("?actor={finance_actor}")).await;
+    assert_eq!(by_actor.len(), 2, "{by_actor:?}");
+    assert!(by_actor.iter().all(|e| e["actor"] == finance_actor));
+    let by_action = audit(&app, "?action=token.create").await;
+    assert_eq!(by_action.len(), 2, "{by_action:?}");
+    let newest = entries[0]["at"].as_str().unwrap();
+    let since_newest = audit(&app, &format!("?from={}", newest.replace('+', "%2B"))).await;
+    assert!(since_newest.iter().any(|e| e["id"] == entries[0]["id"]));
+    assert!(
+        since_newest.len() < entries.len(),
+        "from= keeps only the entries at or after it: {since_newest:?}"
+    );
+    let before_all = audit(&app, "?to=2000-01-01T00:00:00Z").await;
+    assert!(before_all.is_empty(), "{before_all:?}");
+    let r = app
+        .call(
+            Method::GET,
+            "/api/v1/audit?from=yesterday",
+            Some(&finance),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.error_field()),
+        (StatusCode::BAD_REQUEST, "from")
+    );
+
     // The database itself refuses to change or remove audit rows (and past policy versions).
     for sql in [
         "UPDATE audit_log SET actor = 'nobody'",

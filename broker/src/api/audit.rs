@@ -23,6 +23,14 @@ pub struct AuditParams {
     cursor: Option<String>,
     /// Only entries about this target, e.g. `policy:ml` or `pool:onprem:sh-dc1/dgx-h100`.
     target: Option<String>,
+    /// Only entries by this actor, e.g. `finance:alice` or `system`.
+    actor: Option<String>,
+    /// Only entries of this action, e.g. `policy.update` or `budget.alert`.
+    action: Option<String>,
+    /// Only entries at or after this time (RFC 3339).
+    from: Option<String>,
+    /// Only entries before this time (RFC 3339).
+    to: Option<String>,
 }
 
 fn json_of(text: Option<&str>) -> Option<serde_json::Value> {
@@ -121,6 +129,10 @@ pub async fn list(
         .store
         .audit(&AuditFilter {
             target: params.target.filter(|t| !t.is_empty()),
+            actor: params.actor.filter(|t| !t.is_empty()),
+            action: params.action.filter(|t| !t.is_empty()),
+            from: crate::api::spend::time_param("from", params.from.as_deref())?,
+            to: crate::api::spend::time_param("to", params.to.as_deref())?,
             before,
             limit,
         })

@@ -36,7 +36,8 @@ pub struct SpendParams {
     team: Option<String>,
 }
 
-fn time_param(
+/// An optional RFC 3339 query parameter, refused naming `field` when it is not one.
+pub(crate) fn time_param(
     field: &str,
     value: Option<&str>,
 ) -> Result<Option<switchyard_core::Timestamp>, ApiError> {

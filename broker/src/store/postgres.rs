@@ -1651,11 +1651,17 @@ impl Store for PgStore {
         let rows = sqlx::query(
             "SELECT id, at, actor, action, target, before_json, after_json FROM audit_log \
              WHERE ($1::TEXT IS NULL OR target = $1) AND ($2::BIGINT IS NULL OR id < $2) \
+             AND ($4::TEXT IS NULL OR actor = $4) AND ($5::TEXT IS NULL OR action = $5) \
+             AND ($6::TIMESTAMPTZ IS NULL OR at >= $6) AND ($7::TIMESTAMPTZ IS NULL OR at < $7) \
              ORDER BY id DESC LIMIT $3",
         )
         .bind(&filter.target)
         .bind(filter.before)
         .bind(filter.limit)
+        .bind(&filter.actor)
+        .bind(&filter.action)
+        .bind(filter.from.map(tz))
+        .bind(filter.to.map(tz))
         .fetch_all(&self.pool)
         .await?;
         rows.iter()

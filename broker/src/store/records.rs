@@ -370,6 +370,14 @@ pub struct AuditRecord {
 pub struct AuditFilter {
     /// Only entries for this target (exact).
     pub target: Option<String>,
+    /// Only entries by this actor (exact, e.g. `finance:alice`).
+    pub actor: Option<String>,
+    /// Only entries of this action (exact, e.g. `policy.update`).
+    pub action: Option<String>,
+    /// Only entries at or after this time.
+    pub from: Option<Timestamp>,
+    /// Only entries before this time.
+    pub to: Option<Timestamp>,
     /// Entries with ids below this one (lists are newest first).
     pub before: Option<i64>,
     pub limit: i64,
