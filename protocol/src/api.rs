@@ -238,7 +238,9 @@ pub struct PoolView {
     pub gpu_model: String,
     pub gpu_memory_gb: u32,
     pub gpus_per_node: u32,
+    /// Healthy nodes in the pool now (`node_list` also lists the unhealthy ones).
     pub nodes: u32,
+    /// The most nodes the pool may have: its fleet on-prem, the launch quota in a cloud.
     pub node_limit: u32,
     pub launchable: bool,
     pub gpus_total: u32,

@@ -40,7 +40,7 @@ pub async fn pools(State(app): State<App>, _caller: Caller) -> Result<Json<PoolL
             let mut view = convert::pool_view(
                 p,
                 regions.iter().find(|r| r.id == p.region),
-                members.len() as u32,
+                healthy.len() as u32,
                 total,
                 total.saturating_sub(used),
             );
