@@ -1,5 +1,6 @@
-//! The `switchyard` client commands: submit, jobs, job, explain, logs, cancel, pools, regions,
-//! instances, budgets, audit, tokens, policies (get, set, list, what-if) and spend. They talk
+//! The `switchyard` client commands, one or more for each operation of the REST API: submit,
+//! jobs, job, explain, logs, cancel, pools, pool set, regions, nodes, node, instances, budgets,
+//! audit, tokens, enrolment and agent tokens, policies (get, set, list, what-if) and spend. They talk
 //! to a broker over REST with a bearer token from `--token`, `SWITCHYARD_TOKEN`, or the
 //! `admin.token` file that `switchyard up` writes.
 //!
@@ -23,9 +24,10 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use switchyard_protocol::api::{
-    AuditList, BudgetList, CreateToken, ErrorBody, InstanceList, JobList, JobSpec, JobState,
-    JobView, LogPage, LogStream, PolicyBody, PolicyList, PolicyView, PoolList, QueueDelay,
-    RegionList, Role, TokenCreated, TokenList, TokenView,
+    AgentTokenList, AgentTokenRevoked, AuditList, BudgetList, CreateEnrolmentToken, CreateToken,
+    EnrolmentTokenCreated, ErrorBody, InstanceList, JobList, JobSpec, JobState, JobView, LogPage,
+    LogStream, NodeDetail, PolicyBody, PolicyList, PolicyView, PoolList, PoolPatch, PoolView,
+    QueueDelay, RegionList, Role, TokenCreated, TokenList, TokenView,
 };
 
 /// `println!` that returns the write error (a closed pipe) instead of panicking.
@@ -387,36 +389,13 @@ fn encode_query(pairs: &[(&str, String)]) -> String {
     url.query().unwrap_or_default().to_string()
 }
 
-/// USD as money: cents, and a fraction of a cent where it matters (`$0.0145`, `$5.03`,
-/// `-$1,204.50`).
+/// USD as money, in the one format of the console, the CLI and the broker's reasons
+/// ([`switchyard_core::Money::usd_text`]): cents, and a fraction of a cent under a dollar where
+/// it matters (`$0.0145`, `$5.03`, `-$1,204.50`); `-` for what is no amount.
 pub fn money(usd: f64) -> String {
-    if !usd.is_finite() {
-        return "-".into();
-    }
-    let sign = if usd < 0.0 { "-" } else { "" };
-    let abs = usd.abs();
-    // In hundredths of a cent: below a dollar, a fraction of a cent is shown when there is one.
-    let hundredths = (abs * 10_000.0).round();
-    let cents_only = abs >= 1.0 || hundredths % 100.0 == 0.0;
-    let text = if cents_only {
-        format!("{abs:.2}")
-    } else {
-        format!("{abs:.4}")
-    };
-    let (whole, frac) = text.split_once('.').unwrap_or((&text, ""));
-    let mut grouped = String::new();
-    for (i, ch) in whole.chars().enumerate() {
-        if i > 0 && (whole.len() - i) % 3 == 0 {
-            grouped.push(',');
-        }
-        grouped.push(ch);
-    }
-    let sign = if grouped.chars().all(|c| c == '0' || c == ',') && frac.chars().all(|c| c == '0') {
-        ""
-    } else {
-        sign
-    };
-    format!("{sign}${grouped}.{frac}")
+    switchyard_core::Money::from_dollars(usd)
+        .map(switchyard_core::Money::usd_text)
+        .unwrap_or_else(|| "-".into())
 }
 
 /// A length of time for people: `0s`, `0.4s`, `45s`, `3m 05s`, `2h 03m`, `3d 04h`.
@@ -1298,6 +1277,282 @@ pub async fn token_create(
     Ok(())
 }
 
+/// `switchyard nodes`: every GPU node that joined a pool, from the pools' node lists (`--json`:
+/// `{"nodes": [...]}`, each node with its `pool`).
+pub async fn nodes(c: &Client) -> anyhow::Result<()> {
+    let list: PoolList = c.get("/pools").await?;
+    if c.json {
+        let nodes: Vec<Value> = list
+            .pools
+            .iter()
+            .flat_map(|p| {
+                p.node_list.iter().map(|n| {
+                    let mut v = serde_json::to_value(n).unwrap_or(Value::Null);
+                    if let Some(m) = v.as_object_mut() {
+                        m.insert("pool".into(), Value::String(p.id.clone()));
+                    }
+                    v
+                })
+            })
+            .collect();
+        out!("{}", json_text(&serde_json::json!({ "nodes": nodes }))?);
+        return Ok(());
+    }
+    let now = Utc::now();
+    let mut table = Table::new(&[
+        "NODE",
+        "POOL",
+        "HOST",
+        ">GPUS",
+        "HEALTH",
+        "JOBS RUN AS",
+        "LAST HEARTBEAT",
+    ]);
+    for p in &list.pools {
+        for n in &p.node_list {
+            table.row(vec![
+                printable(&n.id).into_owned(),
+                printable(&p.id).into_owned(),
+                truncate(&printable(&n.hostname), 32),
+                format!(
+                    "{}{}",
+                    n.gpus_total,
+                    if n.simulated { " (simulated)" } else { "" }
+                ),
+                match (n.healthy, n.draining) {
+                    (_, true) => "draining",
+                    (true, false) => "healthy",
+                    (false, false) => "unhealthy",
+                }
+                .into(),
+                if n.isolation {
+                    "own uid each"
+                } else {
+                    "agent's user"
+                }
+                .into(),
+                ago(n.last_heartbeat, now),
+            ]);
+        }
+    }
+    table.print()
+}
+
+/// `switchyard node ID`: one node, its GPUs as of the last heartbeat, and the jobs on them.
+pub async fn node(c: &Client, id: &str) -> anyhow::Result<()> {
+    let path = format!("/nodes/{}", seg(id));
+    let Some(n) = c.fetch::<NodeDetail>(Method::GET, &path, None).await? else {
+        return Ok(());
+    };
+    let now = Utc::now();
+    let state = if n.revoked {
+        "revoked"
+    } else if n.draining {
+        "draining"
+    } else if n.healthy {
+        "healthy"
+    } else {
+        "unhealthy"
+    };
+    let fields = [
+        ("id", printable(&n.id).into_owned()),
+        ("state", state.to_string()),
+        ("pool", printable(&n.pool).into_owned()),
+        ("host", printable(&n.hostname).into_owned()),
+        (
+            "jobs run as",
+            if n.isolation {
+                "their own uid each, with a clean environment".into()
+            } else {
+                "the agent's own user (not isolated)".into()
+            },
+        ),
+        ("registered", when(n.registered_at, now)),
+        ("heartbeat", when(n.last_heartbeat, now)),
+    ];
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in fields {
+        out!("{k:<width$}  {v}");
+    }
+    out!("");
+    let mut gpus = Table::new(&[
+        ">GPU",
+        "MODEL",
+        ">MEMORY USED",
+        ">UTILISATION",
+        ">TEMPERATURE",
+        ">POWER",
+    ]);
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    for g in &n.gpus {
+        gpus.row(vec![
+            g.index.to_string(),
+            format!(
+                "{}{}",
+                printable(&g.model),
+                if n.simulated { " (simulated)" } else { "" }
+            ),
+            format!(
+                "{} / {} GB",
+                or_dash(
+                    g.memory_used_mb
+                        .map(|m| format!("{:.1}", m as f64 / 1024.0))
+                ),
+                format!("{:.0}", g.memory_total_mb as f64 / 1024.0)
+            ),
+            or_dash(g.utilization_pct.map(|u| format!("{u}%"))),
+            or_dash(g.temperature_c.map(|t| format!("{t} °C"))),
+            or_dash(g.power_w.map(|w| format!("{w:.0} W"))),
+        ]);
+    }
+    gpus.print()?;
+    out!("");
+    if n.running.is_empty() {
+        out!("no jobs running");
+    } else {
+        let mut jobs = Table::new(&["JOB", "NAME", "TEAM", "GPUS", "STARTED"]);
+        for j in &n.running {
+            let gpus: Vec<String> = j.gpus.iter().map(u32::to_string).collect();
+            jobs.row(vec![
+                j.job_id.to_string(),
+                truncate(
+                    &printable(j.name.as_deref().unwrap_or("(another team's)")),
+                    32,
+                ),
+                printable(&j.team).into_owned(),
+                gpus.join(","),
+                j.started_at
+                    .map(|t| ago(t, now))
+                    .unwrap_or_else(|| "starting".into()),
+            ]);
+        }
+        jobs.print()?;
+    }
+    if let (Some(first), Some(last)) = (n.history.first(), n.history.last()) {
+        out!(
+            "telemetry: {} heartbeat samples from {} to {} (all of them with --json)",
+            n.history.len(),
+            first.at.format("%H:%M:%S"),
+            last.at.format("%H:%M:%S UTC")
+        );
+    }
+    Ok(())
+}
+
+/// What `switchyard pool set` changes; absent fields stay as they are.
+pub struct PoolEdit {
+    pub node_limit: Option<u32>,
+    pub price_per_gpu_hour: Option<f64>,
+    pub launchable: Option<bool>,
+}
+
+/// `switchyard pool set ID`: infra's edits to a pool (node limit, price, launchable).
+pub async fn pool_set(c: &Client, id: &str, edit: PoolEdit) -> anyhow::Result<()> {
+    let patch = PoolPatch {
+        node_limit: edit.node_limit,
+        price_per_gpu_hour: edit.price_per_gpu_hour,
+        launchable: edit.launchable,
+    };
+    if patch == PoolPatch::default() {
+        bail!("nothing to change: pass --node-limit, --price-per-gpu-hour or --launchable");
+    }
+    let body = serde_json::to_value(&patch)?;
+    let path = format!("/pools/{}", seg(id));
+    let Some(p) = c
+        .fetch::<PoolView>(Method::PATCH, &path, Some(&body))
+        .await?
+    else {
+        return Ok(());
+    };
+    out!(
+        "pool {}: up to {} node{}, {} per GPU-hour, {}",
+        printable(&p.id),
+        p.node_limit,
+        if p.node_limit == 1 { "" } else { "s" },
+        money(p.price_per_gpu_hour),
+        if p.launchable {
+            "launchable"
+        } else {
+            "not launchable"
+        }
+    );
+    Ok(())
+}
+
+/// `switchyard enrolment-token --pool P`: a one-time token for an agent to join the pool;
+/// prints the token (when it expires on stderr).
+pub async fn enrolment_token(c: &Client, pool: &str, ttl_s: Option<i64>) -> anyhow::Result<()> {
+    let body = serde_json::to_value(CreateEnrolmentToken {
+        pool: pool.to_string(),
+        ttl_s,
+    })?;
+    let Some(created) = c
+        .fetch::<EnrolmentTokenCreated>(Method::POST, "/enrolment-tokens", Some(&body))
+        .await?
+    else {
+        return Ok(());
+    };
+    out!("{}", printable(&created.token));
+    note(&format!(
+        "one agent may enrol into {} with it until {}",
+        printable(&created.pool),
+        when(created.expires_at, Utc::now())
+    ));
+    Ok(())
+}
+
+/// `switchyard agent-token list`: the enrolled agents, one token per node (never the token).
+pub async fn agent_token_list(c: &Client) -> anyhow::Result<()> {
+    let Some(list) = c
+        .fetch::<AgentTokenList>(Method::GET, "/agent-tokens", None)
+        .await?
+    else {
+        return Ok(());
+    };
+    let now = Utc::now();
+    let mut table = Table::new(&[
+        "NODE",
+        "POOL",
+        "HOST",
+        "HEALTH",
+        "REGISTERED",
+        "LAST HEARTBEAT",
+    ]);
+    for t in &list.agent_tokens {
+        table.row(vec![
+            printable(&t.node).into_owned(),
+            printable(&t.pool).into_owned(),
+            truncate(&printable(&t.hostname), 32),
+            if t.healthy { "healthy" } else { "unhealthy" }.into(),
+            ago(t.registered_at, now),
+            ago(t.last_heartbeat, now),
+        ]);
+    }
+    table.print()
+}
+
+/// `switchyard agent-token revoke NODE`: the node leaves; its work goes back to the queue.
+pub async fn agent_token_revoke(c: &Client, node: &str) -> anyhow::Result<()> {
+    let path = format!("/agent-tokens/{}", seg(node));
+    let Some(r) = c
+        .fetch::<AgentTokenRevoked>(Method::DELETE, &path, None)
+        .await?
+    else {
+        return Ok(());
+    };
+    out!("{} revoked", printable(&r.node));
+    if !r.requeued.is_empty() {
+        let ids: Vec<String> = r.requeued.iter().map(ToString::to_string).collect();
+        out!(
+            "{} job{} queued again: {}",
+            ids.len(),
+            if ids.len() == 1 { "" } else { "s" },
+            ids.join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn policy_path(team: &str, project: Option<&str>, suffix: &str) -> String {
     let mut path = format!("/policies/{}{suffix}", seg(team));
     if let Some(p) = project {
@@ -1749,14 +2004,13 @@ mod tests {
     }
 
     #[test]
-    fn money_rounds_to_what_it_shows() {
+    fn money_is_the_brokers_one_format_and_no_amount_is_a_dash() {
         for (usd, shown) in [
-            (0.99999, "$1.00"),
-            (0.00001, "$0.00"),
-            (-0.00001, "$0.00"),
             (0.0150, "$0.0150"),
             (0.546, "$0.5460"),
+            (2.945, "$2.95"),
             (f64::NAN, "-"),
+            (f64::INFINITY, "-"),
         ] {
             assert_eq!(money(usd), shown, "{usd}");
         }

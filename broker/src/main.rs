@@ -225,6 +225,40 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Change a pool (infra, admin).
+    Pool {
+        #[command(subcommand)]
+        command: PoolCommand,
+    },
+    /// List GPU nodes: pool, host, GPUs, health, how jobs run, last heartbeat.
+    Nodes {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one GPU node: its GPUs (memory, utilisation, temperature, power) and the jobs on
+    /// them.
+    Node {
+        /// The node's id (from `nodes`).
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Create a one-time token for an agent to join a pool (admin, infra); prints it.
+    EnrolmentToken {
+        /// The pool the agent joins (from `pools`).
+        #[arg(long)]
+        pool: String,
+        /// Seconds until the token expires, 1 to 604800 (7 days) [default: 900].
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..=604_800))]
+        ttl_s: Option<i64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// The tokens of enrolled agents, one per node (admin, infra).
+    AgentToken {
+        #[command(subcommand)]
+        command: AgentTokenCommand,
+    },
     /// List regions: provider, latency, egress price, pools and nodes.
     Regions {
         #[command(flatten)]
@@ -315,6 +349,44 @@ enum TokenCommand {
     Revoke {
         /// The token's id (from `token list`).
         id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PoolCommand {
+    /// Change a pool's node limit, on-demand price or whether nodes may be launched in it;
+    /// what is not given stays as it is.
+    Set {
+        /// The pool's id (from `pools`), e.g. `aws:us-east-1/p5.48xlarge`.
+        id: String,
+        /// The most nodes the pool may have.
+        #[arg(long)]
+        node_limit: Option<u32>,
+        /// On-demand USD per GPU-hour (on-prem: the internal rate).
+        #[arg(long, value_name = "USD")]
+        price_per_gpu_hour: Option<f64>,
+        /// Whether the broker may launch cloud nodes in the pool.
+        #[arg(long, value_name = "BOOL")]
+        launchable: Option<bool>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum AgentTokenCommand {
+    /// List the enrolled agents: node, pool, host, health, when they enrolled and last spoke.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Revoke a node's agent token: the node leaves, and its running work goes back to the
+    /// queue.
+    Revoke {
+        /// The node's id (from `agent-token list` or `nodes`).
+        node: String,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -545,6 +617,38 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
             done(cli::cancel(&connect(&client)?, &id, wait).await)
         }
         Command::Pools { client } => done(cli::pools(&connect(&client)?).await),
+        Command::Pool {
+            command:
+                PoolCommand::Set {
+                    id,
+                    node_limit,
+                    price_per_gpu_hour,
+                    launchable,
+                    client,
+                },
+        } => {
+            let edit = cli::PoolEdit {
+                node_limit,
+                price_per_gpu_hour,
+                launchable,
+            };
+            done(cli::pool_set(&connect(&client)?, &id, edit).await)
+        }
+        Command::Nodes { client } => done(cli::nodes(&connect(&client)?).await),
+        Command::Node { id, client } => done(cli::node(&connect(&client)?, &id).await),
+        Command::EnrolmentToken {
+            pool,
+            ttl_s,
+            client,
+        } => done(cli::enrolment_token(&connect(&client)?, &pool, ttl_s).await),
+        Command::AgentToken { command } => match command {
+            AgentTokenCommand::List { client } => {
+                done(cli::agent_token_list(&connect(&client)?).await)
+            }
+            AgentTokenCommand::Revoke { node, client } => {
+                done(cli::agent_token_revoke(&connect(&client)?, &node).await)
+            }
+        },
         Command::Regions { client } => done(cli::regions(&connect(&client)?).await),
         Command::Instances { client } => done(cli::instances(&connect(&client)?).await),
         Command::Budgets { client } => done(cli::budgets(&connect(&client)?).await),

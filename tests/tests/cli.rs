@@ -954,3 +954,136 @@ fn help_lists_possible_values_and_keeps_connection_options_on_client_commands() 
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("critical"), "{err}");
 }
+
+/// Infra's day without curl: the nodes and one node's GPUs and jobs, a pool's limits, an
+/// enrolment token for a new agent, the enrolled agents, and revoking one.
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_pools_and_agent_tokens_from_the_cli() {
+    let mut broker = Broker::start().await;
+    broker.start_agent("infra-a1", 4).await;
+    let admin = broker.admin.clone();
+    let pool = switchyard_tests::POOL;
+
+    let (code, out, err) = cli_output(&broker, &admin, &["nodes", "--json"]).await;
+    let v = json_of(&["nodes"], code, &out, &err);
+    assert_eq!(v["nodes"][0]["pool"], pool, "{v}");
+    let node = v["nodes"][0]["id"].as_str().unwrap().to_string();
+    let (code, out, err) = cli_output(&broker, &admin, &["nodes"]).await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[1].starts_with(&node) && lines[1].contains(pool),
+        "{out}"
+    );
+    assert!(lines[1].contains("healthy"), "{out}");
+
+    let id = broker
+        .submit(
+            json!({"name": "on-node", "team": "ml", "command": ["sleep", "60"],
+                       "resources": {"gpus": 2}}),
+        )
+        .await;
+    broker
+        .wait_state(&id, &["running"], Duration::from_secs(30))
+        .await;
+    let (code, out, err) = cli_output(&broker, &admin, &["node", &node, "--json"]).await;
+    let v = json_of(&["node"], code, &out, &err);
+    assert_eq!(v["gpus"].as_array().unwrap().len(), 4, "{v}");
+    let (code, out, err) = cli_output(&broker, &admin, &["node", &node]).await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("id ") && lines[0].ends_with(&node),
+        "{out}"
+    );
+    assert!(
+        lines[1].starts_with("state ") && lines[1].ends_with("healthy"),
+        "{out}"
+    );
+    let gpu_rows = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("GPU"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .count();
+    assert_eq!(gpu_rows, 4, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&id) && l.contains("on-node")),
+        "its job: {out}"
+    );
+
+    let (code, out, err) = cli_output(
+        &broker,
+        &admin,
+        &[
+            "pool",
+            "set",
+            pool,
+            "--node-limit",
+            "3",
+            "--price-per-gpu-hour",
+            "2.5",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("pool {pool}: up to 3 nodes, $2.50 per GPU-hour, not launchable")
+    );
+    let (code, out, err) = cli_output(
+        &broker,
+        &admin,
+        &["pool", "set", pool, "--node-limit", "4", "--json"],
+    )
+    .await;
+    let v = json_of(&["pool", "set"], code, &out, &err);
+    assert_eq!(
+        (v["node_limit"].as_u64(), v["price_per_gpu_hour"].as_f64()),
+        (Some(4), Some(2.5))
+    );
+    let (code, _, err) = cli_output(&broker, &admin, &["pool", "set", pool]).await;
+    assert_eq!(code, 1, "nothing to change is an error: {err}");
+    assert!(err.contains("nothing to change"), "{err}");
+
+    let (code, out, err) = cli_output(
+        &broker,
+        &admin,
+        &["enrolment-token", "--pool", pool, "--ttl-s", "60"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 1, "the token alone: {out}");
+    assert!(out.trim().len() > 20, "{out}");
+    assert!(err.contains("until"), "when it expires, on stderr: {err}");
+    let (code, out, err) = cli_output(
+        &broker,
+        &admin,
+        &["enrolment-token", "--pool", pool, "--json"],
+    )
+    .await;
+    let v = json_of(&["enrolment-token"], code, &out, &err);
+    assert!(v["token"].is_string() && v["expires_at"].is_string(), "{v}");
+
+    let (code, out, err) = cli_output(&broker, &admin, &["agent-token", "list", "--json"]).await;
+    let v = json_of(&["agent-token", "list"], code, &out, &err);
+    assert_eq!(v["agent_tokens"][0]["node"], node.as_str(), "{v}");
+    let (code, out, err) = cli_output(&broker, &admin, &["agent-token", "list"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().nth(1).unwrap().starts_with(&node), "{out}");
+    let (code, out, err) = cli_output(&broker, &admin, &["agent-token", "revoke", &node]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            format!("{node} revoked"),
+            format!("1 job queued again: {id}")
+        ],
+        "{out}"
+    );
+    let (code, out, err) = cli_output(&broker, &admin, &["nodes"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains(&node), "a revoked node is gone: {out}");
+}
