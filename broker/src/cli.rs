@@ -1204,11 +1204,29 @@ pub async fn budgets(c: &Client) -> anyhow::Result<()> {
     table.print()
 }
 
-/// `switchyard audit`: the newest audit entries, optionally about one target.
-pub async fn audit(c: &Client, target: Option<String>, limit: u32) -> anyhow::Result<()> {
-    let mut query = vec![("limit", limit.to_string())];
-    if let Some(t) = target {
-        query.push(("target", t));
+/// The filters of `switchyard audit`.
+pub struct AuditFilters {
+    pub target: Option<String>,
+    pub actor: Option<String>,
+    pub action: Option<String>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+    pub limit: u32,
+}
+
+/// `switchyard audit`: the newest audit entries, by target, actor, action and time.
+pub async fn audit(c: &Client, filters: AuditFilters) -> anyhow::Result<()> {
+    let mut query = vec![("limit", filters.limit.to_string())];
+    for (key, value) in [
+        ("target", filters.target),
+        ("actor", filters.actor),
+        ("action", filters.action),
+        ("from", filters.from),
+        ("to", filters.to),
+    ] {
+        if let Some(v) = value {
+            query.push((key, v));
+        }
     }
     let path = format!("/audit?{}", encode_query(&query));
     let Some(list) = c.fetch::<AuditList>(Method::GET, &path, None).await? else {
@@ -1926,6 +1944,12 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
             .cloned()
             .flatten()
             .unwrap_or_else(|| "-".into());
+        // `instance_idle` as the ledger line it is: "instance idle".
+        let key = if report.group_by == "usage" {
+            key.replace('_', " ")
+        } else {
+            key
+        };
         let key = truncate(&printable(&key), 60);
         match row.bucket_start {
             Some(b) => table.row(vec![

@@ -279,6 +279,18 @@ enum Command {
         /// Only entries about this target, e.g. `policy:ml` or `token:<id>`.
         #[arg(long)]
         target: Option<String>,
+        /// Only entries by this actor, e.g. `finance:alice` or `system`.
+        #[arg(long)]
+        actor: Option<String>,
+        /// Only entries of this action, e.g. `policy.put` or `budget.alert`.
+        #[arg(long)]
+        action: Option<String>,
+        /// Only entries at or after this time (RFC 3339, e.g. 2025-01-01T00:00:00Z).
+        #[arg(long)]
+        from: Option<String>,
+        /// Only entries before this time (RFC 3339).
+        #[arg(long)]
+        to: Option<String>,
         /// How many, 1 to 500.
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
         limit: u32,
@@ -297,9 +309,11 @@ enum Command {
     },
     /// Spend from the ledger, grouped (finance, admin, infra: every team; developers: their own).
     Spend {
-        /// What one row adds up.
+        /// What one row adds up (`usage`: jobs apart from the boot and idle time of burst
+        /// instances, which are the team's overhead).
         #[arg(long, default_value = "team",
-              value_parser = PossibleValuesParser::new(["team", "project", "region", "provider", "pool"]))]
+              value_parser = PossibleValuesParser::new(
+                  ["team", "project", "region", "provider", "pool", "usage"]))]
         group_by: String,
         /// From this time (RFC 3339, e.g. 2025-01-01T00:00:00Z).
         #[arg(long)]
@@ -654,9 +668,23 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
         Command::Budgets { client } => done(cli::budgets(&connect(&client)?).await),
         Command::Audit {
             target,
+            actor,
+            action,
+            from,
+            to,
             limit,
             client,
-        } => done(cli::audit(&connect(&client)?, target, limit).await),
+        } => {
+            let filters = cli::AuditFilters {
+                target,
+                actor,
+                action,
+                from,
+                to,
+                limit,
+            };
+            done(cli::audit(&connect(&client)?, filters).await)
+        }
         Command::Token { command } => match command {
             TokenCommand::Create {
                 role,

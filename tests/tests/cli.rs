@@ -307,6 +307,41 @@ async fn the_cli_lists_instances_budgets_audit_and_tokens_and_revokes_one() {
     let (ok, out, err) = run_cli(&broker, &admin, &["token", "revoke", &id]).await;
     assert!(ok, "{err}");
     assert_eq!(out.trim(), format!("{id} revoked"));
+    // The audit by action, actor and time: the policy change, not the tokens.
+    let (ok, out, err) = run_cli(
+        &broker,
+        &admin,
+        &[
+            "audit",
+            "--action",
+            "policy.put",
+            "--from",
+            "2000-01-01T00:00:00Z",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines().count(),
+        2,
+        "a header and the policy change: {out}"
+    );
+    assert!(
+        out.contains("policy:ml") && !out.contains("token.create"),
+        "{out}"
+    );
+    let (ok, out, err) = run_cli(
+        &broker,
+        &admin,
+        &["audit", "--to", "2000-01-01T00:00:00Z", "--json"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["entries"], json!([]), "nothing before 2000: {v}");
+    let (ok, out, err) = run_cli(&broker, &admin, &["audit", "--actor", "nobody:here"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1, "the header alone: {out}");
     let (ok, _, err) = run_cli(&broker, &dev, &["jobs"]).await;
     assert!(!ok && err.contains("401"), "{err}");
 }
@@ -405,6 +440,8 @@ async fn every_client_command_prints_json_with_json() {
     assert_eq!(v["regions"][0]["id"], "onprem:e2e-dc", "{v}");
     let v = run(&["spend", "--json"]).await;
     assert_eq!(v["group_by"], "team", "{v}");
+    let v = run(&["spend", "--group-by", "usage", "--json"]).await;
+    assert_eq!(v["group_by"], "usage", "{v}");
     let v = run(&["policy", "what-if", &draft, "--team", "ml", "--json"]).await;
     assert!(v["jobs"].as_u64().unwrap() >= 1, "{v}");
     assert!(v["current"]["total_cost_usd"].is_number(), "{v}");
@@ -908,7 +945,7 @@ fn help_lists_possible_values_and_keeps_connection_options_on_client_commands() 
     assert!(jobs.contains("SWITCHYARD_URL"), "{jobs}");
     let spend = help(&["spend", "--help"]);
     assert!(
-        spend.contains("[possible values: team, project, region, provider, pool]"),
+        spend.contains("[possible values: team, project, region, provider, pool, usage]"),
         "{spend}"
     );
     let token = help(&["token", "create", "--help"]);
