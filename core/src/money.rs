@@ -63,14 +63,15 @@ impl Money {
     pub fn usd_text(self) -> String {
         let sign = if self.0 < 0 { "-" } else { "" };
         let abs = self.0.unsigned_abs();
-        let (whole, frac) = if abs >= 1_000_000 || abs.is_multiple_of(10_000) {
+        // Decided after rounding to four places, so `$0.99999` reads `$1.00`, not `$1.0000`.
+        let ten_thousandths = (abs + 50) / 100;
+        let (whole, frac) = if abs >= 1_000_000 || ten_thousandths.is_multiple_of(100) {
             let cents = (abs + 5_000) / 10_000;
             (cents / 100, format!("{:02}", cents % 100))
         } else {
-            let tenths_of_cents = (abs + 50) / 100;
             (
-                tenths_of_cents / 10_000,
-                format!("{:04}", tenths_of_cents % 10_000),
+                ten_thousandths / 10_000,
+                format!("{:04}", ten_thousandths % 10_000),
             )
         };
         let digits = whole.to_string();
@@ -150,6 +151,10 @@ mod tests {
             (1_234_567_891_000, "$1,234,567.89"),
             (2_945_000, "$2.95"),
             (-500_000, "-$0.50"),
+            (999_990, "$1.00"),
+            (999_500, "$0.9995"),
+            (40, "$0.00"),
+            (10_040, "$0.01"),
         ] {
             assert_eq!(Money(micros).usd_text(), shown, "{micros}");
         }
