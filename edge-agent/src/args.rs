@@ -28,8 +28,8 @@ pub struct AgentArgs {
     )]
     pub brokers: Vec<Url>,
 
-    /// One-time enrolment token (from `switchyard token create`). Not needed when --state-dir
-    /// holds an earlier enrolment.
+    /// One-time enrolment token (from `switchyard enrolment-token --pool POOL` or
+    /// `POST /api/v1/enrolment-tokens`). Not needed when --state-dir holds an earlier enrolment.
     #[arg(long, env = ENROL_TOKEN_ENV, value_name = "TOKEN", hide_env_values = true)]
     pub enrol_token: Option<Secret>,
 
