@@ -401,6 +401,9 @@ async fn every_change_is_audited_and_the_log_cannot_be_rewritten() {
     let by_actor = audit(&app, &format!("?actor={finance_actor}")).await;
     assert_eq!(by_actor.len(), 2, "{by_actor:?}");
     assert!(by_actor.iter().all(|e| e["actor"] == finance_actor));
+    // A role alone matches its actors: the two policy puts by finance.
+    assert_eq!(audit(&app, "?actor=finance").await, by_actor);
+    assert!(audit(&app, "?actor=financ").await.is_empty());
     let by_action = audit(&app, "?action=token.create").await;
     assert_eq!(by_action.len(), 2, "{by_action:?}");
     let newest = entries[0]["at"].as_str().unwrap();

@@ -23,7 +23,8 @@ pub struct AuditParams {
     cursor: Option<String>,
     /// Only entries about this target, e.g. `policy:ml` or `pool:onprem:sh-dc1/dgx-h100`.
     target: Option<String>,
-    /// Only entries by this actor, e.g. `finance:alice` or `system`.
+    /// Only entries by this actor, e.g. `finance:alice` or `system`; a role alone (`finance`)
+    /// matches every actor of that role.
     actor: Option<String>,
     /// Only entries of this action, e.g. `policy.update` or `budget.alert`.
     action: Option<String>,

@@ -1651,7 +1651,8 @@ impl Store for PgStore {
         let rows = sqlx::query(
             "SELECT id, at, actor, action, target, before_json, after_json FROM audit_log \
              WHERE ($1::TEXT IS NULL OR target = $1) AND ($2::BIGINT IS NULL OR id < $2) \
-             AND ($4::TEXT IS NULL OR actor = $4) AND ($5::TEXT IS NULL OR action = $5) \
+             AND ($4::TEXT IS NULL OR actor = $4 \
+             OR substr(actor, 1, length($4::TEXT) + 1) = $4 || ':') AND ($5::TEXT IS NULL OR action = $5) \
              AND ($6::TIMESTAMPTZ IS NULL OR at >= $6) AND ($7::TIMESTAMPTZ IS NULL OR at < $7) \
              ORDER BY id DESC LIMIT $3",
         )

@@ -370,7 +370,7 @@ pub struct AuditRecord {
 pub struct AuditFilter {
     /// Only entries for this target (exact).
     pub target: Option<String>,
-    /// Only entries by this actor (exact, e.g. `finance:alice`).
+    /// Only entries by this actor (`finance:alice`), or by every actor of a role (`finance`).
     pub actor: Option<String>,
     /// Only entries of this action (exact, e.g. `policy.update`).
     pub action: Option<String>,

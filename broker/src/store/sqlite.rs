@@ -1291,7 +1291,8 @@ impl Store for SqliteStore {
         let rows = sqlx::query(
             "SELECT id, at, actor, action, target, before_json, after_json FROM audit_log \
              WHERE ($1 IS NULL OR target = $1) AND ($2 IS NULL OR id < $2) \
-             AND ($4 IS NULL OR actor = $4) AND ($5 IS NULL OR action = $5) \
+             AND ($4 IS NULL OR actor = $4 \
+             OR substr(actor, 1, length($4) + 1) = $4 || ':') AND ($5 IS NULL OR action = $5) \
              AND ($6 IS NULL OR at >= $6) AND ($7 IS NULL OR at < $7) \
              ORDER BY id DESC LIMIT $3",
         )
