@@ -732,7 +732,7 @@ async fn accrual_shows_spend_to_date_and_settles_exactly_once_across_a_restart()
     }
     let sum: i64 = entries.iter().map(|e| e.amount.micros()).sum();
     let want = Money(4_000_000)
-        .per_hour_for_secs(finished.secs_since(started))
+        .per_hour_for_secs(finished.billed_secs_since(started))
         .micros();
     assert_eq!(sum, want);
     assert_eq!(settled, want);
@@ -813,7 +813,7 @@ async fn a_soft_budget_alerts_once_per_threshold_at_the_teams_onprem_rate_and_ne
     let view = app.job(&dev, &job).await.body;
     let (started, finished) = (time_of(&view["started_at"]), time_of(&view["finished_at"]));
     let want = Money(36_000_000)
-        .per_hour_for_secs(finished.secs_since(started))
+        .per_hour_for_secs(finished.billed_secs_since(started))
         .micros();
     assert_eq!(micros(&view["cost_usd"]), want, "{view}");
     let budgets = app
@@ -1227,9 +1227,9 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
             )
         })
         .collect();
-    // 10.004 s run, 10 whole seconds billed.
-    assert_eq!(spans, vec![(1_000, 11_004, 10_000)]);
-    assert_eq!(store.ledger_total().await.unwrap(), 10_000);
+    // 10.004 s run: 11 seconds billed, a started second counting in full.
+    assert_eq!(spans, vec![(1_000, 11_004, 11_000)]);
+    assert_eq!(store.ledger_total().await.unwrap(), 11_000);
 }
 
 /// Enrols node `n1` of `pool` at `at` (for `instance`, when given) with a token made at

@@ -37,6 +37,15 @@ impl Timestamp {
     pub fn secs_since(self, earlier: Timestamp) -> i64 {
         (self.0.saturating_sub(earlier.0)).max(0) / 1000
     }
+
+    /// The seconds billed from `earlier` to here: a started second counts in full (what the
+    /// ledger charges; 300 ms is one second).
+    pub fn billed_secs_since(self, earlier: Timestamp) -> i64 {
+        (self.0.saturating_sub(earlier.0))
+            .max(0)
+            .saturating_add(999)
+            / 1000
+    }
 }
 
 impl fmt::Display for Timestamp {

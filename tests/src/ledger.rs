@@ -124,10 +124,11 @@ fn read_pg(url: &str) -> (Vec<AttemptRow>, Vec<EntryRow>, i64) {
     (attempts, entries, total)
 }
 
-/// What an attempt at `rate` costs for `ms` milliseconds: whole seconds, rounded up to the
-/// micro-dollar (the broker's `Money::per_hour_for_secs`).
+/// What an attempt at `rate` costs for `ms` milliseconds: whole seconds, a started second in
+/// full, rounded up to the micro-dollar (the broker's `Timestamp::billed_secs_since` and
+/// `Money::per_hour_for_secs`).
 fn cost(rate: i64, ms: i64) -> i64 {
-    (rate * (ms.max(0) / 1000) + 3599) / 3600
+    (rate * ((ms.max(0) + 999) / 1000) + 3599) / 3600
 }
 
 /// Audits the ledger of `broker` (whose database is `pg_url` when on PostgreSQL, else its

@@ -39,7 +39,8 @@ fn view(i: &InstanceRecord, now: switchyard_core::Timestamp, min_billed_s: i64) 
             } else {
                 now
             };
-            let mut secs = end.secs_since(launched);
+            // The ledger's rule (`store::stretches::cost_to`): a started second in full.
+            let mut secs = end.billed_secs_since(launched);
             if i.state == InstanceState::Terminated {
                 // What the ledger charged: the provider's minimum applies to ended instances.
                 secs = secs.max(min_billed_s);

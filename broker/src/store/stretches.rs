@@ -1,6 +1,6 @@
 //! Who a cloud instance's time is charged to, stretch by stretch: pure, shared by both stores.
 
-use switchyard_core::Timestamp;
+use switchyard_core::{Money, Timestamp};
 
 /// An attempt that ran on the instance's node from `start` to `end` (still running: `None`).
 pub(crate) struct Occupant<O> {
@@ -47,6 +47,14 @@ pub(crate) fn stretches<'a, O: PartialEq>(
         out.push((until, until, owner_at(until)));
     }
     out
+}
+
+/// What a source accrues from `origin` to `t` at `rate` per hour: whole seconds, a started
+/// second counted in full (a job that ran 300 ms pays for one second), rounded up to the
+/// micro-dollar. Cumulative, so a source's entries (each `cost_to(end) − cost_to(start)`) add up
+/// to exactly its rate × its billed time however many passes wrote them.
+pub(crate) fn cost_to(rate: Money, origin: Timestamp, t: Timestamp) -> i64 {
+    rate.per_hour_for_secs(t.billed_secs_since(origin)).micros()
 }
 
 /// The ledger kind of a cloud instance's time spent on a job.

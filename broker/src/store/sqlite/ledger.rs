@@ -10,7 +10,7 @@
 //! billed time however many passes wrote them.
 
 use super::*;
-use crate::store::stretches::{INSTANCE_JOB, Occupant, labelled, stretches};
+use crate::store::stretches::{INSTANCE_JOB, Occupant, cost_to, labelled, stretches};
 
 /// The attempts accrued by the ledger themselves: started, on a node no instance is bound to.
 const ATTEMPT_SELECT: &str = "SELECT a.id, a.job_id, a.pool_id, a.market, a.gpus_json, \
@@ -22,10 +22,6 @@ const ATTEMPT_SELECT: &str = "SELECT a.id, a.job_id, a.pool_id, a.market, a.gpus
      AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.node_id = a.node_id) ";
 
 const LIVE_ATTEMPT_STATES: [&str; 2] = ["running", "preempting"];
-
-fn cost_to(rate: Money, origin: Timestamp, t: Timestamp) -> i64 {
-    rate.per_hour_for_secs(t.secs_since(origin)).micros()
-}
 
 struct Entry<'a> {
     kind: &'static str,
