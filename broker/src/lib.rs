@@ -22,6 +22,7 @@ pub mod error;
 pub mod heartbeats;
 pub mod json;
 pub mod leader;
+pub mod lease;
 pub mod ledger;
 pub mod limits;
 pub mod metrics;

@@ -27,6 +27,9 @@ use switchyard_core::{
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventResult, Inventory};
 use uuid::Uuid;
 
+// The lease rule the stores carry out (`lease.rs` decides; the stores apply).
+use crate::lease::{self, AttemptState, Requeue, Verdict};
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database error: {0}")]
@@ -179,90 +182,6 @@ pub(crate) fn rates_by_team(
         }
     }
     by_team.into_iter().collect()
-}
-
-/// What an attempt's `finished` report makes of its job, and the reason shown to users: the
-/// one rule both stores apply.
-pub fn finished_outcome(
-    cancel_requested: bool,
-    exit_code: Option<i32>,
-    signal: Option<i32>,
-    error: Option<&str>,
-    stopped: bool,
-) -> (JobState, Option<String>) {
-    let state = if cancel_requested {
-        JobState::Cancelled
-    } else if exit_code == Some(0) && error.is_none() {
-        JobState::Succeeded
-    } else {
-        JobState::Failed
-    };
-    let reason = match (state, exit_code, signal, error) {
-        (JobState::Cancelled, ..) => Some("cancelled by user".to_string()),
-        (_, _, _, Some(e)) => Some(e.to_string()),
-        (JobState::Failed, Some(c), _, _) => Some(format!("exited with code {c}")),
-        (JobState::Failed, None, Some(s), _) => Some(format!("killed by signal {s}")),
-        (JobState::Failed, None, None, None) if stopped => Some("stopped by the agent".into()),
-        // A failed job always says why, even when its agent could not tell how it ended.
-        (JobState::Failed, None, None, None) => {
-            Some("ended without an exit code or a signal".into())
-        }
-        _ => None,
-    };
-    (state, reason)
-}
-
-/// Why an attempt that ended goes back to the queue instead of ending its job.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Requeue<'a> {
-    /// Stopped for a preemption: the attempt is `preempted`; the job keeps the reason the
-    /// preemption wrote (which notes the progress made).
-    Preempted,
-    /// The agent stopped it on its own because it could not renew its lease in time
-    /// (`requeue` on its report, with the agent's message): the attempt is `lost`, as when
-    /// the lease expires, and the job runs again.
-    Fenced(Option<&'a str>),
-    /// Its agent was shut down in an orderly way and stopped it with the checkpoint signal
-    /// (`drained` on its report, with the agent's message): the attempt is `preempted`, and
-    /// the job runs again. Never `failed`: the job did nothing wrong.
-    Drained(Option<&'a str>),
-}
-
-impl<'a> Requeue<'a> {
-    /// Whether a `finished` report from an attempt in `state` puts its job back in the queue,
-    /// and why: the end of a preemption, or of a job its agent stopped because it could not
-    /// renew its lease (`requeue` on the report, with the agent's `error`), or of a job its
-    /// agent stopped because it was shutting down (`drained`). The one rule both stores apply.
-    pub(crate) fn of_finished(
-        state: &str,
-        requeue: bool,
-        drained: bool,
-        error: Option<&'a str>,
-    ) -> Option<Requeue<'a>> {
-        match state {
-            "preempting" => Some(Requeue::Preempted),
-            "assigned" | "running" if requeue => Some(Requeue::Fenced(error)),
-            "assigned" | "running" if drained => Some(Requeue::Drained(error)),
-            _ => None,
-        }
-    }
-
-    /// The attempt's state, the error to note on the attempt, and the job's new reason.
-    pub(crate) fn parts(self) -> (&'static str, Option<&'a str>, Option<&'static str>) {
-        match self {
-            Requeue::Preempted => ("preempted", None, None),
-            Requeue::Fenced(error) => (
-                "lost",
-                error,
-                Some("requeued: its agent could not renew the lease in time and stopped it"),
-            ),
-            Requeue::Drained(error) => (
-                "preempted",
-                error,
-                Some("requeued: its agent was shut down and stopped it with the checkpoint signal"),
-            ),
-        }
-    }
 }
 
 /// A heartbeat kept in memory and written with others in one transaction
@@ -626,6 +545,7 @@ pub trait Store: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::finished_outcome;
 
     /// Found by the `agent_protocol` fuzz target: an attempt named twice (a heartbeat that
     /// repeats itself) was told to stop twice.

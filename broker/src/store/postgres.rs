@@ -1839,7 +1839,7 @@ impl Store for PgStore {
                 | AgentEvent::Finished { attempt, .. } => attempt,
             };
             let Ok(epoch) = i64::try_from(attempt.epoch) else {
-                results.push(rejected("not a lease of this agent"));
+                results.push(rejected(lease::NOT_A_LEASE));
                 continue;
             };
             let row = sqlx::query(
@@ -1853,161 +1853,158 @@ impl Store for PgStore {
             .bind(epoch)
             .fetch_optional(&mut *tx)
             .await?;
-            let Some(row) = row else {
-                results.push(rejected("not a lease of this agent"));
-                continue;
+            let (state, attempt_no, cancel_requested) = match &row {
+                Some(row) => {
+                    let text: String = row.try_get("state")?;
+                    let state = AttemptState::parse(&text)
+                        .ok_or_else(|| corrupt(format!("bad attempt state {text:?}")))?;
+                    (
+                        Some(state),
+                        row.try_get::<i64, _>("attempt_no")?,
+                        row.try_get::<bool, _>("cancel_requested")?,
+                    )
+                }
+                None => (None, 0, false),
             };
-            let state: String = row.try_get("state")?;
-            let attempt_no: i64 = row.try_get("attempt_no")?;
-            let cancel_requested: bool = row.try_get("cancel_requested")?;
-            let result = match event {
-                AgentEvent::Started { .. } => match state.as_str() {
-                    "assigned" => {
-                        sqlx::query(
-                            "UPDATE attempts SET state = 'running', started_at = $1 WHERE id = $2",
+            // The lease rule decides (`lease.rs`); this carries its verdict out.
+            let result = match (lease::judge(state, event, cancel_requested), event) {
+                (Verdict::Reject(why), _) => rejected(why),
+                (Verdict::Duplicate, _) => duplicate(),
+                (Verdict::Start, _) => {
+                    sqlx::query(
+                        "UPDATE attempts SET state = 'running', started_at = $1 WHERE id = $2",
+                    )
+                    .bind(tz(now))
+                    .bind(attempt.attempt_id)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(
+                        "UPDATE jobs SET state = 'running', started_at = $1, \
+                         version = version + 1 WHERE id = $2 AND current_attempt = $3",
+                    )
+                    .bind(tz(now))
+                    .bind(attempt.job_id)
+                    .bind(attempt.attempt_id)
+                    .execute(&mut *tx)
+                    .await?;
+                    accepted()
+                }
+                (
+                    Verdict::KeepLog,
+                    AgentEvent::Log {
+                        seq, stream, data, ..
+                    },
+                ) => {
+                    let Ok(seq) = i64::try_from(*seq) else {
+                        results.push(rejected("log chunk sequence number out of range"));
+                        continue;
+                    };
+                    let id = attempt.attempt_id;
+                    let stored = async |tx: &mut Tx, n: i64| -> StoreResult<bool> {
+                        let found: Option<i64> = sqlx::query_scalar(
+                            "SELECT seq FROM log_chunks WHERE attempt_id = $1 AND seq = $2",
                         )
-                        .bind(tz(now))
-                        .bind(attempt.attempt_id)
-                        .execute(&mut *tx)
+                        .bind(id)
+                        .bind(n)
+                        .fetch_optional(&mut **tx)
                         .await?;
-                        sqlx::query(
-                            "UPDATE jobs SET state = 'running', started_at = $1, \
-                             version = version + 1 WHERE id = $2 AND current_attempt = $3",
-                        )
-                        .bind(tz(now))
-                        .bind(attempt.job_id)
-                        .bind(attempt.attempt_id)
-                        .execute(&mut *tx)
-                        .await?;
-                        accepted()
-                    }
-                    "running" | "finished" | "preempting" => duplicate(),
-                    _ => rejected("the lease was withdrawn"),
-                },
-                AgentEvent::Log {
-                    seq, stream, data, ..
-                } => {
-                    if matches!(
-                        state.as_str(),
-                        "assigned" | "running" | "finished" | "preempting"
-                    ) {
-                        let Ok(seq) = i64::try_from(*seq) else {
-                            results.push(rejected("log chunk sequence number out of range"));
-                            continue;
-                        };
-                        let id = attempt.attempt_id;
-                        let stored = async |tx: &mut Tx, n: i64| -> StoreResult<bool> {
-                            let found: Option<i64> = sqlx::query_scalar(
-                                "SELECT seq FROM log_chunks WHERE attempt_id = $1 AND seq = $2",
-                            )
-                            .bind(id)
-                            .bind(n)
-                            .fetch_optional(&mut **tx)
-                            .await?;
-                            Ok(found.is_some())
-                        };
-                        // Chunks are numbered from 0 without gaps: one that does not follow a
-                        // stored one is a retry (already stored) or a broken agent.
-                        if seq > 0 && !stored(&mut tx, seq - 1).await? {
-                            results.push(if stored(&mut tx, seq).await? {
-                                duplicate()
-                            } else {
-                                rejected(
-                                    "log chunk out of sequence: the one before it was never sent",
-                                )
-                            });
-                            continue;
-                        }
-                        let inserted = sqlx::query(
-                            "INSERT INTO log_chunks (job_id, attempt_id, attempt_no, seq, stream, \
-                             data, at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                             ON CONFLICT (attempt_id, seq) DO NOTHING",
-                        )
-                        .bind(attempt.job_id)
-                        .bind(attempt.attempt_id)
-                        .bind(attempt_no)
-                        .bind(seq)
-                        .bind(stream_str(*stream))
-                        .bind(data)
-                        .bind(tz(now))
-                        .execute(&mut *tx)
-                        .await?;
-                        if inserted.rows_affected() == 1 {
-                            accepted()
-                        } else {
+                        Ok(found.is_some())
+                    };
+                    // Chunks are numbered from 0 without gaps: one that does not follow a
+                    // stored one is a retry (already stored) or a broken agent.
+                    if seq > 0 && !stored(&mut tx, seq - 1).await? {
+                        results.push(if stored(&mut tx, seq).await? {
                             duplicate()
-                        }
+                        } else {
+                            rejected("log chunk out of sequence: the one before it was never sent")
+                        });
+                        continue;
+                    }
+                    let inserted = sqlx::query(
+                        "INSERT INTO log_chunks (job_id, attempt_id, attempt_no, seq, stream, \
+                         data, at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                         ON CONFLICT (attempt_id, seq) DO NOTHING",
+                    )
+                    .bind(attempt.job_id)
+                    .bind(attempt.attempt_id)
+                    .bind(attempt_no)
+                    .bind(seq)
+                    .bind(stream_str(*stream))
+                    .bind(data)
+                    .bind(tz(now))
+                    .execute(&mut *tx)
+                    .await?;
+                    if inserted.rows_affected() == 1 {
+                        accepted()
                     } else {
-                        rejected("the lease was withdrawn")
+                        duplicate()
                     }
                 }
-                AgentEvent::Finished {
-                    exit_code,
-                    signal,
-                    error,
-                    stopped,
-                    requeue,
-                    drained,
-                    ..
-                } => match (
-                    state.as_str(),
-                    super::Requeue::of_finished(&state, *requeue, *drained, error.as_deref()),
-                ) {
-                    (_, Some(how)) => {
-                        let job = finish_requeued(&mut tx, attempt, *exit_code, *signal, now, how)
-                            .await?;
-                        ended.push(EndedAttempt {
-                            attempt: AttemptId(attempt.attempt_id),
-                            job: JobId(attempt.job_id),
-                            node: node.clone(),
-                            final_state: job,
-                        });
-                        accepted()
-                    }
-                    ("assigned" | "running", None) => {
-                        let (final_state, reason) = super::finished_outcome(
-                            cancel_requested,
-                            *exit_code,
-                            *signal,
-                            error.as_deref(),
-                            *stopped,
-                        );
-                        sqlx::query(
-                            "UPDATE attempts SET state = 'finished', finished_at = $1, \
-                             exit_code = $2, signal = $3, error = $4 WHERE id = $5",
-                        )
-                        .bind(tz(now))
-                        .bind(exit_code.map(i64::from))
-                        .bind(signal.map(i64::from))
-                        .bind(error)
-                        .bind(attempt.attempt_id)
-                        .execute(&mut *tx)
-                        .await?;
-                        let end = ledger::settle_attempt(&mut tx, attempt.attempt_id, now).await?;
-                        sqlx::query(
-                            "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
-                             reason = $4, version = version + 1 \
-                             WHERE id = $5 AND current_attempt = $6",
-                        )
-                        .bind(final_state.as_str())
-                        .bind(tz(end))
-                        .bind(exit_code.map(i64::from))
-                        .bind(&reason)
-                        .bind(attempt.job_id)
-                        .bind(attempt.attempt_id)
-                        .execute(&mut *tx)
-                        .await?;
-                        ended.push(EndedAttempt {
-                            attempt: AttemptId(attempt.attempt_id),
-                            job: JobId(attempt.job_id),
-                            node: node.clone(),
-                            final_state,
-                        });
-                        accepted()
-                    }
-                    ("finished", None) => duplicate(),
-                    _ => rejected("the lease was withdrawn"),
-                },
+                (
+                    Verdict::Requeue(how),
+                    AgentEvent::Finished {
+                        exit_code, signal, ..
+                    },
+                ) => {
+                    let job =
+                        finish_requeued(&mut tx, attempt, *exit_code, *signal, now, how).await?;
+                    ended.push(EndedAttempt {
+                        attempt: AttemptId(attempt.attempt_id),
+                        job: JobId(attempt.job_id),
+                        node: node.clone(),
+                        final_state: job,
+                    });
+                    accepted()
+                }
+                (
+                    Verdict::Finish {
+                        state: final_state,
+                        reason,
+                    },
+                    AgentEvent::Finished {
+                        exit_code,
+                        signal,
+                        error,
+                        ..
+                    },
+                ) => {
+                    sqlx::query(
+                        "UPDATE attempts SET state = 'finished', finished_at = $1, \
+                         exit_code = $2, signal = $3, error = $4 WHERE id = $5",
+                    )
+                    .bind(tz(now))
+                    .bind(exit_code.map(i64::from))
+                    .bind(signal.map(i64::from))
+                    .bind(error)
+                    .bind(attempt.attempt_id)
+                    .execute(&mut *tx)
+                    .await?;
+                    let end = ledger::settle_attempt(&mut tx, attempt.attempt_id, now).await?;
+                    sqlx::query(
+                        "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
+                         reason = $4, version = version + 1 \
+                         WHERE id = $5 AND current_attempt = $6",
+                    )
+                    .bind(final_state.as_str())
+                    .bind(tz(end))
+                    .bind(exit_code.map(i64::from))
+                    .bind(&reason)
+                    .bind(attempt.job_id)
+                    .bind(attempt.attempt_id)
+                    .execute(&mut *tx)
+                    .await?;
+                    ended.push(EndedAttempt {
+                        attempt: AttemptId(attempt.attempt_id),
+                        job: JobId(attempt.job_id),
+                        node: node.clone(),
+                        final_state,
+                    });
+                    accepted()
+                }
+                // The rule gives these verdicts only for these reports.
+                (Verdict::KeepLog | Verdict::Finish { .. } | Verdict::Requeue(_), _) => {
+                    rejected("the report does not fit its verdict")
+                }
             };
             results.push(result);
         }
@@ -2105,14 +2102,14 @@ async fn end_node_work(
 }
 
 /// The end of an attempt that puts its job back in the queue (or `cancelled`): stopped for a
-/// preemption, or by its agent's self-fencing ([`super::Requeue`]). Returns the job's new state.
+/// preemption, or by its agent's self-fencing ([`Requeue`]). Returns the job's new state.
 async fn finish_requeued(
     tx: &mut Tx,
     attempt: &AttemptRef,
     exit_code: Option<i32>,
     signal: Option<i32>,
     now: Timestamp,
-    how: super::Requeue<'_>,
+    how: Requeue<'_>,
 ) -> StoreResult<JobState> {
     let (attempt_state, error, reason) = how.parts();
     sqlx::query(
@@ -2123,7 +2120,7 @@ async fn finish_requeued(
     .bind(exit_code.map(i64::from))
     .bind(signal.map(i64::from))
     .bind(attempt.attempt_id)
-    .bind(attempt_state)
+    .bind(attempt_state.as_str())
     .bind(error)
     .execute(&mut **tx)
     .await?;

@@ -4,7 +4,8 @@
 //! Agent → broker (register, heartbeat, events) is read with the broker's JSON reader
 //! (`json::parse`, what `ApiJson` runs) and put through the rules the handlers and both stores
 //! apply without a database: the node name made from the hostname, which attempts a heartbeat
-//! stops (`heartbeat_stops`), what a `finished` report makes of a job (`finished_outcome`).
+//! stops (`heartbeat_stops`), the lease rule's verdict on every report in every attempt state
+//! (`lease::judge`), what a `finished` report makes of a job (`finished_outcome`).
 //! Broker → agent (the register, heartbeat, work and events answers) is read the way the
 //! agent's client reads it (`serde_json::from_slice`), and every lease goes through what the
 //! agent does with it before and after spawning: the attempt table, the grace period and its
@@ -24,7 +25,8 @@ use switchyard_agent::attempts::{AttemptTable, StopReason};
 use switchyard_agent::inventory::cuda_visible_devices;
 use switchyard_agent::runner::{self, MAX_GRACE, RunOptions};
 use switchyard_broker::error::ApiError;
-use switchyard_broker::store::{finished_outcome, heartbeat_stops};
+use switchyard_broker::lease::{self, AttemptState, Verdict, finished_outcome};
+use switchyard_broker::store::heartbeat_stops;
 use switchyard_core::JobState;
 use switchyard_protocol::agent::{
     AgentEvent, AttemptRef, EventBatch, EventBatchResponse, Heartbeat, HeartbeatResponse,
@@ -152,8 +154,42 @@ fn heartbeat(hb: &Heartbeat) {
     }
 }
 
+/// Every attempt state the stores keep.
+const STATES: [AttemptState; 7] = [
+    AttemptState::Assigned,
+    AttemptState::Running,
+    AttemptState::Preempting,
+    AttemptState::Finished,
+    AttemptState::Preempted,
+    AttemptState::Lost,
+    AttemptState::Cancelled,
+];
+
 fn events(batch: &EventBatch) {
     for e in &batch.events {
+        // The lease rule: a report about no lease, or about a withdrawn one, changes nothing;
+        // only a live lease starts, finishes or requeues; a verdict fits its report.
+        for cancel in [false, true] {
+            assert_eq!(
+                lease::judge(None, e, cancel),
+                Verdict::Reject(lease::NOT_A_LEASE)
+            );
+            for state in STATES {
+                let verdict = lease::judge(Some(state), e, cancel);
+                let changes = matches!(
+                    verdict,
+                    Verdict::Start | Verdict::Finish { .. } | Verdict::Requeue(_)
+                );
+                assert!(!changes || state.is_live(), "{state:?} {e:?}: {verdict:?}");
+                match (&verdict, e) {
+                    (Verdict::Start, AgentEvent::Started { .. })
+                    | (Verdict::KeepLog, AgentEvent::Log { .. })
+                    | (Verdict::Finish { .. } | Verdict::Requeue(_), AgentEvent::Finished { .. })
+                    | (Verdict::Duplicate | Verdict::Reject(_), _) => {}
+                    _ => panic!("{state:?} {e:?}: {verdict:?} does not fit the report"),
+                }
+            }
+        }
         if let AgentEvent::Finished {
             exit_code,
             signal,
