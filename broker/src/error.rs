@@ -193,3 +193,97 @@ impl From<JsonRejection> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use axum::body::to_bytes;
+
+    /// The one error shape, for every error class: status, code, message, field and details as
+    /// clients see them, as a snapshot (a change is a diff to review, never silent).
+    #[tokio::test]
+    async fn every_error_class_has_the_one_shape() {
+        let classes: Vec<(&str, ApiError)> = vec![
+            (
+                "invalid_field",
+                ApiError::invalid("resources.gpus", "must be at least 1"),
+            ),
+            (
+                "invalid_json",
+                ApiError::BadRequest {
+                    code: "invalid_json",
+                    field: None,
+                    message: "expected value at line 1 column 1".into(),
+                },
+            ),
+            ("unauthorized", ApiError::Unauthorized),
+            (
+                "forbidden",
+                ApiError::Forbidden("developers may not change policies".into()),
+            ),
+            ("csrf", ApiError::Csrf("missing X-CSRF-Token".into())),
+            ("not_found", ApiError::NotFound("job 0190".into())),
+            (
+                "conflict",
+                ApiError::Conflict("job 0190 already ended".into()),
+            ),
+            (
+                "unsatisfiable",
+                ApiError::unprocessable("resources.gpus", "no pool has 64 GPUs per node"),
+            ),
+            (
+                "unsatisfiable_with_details",
+                ApiError::Unprocessable {
+                    field: Some("regions".into()),
+                    message: "regions: no pool in these regions".into(),
+                    details: Some(serde_json::json!({"regions": ["aws:nowhere"]})),
+                },
+            ),
+            (
+                "policy_violation",
+                ApiError::PolicyViolation {
+                    field: "resources.gpu_models".into(),
+                    message: "the team's policy allows only onprem".into(),
+                },
+            ),
+            (
+                "idempotency_key_reused",
+                ApiError::IdempotencyKeyReused { job: "0190".into() },
+            ),
+            (
+                "unavailable",
+                ApiError::Unavailable("not the leader".into()),
+            ),
+            (
+                "request_timeout",
+                ApiError::RequestTimeout("body too slow".into()),
+            ),
+            (
+                "body_too_large",
+                ApiError::PayloadTooLarge("at most 1 MiB".into()),
+            ),
+            (
+                "rate_limited",
+                ApiError::TooManyRequests { retry_after_s: 3 },
+            ),
+            ("internal", ApiError::Internal("the disk is on fire".into())),
+        ];
+        let mut shapes = serde_json::Map::new();
+        for (name, error) in classes {
+            let response = error.into_response();
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
+            let body = to_bytes(response.into_body(), 1 << 16).await.unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            shapes.insert(
+                name.into(),
+                serde_json::json!({"status": status, "retry_after": retry_after, "body": body}),
+            );
+        }
+        insta::assert_json_snapshot!("error_shapes", shapes);
+    }
+}

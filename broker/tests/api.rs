@@ -1020,3 +1020,16 @@ async fn openapi_health_and_regions() {
     assert_eq!(r["provider"], "onprem");
     assert_eq!(r["pools"], 1);
 }
+
+/// The served `/openapi.json`, as a snapshot: any change to the contract (a route, a field, a
+/// description, an error) shows as a diff to review (`cargo insta review`), never silently.
+#[tokio::test]
+async fn the_openapi_document_is_the_snapshot() {
+    let app = TestApp::spawn().await;
+    let doc = app.call(Method::GET, "/openapi.json", None, None).await;
+    assert_eq!(doc.status, StatusCode::OK);
+    let mut body = doc.body;
+    // The crate version is the only field a release changes without changing the contract.
+    body["info"]["version"] = "(version)".into();
+    insta::assert_json_snapshot!("openapi", body);
+}

@@ -148,18 +148,7 @@ pub fn simulate(
         let wall_ms = start.elapsed().as_secs_f64() * 1000.0;
         let plan_ms = timed.spent.as_secs_f64() * 1000.0;
         let r = report::scheduler_report(&result, plan_ms, wall_ms);
-        eprintln!(
-            "{:<11} cost ${:>12.2}  deadlines met {:>6.2}%  delay p50 {:>8.0}s p99 {:>9.0}s  \
-             bursts {:>6}  scheduler {:>8.0} ms  wall {:>8.0} ms",
-            result.scheduler,
-            r.total_cost_usd,
-            r.deadline_met_fraction * 100.0,
-            r.queue_delay_s.p50,
-            r.queue_delay_s.p99,
-            r.burst_instances,
-            plan_ms,
-            wall_ms
-        );
+        eprintln!("{}", summary_line(&result.scheduler, &r));
         reports.insert(result.scheduler.clone(), r);
         results.push(result);
     }
@@ -219,4 +208,20 @@ fn ratios(
         }
     }
     out
+}
+
+/// The line `simulate` prints for one scheduler (README explains the columns).
+pub fn summary_line(name: &str, r: &report::SchedulerReport) -> String {
+    format!(
+        "{:<11} cost ${:>12.2}  deadlines met {:>6.2}%  delay p50 {:>8.0}s p99 {:>9.0}s  \
+         bursts {:>6}  scheduler {:>8.0} ms  wall {:>8.0} ms",
+        name,
+        r.total_cost_usd,
+        r.deadline_met_fraction * 100.0,
+        r.queue_delay_s.p50,
+        r.queue_delay_s.p99,
+        r.burst_instances,
+        r.plan_time_ms,
+        r.simulation_wall_ms
+    )
 }

@@ -3,12 +3,12 @@
 //! money covers the whole replay, warm-up jobs included, like the lower bound it is compared to.
 
 use super::svg::{Series, bar_chart, line_chart};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use switchyard_core::Money;
 use switchyard_core::sim::SimResult;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     pub schedulers: BTreeMap<String, SchedulerReport>,
     pub lp_lower_bound_usd: f64,
@@ -19,7 +19,7 @@ pub struct Report {
     pub scenario: serde_json::Value,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct TraceInfo {
     pub file: String,
     pub format: String,
@@ -30,7 +30,7 @@ pub struct TraceInfo {
     pub multi_node_jobs_folded: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct SchedulerReport {
     pub jobs: usize,
     pub total_cost_usd: f64,
@@ -48,13 +48,13 @@ pub struct SchedulerReport {
     pub simulation_wall_ms: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Delay {
     pub p50: f64,
     pub p99: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Breakdown {
     pub cloud_busy: f64,
     pub cloud_idle: f64,

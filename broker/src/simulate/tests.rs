@@ -212,3 +212,21 @@ fn extreme_trace_rows_and_scenarios_do_not_overflow() {
     }
     assert!(s.measure_from() > Timestamp::from_secs(scenario::EPOCH_S));
 }
+
+/// The report `simulate` writes and the summary line it prints per scheduler, on the small
+/// trace, as a snapshot: the format, and the decisions behind the figures, change only with a
+/// reviewed diff. Timings (which differ run to run) and the temporary trace path are masked.
+#[test]
+fn the_report_and_summary_are_the_snapshot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut v = report_json(&small_scenario(), &small_trace(), dir.path());
+    v["trace"]["file"] = "(trace)".into();
+    insta::assert_json_snapshot!("simulate_report", v);
+    let report: report::Report = serde_json::from_value(v).expect("reads back");
+    let lines: Vec<String> = report
+        .schedulers
+        .iter()
+        .map(|(name, r)| summary_line(name, r))
+        .collect();
+    insta::assert_snapshot!("simulate_summary", lines.join("\n"));
+}
