@@ -38,3 +38,13 @@ if [ -n "$differ" ]; then
   exit 1
 fi
 echo "check-features: the broker alone and --workspace build every crate they share with the same features ($(printf '%s\n' "$default" | wc -l) in the broker's build)"
+
+# Layering: the broker's library never uses the agent's crate; only `switchyard agent`
+# (broker/src/main.rs) runs it, so `up` needs one binary. What both need is in `support/`.
+uses=$(grep -rlnw 'switchyard_agent' broker/src --include='*.rs' | grep -v '^broker/src/main\.rs$' || true)
+if [ -n "$uses" ]; then
+  echo "check-features: the broker's library uses switchyard_agent (move what it needs to support/):" >&2
+  printf '  %s\n' $uses >&2
+  exit 1
+fi
+echo "check-features: the broker's library does not use the agent's crate"

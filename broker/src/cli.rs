@@ -165,9 +165,11 @@ impl Client {
     pub fn with_ca(url: &str, token: String, ca_cert: Option<&Path>) -> anyhow::Result<Client> {
         let mut builder = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
-            .pool_idle_timeout(switchyard_agent::client::POOL_IDLE_TIMEOUT);
+            .pool_idle_timeout(switchyard_support::http::POOL_IDLE_TIMEOUT);
         if let Some(path) = ca_cert {
-            builder = builder.tls_certs_only(switchyard_agent::client::read_ca(path)?);
+            builder = builder.tls_certs_only(
+                switchyard_support::http::read_ca(path).map_err(anyhow::Error::msg)?,
+            );
         }
         let http = builder.build().context("building the HTTP client")?;
         Ok(Client {

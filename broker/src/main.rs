@@ -490,7 +490,7 @@ fn main() -> ExitCode {
         Command::Agent(_) => Some(("switchyard-agent", "info")),
         _ => None,
     }
-    .map(|(service, filter)| switchyard_agent::telemetry::init(service, args.json_logs, filter));
+    .map(|(service, filter)| switchyard_support::telemetry::init(service, args.json_logs, filter));
     let result = tokio::runtime::Runtime::new()
         .context("starting the async runtime")
         .and_then(|runtime| runtime.block_on(run(args, leaf(&matches))));

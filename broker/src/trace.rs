@@ -3,8 +3,8 @@
 //! children, and the agent's run span joins it through the lease. A no-op, without a database
 //! read, unless traces are exported (`OTEL_EXPORTER_OTLP_ENDPOINT`).
 
-use switchyard_agent::telemetry;
 use switchyard_core::JobId;
+use switchyard_support::telemetry;
 
 use crate::app::App;
 

@@ -17,7 +17,7 @@ use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use switchyard_agent::AgentArgs;
-use switchyard_agent::telemetry::{self, Exporter};
+use switchyard_support::telemetry::{self, Exporter};
 
 #[derive(Clone, Debug)]
 struct SeenSpan {

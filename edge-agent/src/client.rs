@@ -20,10 +20,6 @@ use thiserror::Error;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// Idle keep-alive connections are dropped after this, before the broker closes them (it
-/// does after `header_timeout_ms`, 10 s by default): a request sent on a connection the
-/// broker is closing at that moment fails with a reset.
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Added to a long-poll's `wait_s` for the request timeout, so that a broker answering at the
 /// end of the wait is not cut off.
 const POLL_MARGIN: Duration = Duration::from_secs(15);
@@ -82,7 +78,7 @@ impl BrokerClient {
         let brokers = Brokers::new(brokers).ok_or(AgentError::NoBroker)?;
         let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_idle_timeout(switchyard_support::http::POOL_IDLE_TIMEOUT)
             .user_agent(concat!("switchyard-agent/", env!("CARGO_PKG_VERSION")));
         if let Some(path) = ca_cert {
             builder = builder.tls_certs_only(read_ca(path)?);
@@ -244,16 +240,9 @@ fn url(base: &Url, path: &str) -> Result<Url, CallError> {
         .map_err(|e| CallError::Decode(format!("bad URL {path}: {e}")))
 }
 
-/// The certificates of the PEM file `path` (at least one); also what the `switchyard` CLI's
-/// `--ca-cert` reads.
+/// The certificates of the PEM file `path` (at least one).
 pub fn read_ca(path: &Path) -> Result<Vec<reqwest::Certificate>, AgentError> {
-    let bad = |why: String| AgentError::HttpClient(format!("--ca-cert {}: {why}", path.display()));
-    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(e.to_string()))?;
-    if certs.is_empty() {
-        return Err(bad("no PEM certificate in it".into()));
-    }
-    Ok(certs)
+    switchyard_support::http::read_ca(path).map_err(AgentError::HttpClient)
 }
 
 /// An error with its causes: reqwest's own message leaves out why ("connection refused").

@@ -30,7 +30,8 @@ pub mod isolation;
 pub mod logs;
 pub mod outbox;
 pub mod runner;
-pub mod telemetry;
+/// Logging and tracing set-up: shared with the broker, in `switchyard-support`.
+pub use switchyard_support::telemetry;
 
 pub use args::AgentArgs;
 pub use error::AgentError;

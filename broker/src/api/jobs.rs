@@ -90,7 +90,7 @@ pub async fn submit(
         spec: core_spec,
         spec_json,
         submitted_at: now,
-        trace_parent: switchyard_agent::telemetry::traceparent(&span),
+        trace_parent: switchyard_support::telemetry::traceparent(&span),
     };
     match &key {
         None => tracing::Instrument::instrument(app.store.insert_job(&job), span).await?,

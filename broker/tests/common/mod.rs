@@ -208,7 +208,7 @@ impl TestApp {
             // Idle connections dropped before the broker closes them (header_timeout_ms):
             // polls spaced ~10 s apart raced the close and got a reset.
             http: reqwest::Client::builder()
-                .pool_idle_timeout(switchyard_agent::client::POOL_IDLE_TIMEOUT)
+                .pool_idle_timeout(switchyard_support::http::POOL_IDLE_TIMEOUT)
                 .build()
                 .expect("an HTTP client"),
             _dir: dir,

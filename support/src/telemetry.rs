@@ -1,4 +1,4 @@
-//! Logging and tracing set-up shared by the agent and the broker (which embeds this crate).
+//! Logging and tracing set-up shared by the agent and the broker.
 //!
 //! Logs go to stderr as text or, on request, JSON lines. Traces: when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, `tracing`
