@@ -15,7 +15,7 @@
 # Installs the validator and the generator (from PyPI) into a virtual environment under target/
 # when missing. The document, the generated client, the validator's report and the broker's log
 # go to target/openapi/. Generated code is never edited: a change belongs in the handlers'
-# annotations or in broker/src/api/openapi.rs.
+# annotations or in broker/src/http/api/openapi.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

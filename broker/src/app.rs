@@ -12,12 +12,12 @@ use switchyard_providers::{Offers, Provider};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::auth::{API_TOKEN_PREFIX, hash_token, new_token};
-use crate::bus::{Bus, Note};
 use crate::clock;
 use crate::config::Config;
-use crate::leader::Leadership;
-use crate::scheduler::{self, SchedulerHandle};
+use crate::control::bus::{Bus, Note};
+use crate::control::leader::Leadership;
+use crate::control::scheduler::{self, SchedulerHandle};
+use crate::http::auth::{API_TOKEN_PREFIX, hash_token, new_token};
 use crate::store::{ApiTokenRecord, SqliteStore, Store};
 
 #[derive(Clone)]
@@ -32,13 +32,13 @@ pub struct AppInner {
     /// Wakes the burst controller when the scheduler asked for launches.
     pub burst: Arc<Notify>,
     /// Counters and histograms for `/metrics`.
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: crate::http::metrics::Metrics,
     /// Whether this replica leads (runs the scheduler, burst controller and ledger).
     pub leadership: Arc<Leadership>,
     /// Heartbeats of healthy nodes, written in batches (`heartbeats.rs`).
-    pub heartbeats: crate::heartbeats::HeartbeatBuffer,
+    pub heartbeats: crate::control::heartbeats::HeartbeatBuffer,
     /// The GPU telemetry heartbeats carried in the last hour (`GET /nodes/{id}`).
-    pub telemetry: crate::heartbeats::TelemetryHistory,
+    pub telemetry: crate::control::heartbeats::TelemetryHistory,
 }
 
 /// Which provider launches which pool. Pools without one are never launched.
@@ -208,17 +208,17 @@ impl App {
             agents,
             providers,
             burst: Arc::new(Notify::new()),
-            metrics: crate::metrics::Metrics::default(),
+            metrics: crate::http::metrics::Metrics::default(),
             leadership,
             heartbeats: Default::default(),
             telemetry: Default::default(),
         }));
-        let election = tokio::spawn(crate::leader::run(app.clone()));
+        let election = tokio::spawn(crate::control::leader::run(app.clone()));
         spawn_listener(&app, notify_pool);
         let scheduler = tokio::spawn(worker.run(app.clone()));
-        let burst = tokio::spawn(crate::burst::run(app.clone()));
-        let ledger = tokio::spawn(crate::ledger::run(app.clone()));
-        let heartbeat_writer = tokio::spawn(crate::heartbeats::run(app.clone()));
+        let burst = tokio::spawn(crate::control::burst::run(app.clone()));
+        let ledger = tokio::spawn(crate::control::ledger::run(app.clone()));
+        let heartbeat_writer = tokio::spawn(crate::control::heartbeats::run(app.clone()));
         Ok(Running {
             app,
             scheduler,
@@ -262,14 +262,14 @@ async fn open_postgres(
         .await
         .with_context(|| format!("opening {}", redact_url(url)))?;
     let pool = store.notify_pool();
-    let bus = crate::bus::start(pool.clone(), origin);
+    let bus = crate::control::bus::start(pool.clone(), origin);
     Ok((Arc::new(store), bus, Some(pool)))
 }
 
 #[cfg(feature = "postgres")]
 fn spawn_listener(app: &App, pool: NotifyPool) {
     if let Some(pool) = pool {
-        tokio::spawn(crate::bus::listen(app.clone(), pool));
+        tokio::spawn(crate::control::bus::listen(app.clone(), pool));
     }
 }
 

@@ -13,7 +13,8 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, Value
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use switchyard_broker::{cli, config::Config, server, up};
+use switchyard_broker::http::server;
+use switchyard_broker::{cli, config::Config, up};
 use switchyard_protocol::api::Role;
 
 #[derive(Parser, Debug)]

@@ -14,11 +14,11 @@ use switchyard_core::PoolId;
 use switchyard_providers::local::{LocalConfig, LocalProvider};
 use tokio::net::TcpListener;
 
-use crate::api::tokens::issue_enrolment_token;
 use crate::app::{App, ProviderSet, catalogue_from_config};
 use crate::clock;
 use crate::config::{CatalogueRegion, Config, PoolConfig, RegionConfig};
-use crate::server;
+use crate::http::api::tokens::issue_enrolment_token;
+use crate::http::server;
 
 pub const ONPREM_POOL: &str = "onprem:local-dc1/sim-h100x4";
 
@@ -135,7 +135,7 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         let name = format!("onprem-{i}");
         let (token, record) = issue_enrolment_token(&pool, None, 900);
         app.store.insert_enrolment_token(&record).await?;
-        let audit = crate::api::audit::system_enrolment("system:up", &pool, &name, &record);
+        let audit = crate::http::api::audit::system_enrolment("system:up", &pool, &name, &record);
         app.store.append_audit(&audit).await?;
         provider
             .spawn_static_agent(&name, &pool, &token, &url)

@@ -476,7 +476,7 @@ async fn an_address_that_keeps_failing_to_authenticate_is_throttled_but_proven_c
  {
     let app = TestApp::spawn().await;
     let door = Door {
-        router: switchyard_broker::api::router(app.app.clone()),
+        router: switchyard_broker::http::api::router(app.app.clone()),
     };
     const ATTACKER: &str = "203.0.113.7:40000";
     const NEIGHBOUR: &str = "198.51.100.4:40000";
@@ -604,7 +604,7 @@ async fn an_address_that_keeps_failing_to_authenticate_is_throttled_but_proven_c
 async fn an_ipv6_client_is_counted_by_its_64_so_new_addresses_do_not_reset_its_budget() {
     let app = TestApp::spawn().await;
     let door = Door {
-        router: switchyard_broker::api::router(app.app.clone()),
+        router: switchyard_broker::http::api::router(app.app.clone()),
     };
     for i in 0..20 {
         let peer = format!("[2001:db8:1:2::{:x}]:443", i + 1);
@@ -680,7 +680,7 @@ async fn console_cookies_are_secure_when_the_broker_serves_tls_without_a_public_
             .await
             .unwrap();
     let admin = running.created_admin_token.clone().unwrap();
-    tokio::spawn(switchyard_broker::server::serve(
+    tokio::spawn(switchyard_broker::http::server::serve(
         running.app.clone(),
         listener,
         std::future::pending(),
@@ -747,7 +747,7 @@ async fn an_enrolment_token_made_through_the_api_is_audited_without_the_token() 
     let text = audit.body.to_string();
     assert!(!text.contains(&token), "the token is in the audit log");
     assert!(
-        !text.contains(&switchyard_broker::auth::hash_token(&token)),
+        !text.contains(&switchyard_broker::http::auth::hash_token(&token)),
         "the token's hash is in the audit log"
     );
 }

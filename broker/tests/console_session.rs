@@ -11,7 +11,7 @@ use common::*;
 use reqwest::header::{COOKIE, SET_COOKIE};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use switchyard_broker::auth::{SESSION_PREFIX, hash_token, new_token};
+use switchyard_broker::http::auth::{SESSION_PREFIX, hash_token, new_token};
 use switchyard_broker::store::ConsoleSessionRecord;
 use switchyard_core::Timestamp;
 

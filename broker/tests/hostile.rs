@@ -221,13 +221,14 @@ fn nested(depth: usize) -> String {
 #[test]
 fn the_json_reader_stops_at_serde_jsons_recursion_limit() {
     for depth in [1, 127] {
-        let v = switchyard_broker::json::parse::<Value>(nested(depth).as_bytes());
+        let v = switchyard_broker::http::json::parse::<Value>(nested(depth).as_bytes());
         assert!(v.is_ok(), "depth {depth}: {v:?}");
     }
     for depth in [128, 129, 10_000, 500_000] {
-        let err = switchyard_broker::json::parse::<Value>(nested(depth).as_bytes()).unwrap_err();
+        let err =
+            switchyard_broker::http::json::parse::<Value>(nested(depth).as_bytes()).unwrap_err();
         match err {
-            switchyard_broker::error::ApiError::BadRequest { code, message, .. } => {
+            switchyard_broker::http::error::ApiError::BadRequest { code, message, .. } => {
                 assert_eq!(code, "malformed_json", "depth {depth}");
                 assert!(
                     message.contains("recursion limit"),
@@ -491,9 +492,9 @@ async fn every_response_carries_the_security_headers() {
         assert!(csp.contains("frame-ancestors 'none'"), "{what}: {csp}");
         if path == "/" || path.starts_with("/console") {
             // The console keeps its own policy (scripts and styles from itself only).
-            assert_eq!(csp, switchyard_broker::console::CSP, "{what}");
+            assert_eq!(csp, switchyard_broker::http::console::CSP, "{what}");
         } else {
-            assert_eq!(csp, switchyard_broker::limits::API_CSP, "{what}");
+            assert_eq!(csp, switchyard_broker::http::limits::API_CSP, "{what}");
         }
         assert!(
             !h.contains_key("strict-transport-security"),

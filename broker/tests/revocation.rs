@@ -13,7 +13,7 @@ use common::*;
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use std::time::Duration;
-use switchyard_broker::auth::hash_token;
+use switchyard_broker::http::auth::hash_token;
 
 async fn audit_actions(app: &TestApp, action: &str) -> Vec<serde_json::Value> {
     let r = app

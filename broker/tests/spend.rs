@@ -592,7 +592,8 @@ impl Broker {
             let app = running.app.clone();
             async move {
                 let _ =
-                    switchyard_broker::server::serve(app, listener, std::future::pending()).await;
+                    switchyard_broker::http::server::serve(app, listener, std::future::pending())
+                        .await;
             }
         });
         let broker = Broker {
@@ -878,7 +879,7 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
         .unwrap();
         NewJob {
             id: JobId(uuid::Uuid::now_v7()),
-            spec: switchyard_broker::convert::job_spec(&wire, t0).unwrap(),
+            spec: switchyard_broker::rules::convert::job_spec(&wire, t0).unwrap(),
             spec_json: serde_json::to_string(&wire).unwrap(),
             submitted_at: t0,
             trace_parent: None,
@@ -1154,7 +1155,7 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
     .unwrap();
     let job = NewJob {
         id: JobId(uuid::Uuid::now_v7()),
-        spec: switchyard_broker::convert::job_spec(&wire, t0).unwrap(),
+        spec: switchyard_broker::rules::convert::job_spec(&wire, t0).unwrap(),
         spec_json: serde_json::to_string(&wire).unwrap(),
         submitted_at: t0,
         trace_parent: None,

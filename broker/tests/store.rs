@@ -86,7 +86,7 @@ fn new_job(kind: &str) -> NewJob {
     .unwrap();
     NewJob {
         id: JobId(uuid::Uuid::now_v7()),
-        spec: switchyard_broker::convert::job_spec(&wire, T0).unwrap(),
+        spec: switchyard_broker::rules::convert::job_spec(&wire, T0).unwrap(),
         spec_json: serde_json::to_string(&wire).unwrap(),
         submitted_at: T0,
         trace_parent: None,

@@ -82,7 +82,7 @@ async fn broker(tls: Option<&Pki>, tweak: impl FnOnce(&mut Config)) -> Broker {
     config.validate().unwrap();
     let running = App::start(config, ProviderSet::default()).await.unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(switchyard_broker::server::serve(
+    let served = tokio::spawn(switchyard_broker::http::server::serve(
         running.app.clone(),
         listener,
         async move {

@@ -1269,7 +1269,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
       catalogue, seq));
   }
 
-  // ---- Policy checks: the broker's rules (broker/src/policy.rs), run before anything is sent,
+  // ---- Policy checks: the broker's rules (broker/src/rules/policy.rs), run before anything is sent,
   // every field at once. The broker checks again; its answer is put next to its field too.
 
   const NUMBER_RE = /^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$/;

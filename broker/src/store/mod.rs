@@ -28,7 +28,7 @@ use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventResult, Inventory}
 use uuid::Uuid;
 
 // The lease rule the stores carry out (`lease.rs` decides; the stores apply).
-use crate::lease::{self, AttemptState, Requeue, Verdict};
+use crate::rules::lease::{self, AttemptState, Requeue, Verdict};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -545,7 +545,7 @@ pub trait Store: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::finished_outcome;
+    use crate::rules::lease::finished_outcome;
 
     /// Found by the `agent_protocol` fuzz target: an attempt named twice (a heartbeat that
     /// repeats itself) was told to stop twice.

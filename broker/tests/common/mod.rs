@@ -196,7 +196,7 @@ impl TestApp {
         let running = App::start(config, providers).await.unwrap();
         let admin = running.created_admin_token.clone().unwrap();
         let app = running.app.clone();
-        tokio::spawn(switchyard_broker::server::serve(
+        tokio::spawn(switchyard_broker::http::server::serve(
             running.app,
             listener,
             std::future::pending(),

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use switchyard_agent::attempts::{AttemptTable, StopReason};
 use switchyard_agent::inventory::cuda_visible_devices;
 use switchyard_agent::runner::{self, MAX_GRACE, RunOptions};
-use switchyard_broker::error::ApiError;
-use switchyard_broker::lease::{self, AttemptState, Verdict, finished_outcome};
+use switchyard_broker::http::error::ApiError;
+use switchyard_broker::rules::lease::{self, AttemptState, Verdict, finished_outcome};
 use switchyard_broker::store::heartbeat_stops;
 use switchyard_core::JobState;
 use switchyard_protocol::agent::{
@@ -38,7 +38,7 @@ const STOP_MARGIN: Duration = Duration::from_secs(10);
 
 /// Agent → broker: read as the broker reads request bodies; a refusal is a 400.
 fn broker_reads<T: DeserializeOwned + Serialize + PartialEq + Debug>(body: &[u8]) -> Option<T> {
-    match switchyard_broker::json::parse::<T>(body) {
+    match switchyard_broker::http::json::parse::<T>(body) {
         Ok(v) => {
             round_trips(&v);
             Some(v)
@@ -96,7 +96,7 @@ fn same_but_ulps(a: &serde_json::Value, b: &serde_json::Value) -> bool {
 fn register(req: &RegisterRequest) {
     // The handler: the hostname, at most 128 characters, names the node.
     let hostname: String = req.hostname.chars().take(128).collect();
-    let name = switchyard_broker::agent_api::sanitize(&hostname);
+    let name = switchyard_broker::http::agent_api::sanitize(&hostname);
     assert!(!name.is_empty() && name.len() <= 40, "{name:?}");
     assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
     serde_json::to_string(&req.inventory).expect("the inventory is stored as JSON");

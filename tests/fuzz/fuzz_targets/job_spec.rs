@@ -12,9 +12,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use switchyard_broker::convert;
-use switchyard_broker::error::ApiError;
-use switchyard_broker::json;
+use switchyard_broker::rules::convert;
+use switchyard_broker::http::error::ApiError;
+use switchyard_broker::http::json;
 use switchyard_broker::store::JobRecord;
 use switchyard_core::{
     self as core, JobId, JobState, Market, Money, Node, NodeId, Pool, PoolId, QueuedJob, Region,
@@ -167,7 +167,7 @@ fn assert_well_formed(wire: &wire::JobSpec, spec: &core::JobSpec) {
     assert!(
         !spec.name.is_empty()
             && spec.name.chars().count() <= 128
-            && spec.name.chars().all(switchyard_broker::convert::printable),
+            && spec.name.chars().all(switchyard_broker::rules::convert::printable),
         "name {:?}",
         spec.name
     );
@@ -283,7 +283,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let policies = policies();
-    if let Err(e) = switchyard_broker::policy::check_submit(&policies, &pools, &core_spec) {
+    if let Err(e) = switchyard_broker::rules::policy::check_submit(&policies, &pools, &core_spec) {
         assert!(matches!(e, ApiError::PolicyViolation { .. }), "{e:?}");
         return;
     }

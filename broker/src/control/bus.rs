@@ -108,7 +108,7 @@ pub use pg::{listen, start};
 mod pg {
     use super::*;
     use crate::app::App;
-    use crate::scheduler::SchedulerEvent;
+    use crate::control::scheduler::SchedulerEvent;
     use sqlx::PgPool;
     use sqlx::postgres::PgListener;
 

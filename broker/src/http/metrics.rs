@@ -24,8 +24,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use switchyard_protocol::agent::Inventory;
 
+use crate::clock;
+use crate::rules::budget;
 use crate::store::{Store, StoreError};
-use crate::{budget, clock};
 
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;

@@ -23,12 +23,12 @@ use switchyard_protocol::api::{
 };
 
 use crate::clock;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::store::{JobRecord, PolicyRecord};
 
-/// Team and project names: the job spec's rule ([`crate::convert::check_slug`]).
+/// Team and project names: the job spec's rule ([`crate::rules::convert::check_slug`]).
 pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
-    crate::convert::check_slug(field, s)
+    crate::rules::convert::check_slug(field, s)
 }
 
 /// A policy's time windows, at most: each is checked on every scheduler round.
@@ -655,8 +655,8 @@ impl<'a> WithPolicies<'a> {
         if rule.enforcement != switchyard_protocol::api::Enforcement::Hard {
             return None;
         }
-        let (start, _) = crate::budget::period_window(rule, now)?;
-        Some((crate::budget::amount(rule), start))
+        let (start, _) = crate::rules::budget::period_window(rule, now)?;
+        Some((crate::rules::budget::amount(rule), start))
     }
 
     /// Takes the round's commitments from the budgets that cover their jobs.

@@ -6,10 +6,10 @@ use axum::extract::State;
 use switchyard_protocol::api::{BudgetList, BudgetView, ErrorBody};
 
 use crate::app::App;
-use crate::auth::Caller;
-use crate::budget::{self, BudgetStatus};
 use crate::clock::{self, to_datetime};
-use crate::error::ApiError;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::rules::budget::{self, BudgetStatus};
 
 /// Every budget that applies now, with its spend and what remains.
 #[utoipa::path(get, path = "/budgets", tag = "spend",

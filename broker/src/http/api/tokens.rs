@@ -19,11 +19,11 @@ use switchyard_protocol::api::{
 use uuid::Uuid;
 
 use crate::app::App;
-use crate::auth::{API_TOKEN_PREFIX, Caller, ENROLMENT_TOKEN_PREFIX, hash_token, new_token};
 use crate::clock;
-use crate::error::ApiError;
-use crate::json::ApiJson;
-use crate::scheduler::SchedulerEvent;
+use crate::control::scheduler::SchedulerEvent;
+use crate::http::auth::{API_TOKEN_PREFIX, Caller, ENROLMENT_TOKEN_PREFIX, hash_token, new_token};
+use crate::http::error::ApiError;
+use crate::http::json::ApiJson;
 use crate::store::{ApiTokenRecord, EnrolmentTokenRecord};
 
 /// Create an API token. The token is shown once; only its hash is stored.
@@ -48,10 +48,10 @@ pub async fn create(
         (_, team) => team,
     };
     if let Some(t) = &team {
-        crate::convert::check_slug("team", t)?;
+        crate::rules::convert::check_slug("team", t)?;
     }
     if let Some(name) = &req.name {
-        crate::convert::check_display_name("name", name)?;
+        crate::rules::convert::check_display_name("name", name)?;
     }
     let token = new_token(API_TOKEN_PREFIX);
     let id = Uuid::now_v7();
@@ -70,7 +70,7 @@ pub async fn create(
         "id": id, "role": crate::store::role_name(req.role), "team": team, "name": req.name,
     });
     app.store
-        .append_audit(&crate::api::audit::entry(
+        .append_audit(&crate::http::api::audit::entry(
             &caller,
             "token.create",
             format!("token:{id}"),
@@ -126,7 +126,7 @@ pub async fn create_enrolment(
         "expires_at": clock::to_datetime(record.expires_at),
     });
     app.store
-        .append_audit(&crate::api::audit::entry(
+        .append_audit(&crate::http::api::audit::entry(
             &caller,
             "enrolment_token.create",
             format!("pool:{pool}"),
@@ -223,7 +223,7 @@ pub async fn revoke(
             })
         };
         app.store
-            .append_audit(&crate::api::audit::entry(
+            .append_audit(&crate::http::api::audit::entry(
                 &caller,
                 "token.revoke",
                 format!("token:{id}"),
@@ -287,7 +287,7 @@ pub async fn revoke_agent(
         .ok_or_else(|| ApiError::NotFound(format!("live agent token of node {id}")))?;
     let requeued: Vec<Uuid> = requeued.into_iter().map(|j| j.0).collect();
     app.store
-        .append_audit(&crate::api::audit::entry(
+        .append_audit(&crate::http::api::audit::entry(
             &caller,
             "agent_token.revoke",
             format!("node:{id}"),

@@ -12,7 +12,7 @@ use switchyard_core::{Money, TeamPolicy, Timestamp};
 use switchyard_protocol::api::{BudgetPeriod, BudgetRule, Enforcement};
 
 use crate::clock::{from_datetime, to_datetime};
-use crate::ledger::OnpremRates;
+use crate::control::ledger::OnpremRates;
 use crate::store::{BudgetUsage, PolicyRecord, Store, StoreError};
 
 /// Where a budget stands now.
@@ -154,7 +154,7 @@ pub async fn round_policies(
     let records = store.policies().await?;
     let mut policies = Vec::with_capacity(records.len());
     for record in &records {
-        let mut policy = crate::policy::policy_to_core(record, now);
+        let mut policy = crate::rules::policy::policy_to_core(record, now);
         policy.remaining_budget = None;
         if let Some(rule) = &record.body.budget
             && rule.enforcement == Enforcement::Hard

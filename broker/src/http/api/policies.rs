@@ -13,11 +13,11 @@ use switchyard_protocol::api::{ErrorBody, PolicyBody, PolicyList, PolicyView, Ro
 use utoipa::IntoParams;
 
 use crate::app::App;
-use crate::auth::Caller;
 use crate::clock;
-use crate::error::ApiError;
-use crate::json::ApiJson;
-use crate::policy::{self, WhatIfWorld};
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::http::json::ApiJson;
+use crate::rules::policy::{self, WhatIfWorld};
 use crate::store::{JobFilter, PolicyRecord};
 
 /// Roles that may change policies (and run what-ifs).

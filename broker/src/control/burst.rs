@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 use switchyard_core::Timestamp;
 use switchyard_providers::{LaunchRequest, ProviderError};
 
-use crate::api::tokens::issue_enrolment_token;
 use crate::app::App;
 use crate::clock;
-use crate::scheduler::SchedulerEvent;
+use crate::control::scheduler::SchedulerEvent;
+use crate::http::api::tokens::issue_enrolment_token;
 use crate::store::{InstanceRecord, InstanceState, LaunchFailure, StoreError};
 
 /// How often providers are listed for orphans and vanished instances.
@@ -139,7 +139,8 @@ async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
     let ttl = (app.config.boot_timeout_s as i64).max(60) + 300;
     let (token, record) = issue_enrolment_token(&inst.pool, Some(&inst.id), ttl);
     app.store.insert_enrolment_token(&record).await?;
-    let audit = crate::api::audit::system_enrolment("system:burst", &inst.pool, &inst.id, &record);
+    let audit =
+        crate::http::api::audit::system_enrolment("system:burst", &inst.pool, &inst.id, &record);
     app.store.append_audit(&audit).await?;
     let request = LaunchRequest {
         pool: inst.pool.clone(),

@@ -5,10 +5,10 @@ use axum::extract::State;
 use switchyard_protocol::api::{ErrorBody, InstanceList, InstanceView, Role};
 
 use crate::app::App;
-use crate::auth::Caller;
 use crate::clock::{self, to_datetime};
-use crate::convert::market_name;
-use crate::error::ApiError;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::rules::convert::market_name;
 use crate::store::{InstanceRecord, InstanceState};
 
 /// Every instance launched, newest last, with its cost: accrued so far while it runs, and the

@@ -29,8 +29,8 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use crate::api;
 use crate::app::App;
+use crate::http::api;
 
 /// How long in-flight requests get to finish after the shutdown signal.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -61,7 +61,7 @@ impl Settings {
             .keep_alive_interval(Some(Duration::from_secs(20)))
             .keep_alive_timeout(Duration::from_secs(20));
         Ok(Settings {
-            tls: crate::tls::server_config(config)?.map(TlsAcceptor::from),
+            tls: crate::http::tls::server_config(config)?.map(TlsAcceptor::from),
             header_timeout,
             idle_timeout,
             builder: Arc::new(builder),
@@ -301,7 +301,7 @@ pub async fn shutdown_signal() {
 /// Binds nothing and serves nothing: checks that the config's TLS files load, so that
 /// `switchyard serve` fails at start rather than at the first connection.
 pub fn check_tls(config: &crate::config::Config) -> anyhow::Result<()> {
-    crate::tls::server_config(config)
+    crate::http::tls::server_config(config)
         .map(|_| ())
         .context("loading the TLS certificate and key")
 }

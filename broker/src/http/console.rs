@@ -28,15 +28,15 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::App;
-use crate::auth::{self, CSRF_COOKIE, SESSION_COOKIE};
 use crate::clock;
-use crate::error::ApiError;
+use crate::http::auth::{self, CSRF_COOKIE, SESSION_COOKIE};
+use crate::http::error::ApiError;
 use crate::store::role_name;
 
-const INDEX_HTML: &str = include_str!("../../web/console/index.html");
-const APP_JS: &str = include_str!("../../web/console/app.js");
-const STYLE_CSS: &str = include_str!("../../web/console/style.css");
-const FAVICON_SVG: &str = include_str!("../../web/console/favicon.svg");
+const INDEX_HTML: &str = include_str!("../../../web/console/index.html");
+const APP_JS: &str = include_str!("../../../web/console/app.js");
+const STYLE_CSS: &str = include_str!("../../../web/console/style.css");
+const FAVICON_SVG: &str = include_str!("../../../web/console/favicon.svg");
 
 pub const CSP: &str = "default-src 'self'; base-uri 'none'; form-action 'self'; \
                        frame-ancestors 'none'; object-src 'none'";
@@ -172,7 +172,7 @@ async fn login(
             .0
             .token
     } else {
-        crate::json::parse::<Login>(&body)?.token
+        crate::http::json::parse::<Login>(&body)?.token
     };
     let record = auth::api_token(&app, token.trim()).await?;
     let (id, session) = auth::create_console_session(&app, &record).await?;

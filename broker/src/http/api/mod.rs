@@ -25,9 +25,9 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::agent_api;
 use crate::app::App;
-use crate::error::ApiError;
+use crate::http::agent_api;
+use crate::http::error::ApiError;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -88,7 +88,7 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
 pub fn router(app: App) -> Router {
     let (api, doc) = api();
     let doc_json = serde_json::to_value(&doc).unwrap_or_default();
-    let limits = std::sync::Arc::new(crate::limits::Limits::from_config(&app.config));
+    let limits = std::sync::Arc::new(crate::http::limits::Limits::from_config(&app.config));
     let hsts = app.config.public_url().starts_with("https://");
     Router::new()
         .nest("/api/v1", api)
@@ -103,18 +103,18 @@ pub fn router(app: App) -> Router {
                 async move { Json(doc) }
             }),
         )
-        .merge(crate::console::router())
+        .merge(crate::http::console::router())
         .fallback(not_found)
         // Innermost first: axum's own extractor limit, then the hostile-input guard (rate,
         // body size and time), then the security headers on everything, then the trace.
         .layer(DefaultBodyLimit::max(limits.largest_body()))
         .layer(axum::middleware::from_fn_with_state(
             limits,
-            crate::limits::guard,
+            crate::http::limits::guard,
         ))
         .layer(axum::middleware::map_response_with_state(
             hsts,
-            crate::limits::security_headers,
+            crate::http::limits::security_headers,
         ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(app)
@@ -150,7 +150,7 @@ async fn readyz(State(app): State<App>) -> impl IntoResponse {
 /// `authorization` scrape setting): the figures name teams and what they spend.
 async fn metrics(
     State(app): State<App>,
-    caller: crate::auth::Caller,
+    caller: crate::http::auth::Caller,
 ) -> Result<Response, ApiError> {
     use switchyard_protocol::api::Role;
     caller.require(&[Role::Admin, Role::Infra, Role::Finance])?;
@@ -158,7 +158,7 @@ async fn metrics(
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
-            crate::metrics::CONTENT_TYPE,
+            crate::http::metrics::CONTENT_TYPE,
         )],
         body,
     )

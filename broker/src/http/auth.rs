@@ -22,7 +22,7 @@ use switchyard_protocol::api::Role;
 
 use crate::app::App;
 use crate::clock;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::store::{ApiTokenRecord, ConsoleSessionRecord};
 
 /// Prefixes say what a token is when it turns up in a log or a paste.
@@ -141,14 +141,14 @@ impl FromRequestParts<App> for Caller {
         if parts.headers.contains_key(AUTHORIZATION) {
             let token = bearer(parts).ok_or(ApiError::Unauthorized)?;
             let record = api_token(app, token).await?;
-            crate::limits::authenticated(&parts.extensions);
+            crate::http::limits::authenticated(&parts.extensions);
             return Ok(caller_for(record));
         }
         let session = console_session(&parts.headers, app)
             .await?
             .ok_or(ApiError::Unauthorized)?;
         // The cookie is good even when the CSRF token is not: that is no guess at a session.
-        crate::limits::authenticated(&parts.extensions);
+        crate::http::limits::authenticated(&parts.extensions);
         check_csrf(&parts.method, &parts.headers, &session)?;
         Ok(caller_for(session.token))
     }

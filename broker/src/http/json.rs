@@ -8,7 +8,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::header;
 use serde::de::DeserializeOwned;
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// Like `axum::Json`, with errors as [`ApiError`].
 #[derive(Debug, Clone, Copy, Default)]

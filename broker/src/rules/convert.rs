@@ -7,7 +7,7 @@ use switchyard_core::{Money, Timestamp};
 use switchyard_protocol::api as wire;
 
 use crate::clock::{from_datetime, to_datetime};
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::store::{JobRecord, LogRecord};
 
 /// The longest free-text name (job name, token name), in characters.

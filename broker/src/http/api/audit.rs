@@ -8,9 +8,9 @@ use switchyard_protocol::api::{AuditEntry, AuditList, ErrorBody, Role};
 use utoipa::IntoParams;
 
 use crate::app::App;
-use crate::auth::Caller;
 use crate::clock;
-use crate::error::ApiError;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
 use crate::store::{AuditFilter, AuditRecord, NewAuditEntry};
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -132,8 +132,8 @@ pub async fn list(
             target: params.target.filter(|t| !t.is_empty()),
             actor: params.actor.filter(|t| !t.is_empty()),
             action: params.action.filter(|t| !t.is_empty()),
-            from: crate::api::spend::time_param("from", params.from.as_deref())?,
-            to: crate::api::spend::time_param("to", params.to.as_deref())?,
+            from: crate::http::api::spend::time_param("from", params.from.as_deref())?,
+            to: crate::http::api::spend::time_param("to", params.to.as_deref())?,
             before,
             limit,
         })

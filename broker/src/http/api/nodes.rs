@@ -7,9 +7,9 @@ use switchyard_protocol::agent::Inventory;
 use switchyard_protocol::api::{ErrorBody, NodeDetail, NodeGpu, NodeJob};
 
 use crate::app::App;
-use crate::auth::Caller;
 use crate::clock::to_datetime;
-use crate::error::ApiError;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
 
 /// A node, its GPUs, the attempts running on it and its recent GPU telemetry. Every role may
 /// read it; a developer sees another team's job without its name.

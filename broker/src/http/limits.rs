@@ -55,9 +55,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::auth;
 use crate::config::Config;
-use crate::error::ApiError;
+use crate::http::auth;
+use crate::http::error::ApiError;
 
 /// The CSP of responses whose route sets none: they are data, never a page to frame or run.
 pub const API_CSP: &str = "default-src 'none'; frame-ancestors 'none'";

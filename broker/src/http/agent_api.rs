@@ -19,11 +19,11 @@ use switchyard_protocol::agent::{
 };
 
 use crate::app::App;
-use crate::auth::{AGENT_TOKEN_PREFIX, bearer, hash_token, new_token};
 use crate::clock;
-use crate::error::ApiError;
-use crate::json::ApiJson;
-use crate::scheduler::SchedulerEvent;
+use crate::control::scheduler::SchedulerEvent;
+use crate::http::auth::{AGENT_TOKEN_PREFIX, bearer, hash_token, new_token};
+use crate::http::error::ApiError;
+use crate::http::json::ApiJson;
 use crate::store::{NewNode, NodeRecord};
 
 pub fn router(app: App) -> Router<App> {
@@ -33,7 +33,7 @@ pub fn router(app: App) -> Router<App> {
             // The one-time token is checked before the body is read (`limits.rs`).
             post(register).route_layer(axum::middleware::from_fn_with_state(
                 app,
-                crate::limits::enrolment_gate,
+                crate::http::limits::enrolment_gate,
             )),
         )
         .route("/heartbeat", post(heartbeat))
@@ -54,7 +54,7 @@ impl FromRequestParts<App> for AgentCaller {
         }
         match app.store.node_by_token_hash(&hash_token(token)).await? {
             Some(node) if !node.revoked => {
-                crate::limits::authenticated(&parts.extensions);
+                crate::http::limits::authenticated(&parts.extensions);
                 Ok(AgentCaller(node))
             }
             _ => Err(ApiError::Unauthorized),
@@ -63,13 +63,13 @@ impl FromRequestParts<App> for AgentCaller {
 }
 
 /// The enrolment token comes in `Authorization: Bearer` (checked by
-/// [`crate::limits::enrolment_gate`] before the body was read; consumed here).
+/// [`crate::http::limits::enrolment_gate`] before the body was read; consumed here).
 async fn register(
     State(app): State<App>,
     headers: axum::http::HeaderMap,
     ApiJson(req): ApiJson<RegisterRequest>,
 ) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
-    let enrolment_token = crate::auth::bearer_of(&headers).ok_or(ApiError::Unauthorized)?;
+    let enrolment_token = crate::http::auth::bearer_of(&headers).ok_or(ApiError::Unauthorized)?;
     if req.inventory.gpus.is_empty() {
         return Err(ApiError::invalid(
             "inventory.gpus",
@@ -166,7 +166,7 @@ fn check_text(field: &str, s: &str, max: usize) -> Result<(), ApiError> {
             format!("at most {max} characters"),
         ));
     }
-    if !s.chars().all(crate::convert::printable) {
+    if !s.chars().all(crate::rules::convert::printable) {
         return Err(ApiError::invalid(
             field,
             "must be printable (no control or bidirectional-override characters)",
@@ -242,7 +242,7 @@ async fn heartbeat(
         let generation = app.heartbeats.record(&node.id, inventory, now);
         if !app
             .heartbeats
-            .written(generation, crate::heartbeats::WRITE_WAIT)
+            .written(generation, crate::control::heartbeats::WRITE_WAIT)
             .await
         {
             return Err(ApiError::Unavailable(

@@ -10,12 +10,12 @@ use switchyard_protocol::api::{
 };
 
 use crate::app::App;
-use crate::auth::Caller;
 use crate::clock;
-use crate::convert;
-use crate::error::ApiError;
-use crate::json::ApiJson;
-use crate::scheduler::SchedulerEvent;
+use crate::control::scheduler::SchedulerEvent;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
+use crate::http::json::ApiJson;
+use crate::rules::convert;
 use crate::store::PoolChange;
 
 /// Every pool with price, latency and capacity.

@@ -20,8 +20,8 @@ use std::time::Duration;
 use switchyard_core::{JobSpec, Market, Money, Pool, Timestamp};
 
 use crate::app::App;
-use crate::budget;
 use crate::clock;
+use crate::rules::budget;
 use crate::store::{NewAuditEntry, PolicyRecord, StoreError};
 
 /// What one GPU-hour of an attempt costs an hour: its GPUs × the per-GPU price of its pool and
@@ -58,7 +58,7 @@ impl OnpremRates {
             self.records
                 .iter()
                 .filter(|r| r.team == spec.team && r.project.as_deref() == project)
-                .find_map(|r| crate::policy::onprem_rate(r, &pool.gpu_model))
+                .find_map(|r| crate::rules::policy::onprem_rate(r, &pool.gpu_model))
                 .filter(|m| m.micros() >= 0)
         };
         spec.project
@@ -211,7 +211,7 @@ mod tests {
             "name": "j", "team": "ml", "command": ["true"], "resources": {"gpus": 1}
         }))
         .unwrap();
-        let mut spec = crate::convert::job_spec(&wire, Timestamp(0)).unwrap();
+        let mut spec = crate::rules::convert::job_spec(&wire, Timestamp(0)).unwrap();
         assert_eq!(
             rates.onprem_rate(&spec, &pool("onprem")),
             Some(Money(1_000_000))

@@ -19,8 +19,8 @@ use uuid::Uuid;
 
 use crate::app::App;
 use crate::app::ProviderSet;
-use crate::bus::{Bus, Note};
 use crate::clock;
+use crate::control::bus::{Bus, Note};
 use crate::store::{
     AttemptRecord, EndedAttempt, InstanceState, JobRecord, NewAttempt, NewInstance, Store,
     StoreError,
@@ -391,7 +391,7 @@ impl Worker {
                 }
                 _ = interval.tick() => {
                     resync |= self.expire_leases(app, led_since).await;
-                    resync |= app.agents.bus().is_on() && last_load.elapsed() >= crate::bus::RESYNC_EVERY;
+                    resync |= app.agents.bus().is_on() && last_load.elapsed() >= crate::control::bus::RESYNC_EVERY;
                 }
                 _ = leadership.changed() => {}
             }
@@ -506,7 +506,7 @@ impl Worker {
         );
         // Policies, hard budgets with what they have left (ledger + reserved estimates), and
         // the on-prem rates new attempts are charged at.
-        let round = crate::budget::round_policies(app.store.as_ref(), now).await?;
+        let round = crate::rules::budget::round_policies(app.store.as_ref(), now).await?;
         snapshot.policies = round.policies;
         let rates = round.rates;
         let queued = snapshot.queued.len();
@@ -558,7 +558,7 @@ impl Worker {
                 switchyard_core::Money::ZERO,
                 |pool| {
                     let onprem = rates.onprem_rate(&pending.job.spec, pool);
-                    crate::ledger::attempt_rate(pool, a.market, a.gpus, onprem)
+                    crate::control::ledger::attempt_rate(pool, a.market, a.gpus, onprem)
                 },
             );
             commits.push(NewAttempt {

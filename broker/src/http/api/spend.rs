@@ -13,9 +13,9 @@ use switchyard_protocol::api::{ErrorBody, SpendReport, SpendRow};
 use utoipa::IntoParams;
 
 use crate::app::App;
-use crate::auth::Caller;
 use crate::clock::{from_datetime, to_datetime};
-use crate::error::ApiError;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
 use crate::store::{SpendBucket, SpendGroup, SpendGroupRow, SpendQuery};
 
 #[derive(Debug, Deserialize, IntoParams)]

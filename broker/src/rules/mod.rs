@@ -1,0 +1,10 @@
+//! Business rules: team policies and what-if, budgets, the conversion between wire and domain
+//! values (where dollars become micro-dollars), and lease fencing. The loops and handlers call
+//! them; they call no loop or handler. Pure but for three functions that read what they judge
+//! from the store: `policy::check_submit_against_store`, `budget::statuses` and
+//! `budget::round_policies`.
+
+pub mod budget;
+pub mod convert;
+pub mod lease;
+pub mod policy;
