@@ -8,3 +8,4 @@ pub mod budget;
 pub mod convert;
 pub mod lease;
 pub mod policy;
+pub mod what_if;

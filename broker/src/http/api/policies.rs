@@ -8,7 +8,6 @@ use axum::http::header::{ETAG, IF_MATCH};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use std::collections::{HashMap, HashSet};
 use switchyard_protocol::api::{ErrorBody, PolicyBody, PolicyList, PolicyView, Role, WhatIfReport};
 use utoipa::IntoParams;
 
@@ -17,7 +16,8 @@ use crate::clock;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::http::json::ApiJson;
-use crate::rules::policy::{self, WhatIfWorld};
+use crate::rules::policy;
+use crate::rules::what_if::{self, WHAT_IF_DAYS, WHAT_IF_MAX_JOBS, WhatIfWorld};
 use crate::store::{JobFilter, PolicyRecord};
 
 /// Roles that may change policies (and run what-ifs).
@@ -203,9 +203,6 @@ pub async fn put(
     Ok(with_etag(status, &record))
 }
 
-/// Jobs replayed by a what-if: the team's last 30 days, at most this many.
-const WHAT_IF_MAX_JOBS: i64 = 5_000;
-const WHAT_IF_DAYS: i64 = 30;
 /// A what-if that has not finished by then (waiting for its turn included) answers 503.
 const WHAT_IF_TIMEOUT_S: u64 = 30;
 /// What-ifs run one at a time: each is CPU-bound for up to seconds, and the broker's threads
@@ -239,18 +236,15 @@ pub async fn what_if(
     policy::validate(&draft, &regions, &pools)?;
     let now = clock::now();
     let since = now.plus_secs(-WHAT_IF_DAYS * 86_400);
-    let jobs: Vec<_> = app
+    let recorded = app
         .store
         .list_jobs(&JobFilter {
             team: Some(team.clone()),
             limit: WHAT_IF_MAX_JOBS,
             ..JobFilter::default()
         })
-        .await?
-        .into_iter()
-        .filter(|j| j.submitted_at >= since)
-        .filter(|j| project.is_none() || j.spec.project == project)
-        .collect();
+        .await?;
+    let jobs = what_if::replayed_jobs(recorded, since, project.as_deref());
     let current: Vec<PolicyRecord> = app
         .store
         .policies()
@@ -258,40 +252,18 @@ pub async fn what_if(
         .into_iter()
         .filter(|r| r.team == team)
         .collect();
-    let mut drafted: Vec<PolicyRecord> = current
-        .iter()
-        .filter(|r| r.project != project)
-        .cloned()
-        .collect();
-    drafted.push(PolicyRecord {
-        team: team.clone(),
-        project: project.clone(),
-        version: 0,
-        body: draft,
-        updated_at: now,
-        updated_by: caller.actor(),
+    let drafted = what_if::drafted(
+        &current,
+        &team,
+        project.as_deref(),
+        draft,
+        now,
+        caller.actor(),
+    );
+    let nodes = app.store.nodes().await?;
+    let world = WhatIfWorld::new(team, project, regions, pools, &nodes, |p| {
+        app.config.burst_enabled && app.providers.for_pool(&p.id).is_some()
     });
-    let mut node_counts: HashMap<switchyard_core::PoolId, u32> = HashMap::new();
-    for n in app.store.nodes().await? {
-        if n.healthy && !n.revoked {
-            *node_counts.entry(n.pool).or_insert(0) += 1;
-        }
-    }
-    let can_launch: HashSet<switchyard_core::PoolId> = pools
-        .iter()
-        .filter(|p| {
-            p.launchable && app.config.burst_enabled && app.providers.for_pool(&p.id).is_some()
-        })
-        .map(|p| p.id.clone())
-        .collect();
-    let world = WhatIfWorld {
-        team,
-        project,
-        regions,
-        pools,
-        node_counts,
-        can_launch,
-    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(WHAT_IF_TIMEOUT_S);
     let too_long = || {
         ApiError::Unavailable(format!(
@@ -309,7 +281,7 @@ pub async fn what_if(
     let report = tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let started = std::time::Instant::now();
-        let report = policy::what_if(&world, &jobs, &current, &drafted, deadline);
+        let report = what_if::what_if(&world, &jobs, &current, &drafted, deadline);
         tracing::info!(
             team = %world.team,
             jobs = jobs.len(),
