@@ -384,6 +384,13 @@ impl Table {
     }
 }
 
+/// A list's query string: `limit`, then each filter that is set.
+fn filter_query<const N: usize>(limit: u32, filters: [(&str, Option<String>); N]) -> String {
+    let mut pairs = vec![("limit", limit.to_string())];
+    pairs.extend(filters.into_iter().filter_map(|(k, v)| Some((k, v?))));
+    encode_query(&pairs)
+}
+
 /// `k=v&…` with each value percent-encoded (a job name may hold spaces or `&`).
 fn encode_query(pairs: &[(&str, String)]) -> String {
     let mut url = reqwest::Url::parse("http://query.invalid/").expect("a constant URL");
@@ -608,18 +615,16 @@ pub struct JobFilters {
 
 /// `switchyard jobs`: newest first, one line each.
 pub async fn jobs(c: &Client, filters: JobFilters) -> anyhow::Result<()> {
-    let mut query = vec![("limit", filters.limit.to_string())];
-    for (key, value) in [
-        ("state", filters.state),
-        ("team", filters.team),
-        ("priority", filters.priority),
-        ("name", filters.name),
-    ] {
-        if let Some(v) = value {
-            query.push((key, v));
-        }
-    }
-    let path = format!("/jobs?{}", encode_query(&query));
+    let query = filter_query(
+        filters.limit,
+        [
+            ("state", filters.state),
+            ("team", filters.team),
+            ("priority", filters.priority),
+            ("name", filters.name),
+        ],
+    );
+    let path = format!("/jobs?{query}");
     let Some(list) = c.fetch::<JobList>(Method::GET, &path, None).await? else {
         return Ok(());
     };
@@ -1218,19 +1223,17 @@ pub struct AuditFilters {
 
 /// `switchyard audit`: the newest audit entries, by target, actor, action and time.
 pub async fn audit(c: &Client, filters: AuditFilters) -> anyhow::Result<()> {
-    let mut query = vec![("limit", filters.limit.to_string())];
-    for (key, value) in [
-        ("target", filters.target),
-        ("actor", filters.actor),
-        ("action", filters.action),
-        ("from", filters.from),
-        ("to", filters.to),
-    ] {
-        if let Some(v) = value {
-            query.push((key, v));
-        }
-    }
-    let path = format!("/audit?{}", encode_query(&query));
+    let query = filter_query(
+        filters.limit,
+        [
+            ("target", filters.target),
+            ("actor", filters.actor),
+            ("action", filters.action),
+            ("from", filters.from),
+            ("to", filters.to),
+        ],
+    );
+    let path = format!("/audit?{query}");
     let Some(list) = c.fetch::<AuditList>(Method::GET, &path, None).await? else {
         return Ok(());
     };

@@ -72,18 +72,7 @@ async fn metrics_show_the_queue_the_gpus_and_the_scheduler() {
                    "utilization_pct": 40 + i, "temperature_c": 60 + i, "power_w": 301.5})
         })
         .collect();
-    let hb = app
-        .call(
-            Method::POST,
-            "/agent/v1/heartbeat",
-            Some(&agent.token),
-            Some(
-                json!({"inventory": {"gpus": gpus, "cpus": 8, "memory_mb": 65536,
-                                      "simulated": false}, "running": []}),
-            ),
-        )
-        .await;
-    assert_eq!(hb.status, StatusCode::OK, "{}", hb.body);
+    heartbeat_with(&app, &agent, gpus).await;
 
     // Two jobs placed on the node, one too big for it waiting.
     app.submit(&dev, job_spec("ml")).await;
@@ -155,6 +144,22 @@ async fn metrics_show_the_queue_the_gpus_and_the_scheduler() {
     // The only replica leads, under the first epoch.
     assert_eq!(find(&m, "switchyard_leader", &[]), Some(1.0));
     assert_eq!(find(&m, "switchyard_leader_epoch", &[]), Some(1.0));
+}
+
+/// A heartbeat from `agent` whose inventory reports `gpus` (NVML-style readings).
+async fn heartbeat_with(app: &TestApp, agent: &TestAgent, gpus: Vec<serde_json::Value>) {
+    let hb = app
+        .call(
+            Method::POST,
+            "/agent/v1/heartbeat",
+            Some(&agent.token),
+            Some(
+                json!({"inventory": {"gpus": gpus, "cpus": 8, "memory_mb": 65536,
+                                      "simulated": false}, "running": []}),
+            ),
+        )
+        .await;
+    assert_eq!(hb.status, StatusCode::OK, "{}", hb.body);
 }
 
 async fn start(app: &TestApp, agent: &TestAgent, job: &str) -> serde_json::Value {
@@ -422,18 +427,7 @@ async fn a_node_page_shows_its_gpus_its_work_and_their_telemetry() {
                        "utilization_pct": util + i, "temperature_c": 55, "power_w": 250.0})
             })
             .collect();
-        let hb = app
-            .call(
-                Method::POST,
-                "/agent/v1/heartbeat",
-                Some(&agent.token),
-                Some(
-                    json!({"inventory": {"gpus": gpus, "cpus": 8, "memory_mb": 65536,
-                                          "simulated": false}, "running": []}),
-                ),
-            )
-            .await;
-        assert_eq!(hb.status, StatusCode::OK, "{}", hb.body);
+        heartbeat_with(&app, &agent, gpus).await;
     };
     beat(30).await;
     // Within 10 s of the first: not a second sample.

@@ -416,8 +416,9 @@ async fn estimate(app: &TestApp, job: &str) -> i64 {
     micros(&r.body["candidates"][0]["cost_usd"])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_submissions_never_overspend_a_hard_budget_and_a_raise_releases_held_jobs() {
+/// A broker accruing every 100 ms with three 4-GPU on-prem agents (leases that outlive the
+/// test), and finance's and an `ml` developer's tokens.
+async fn three_agents() -> (TestApp, String, String) {
     let app = TestApp::spawn_with(
         |c| {
             c.ledger_accrual_interval_ms = 100;
@@ -431,6 +432,12 @@ async fn concurrent_submissions_never_overspend_a_hard_budget_and_a_raise_releas
     }
     let finance = app.token("finance", None).await;
     let dev = app.token("developer", Some("ml")).await;
+    (app, finance, dev)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_submissions_never_overspend_a_hard_budget_and_a_raise_releases_held_jobs() {
+    let (app, finance, dev) = three_agents().await;
     // Each job is estimated at 1 GPU × $2/h × 1 h = $2: the budget fits five.
     put_budget(&app, &finance, "ml", 11.0).await;
 
@@ -1278,19 +1285,7 @@ async fn enrol_node(
 /// the budget releases exactly them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_if_holds_what_the_live_broker_holds_under_the_same_hard_budget() {
-    let app = TestApp::spawn_with(
-        |c| {
-            c.ledger_accrual_interval_ms = 100;
-            c.lease_ttl_s = 600;
-        },
-        |_| ProviderSet::default(),
-    )
-    .await;
-    for _ in 0..3 {
-        app.agent(4).await;
-    }
-    let finance = app.token("finance", None).await;
-    let dev = app.token("developer", Some("ml")).await;
+    let (app, finance, dev) = three_agents().await;
     // Each job is estimated at 1 GPU × $2/h × 1 h = $2: the budget fits five of eight.
     put_budget(&app, &finance, "ml", 11.0).await;
     let spec = json!({"name": "b", "team": "ml", "command": ["true"], "resources": {"gpus": 1},

@@ -187,15 +187,12 @@ document.addEventListener('securitypolicyviolation', (e) => {
     return (n < 0 ? '-$' : '$') + text;
   }
 
-  /// Micro-dollars (the explanation's older shape) as money.
-  function usdMicros(x) { return usd(Number(x) / 1e6); }
-
   function pct(f) {
     const n = Number(f);
     return Number.isFinite(n) ? (n * 100).toFixed(n < 0.1 && n > 0 ? 1 : 0) + '%' : '—';
   }
 
-  /// A time as `2026-07-01 14:03:09 UTC`. Takes RFC 3339 text or epoch milliseconds.
+  /// A time (RFC 3339) as `2026-07-01 14:03:09 UTC`.
   function dt(iso) {
     if (iso === null || iso === undefined || iso === '') return '—';
     const d = new Date(iso);
@@ -236,15 +233,12 @@ document.addEventListener('securitypolicyviolation', (e) => {
   // Ids are UUIDv7: their first digits are a timestamp shared by jobs submitted together.
   function short(id) { return String(id || '').slice(-8); }
 
-  // Explanation fields that carry money or times. Older brokers send money as integer
-  // micro-dollars and times as epoch milliseconds; newer ones send `*_usd` dollars and RFC 3339.
-  const MONEY_KEYS = ['cost', 'remaining', 'price_per_hour', 'max_per_hour', 'price_per_gpu_hour', 'max_per_gpu_hour', 'reserve', 'needs', 'left'];
+  // Explanation fields that carry times (RFC 3339); money comes as `*_usd` dollars.
   const TIME_KEYS = ['finish', 'deadline', 'expected_start', 'start', 'at'];
 
   function fieldValue(k, x) {
     if (x === null || x === undefined) return '—';
     if (/_usd$/.test(k)) return usd(x);
-    if (MONEY_KEYS.includes(k)) return typeof x === 'number' ? usdMicros(x) : String(x);
     if (TIME_KEYS.includes(k) || /_at$/.test(k)) return dt(x);
     if (typeof x === 'object') return JSON.stringify(x);
     // Enumerations read as words; ids (pools, nodes) stay as they are.
@@ -261,7 +255,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
     if (typeof v !== 'object') return String(v).replace(/_/g, ' ');
     const tag = v.code || v.decision || v.kind;
     if (v.decision === 'hold' && v.reason) return 'held: ' + v.reason;
-    // Newer brokers put the rejection in words themselves.
+    // Rejections come in the broker's own words (their times shown as dates here).
     if (typeof v.message === 'string' && v.message) {
       const words = tag ? String(tag).replace(/_/g, ' ') : '';
       const msg = v.message.replace(/\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)/g, (m) => dt(m));
@@ -327,33 +321,6 @@ document.addEventListener('securitypolicyviolation', (e) => {
   /// Resolves to the data or to an ApiError (never rejects), for pages that show what loaded.
   function settle(promise) {
     return promise.then((d) => d, (e) => (e instanceof ApiError ? e : new ApiError(0, { error: { message: String(e && e.message || e) } })));
-  }
-
-  /// The broker's own OpenAPI document (once per page load), to learn which query parameters
-  /// and paths this broker has: the console works against brokers a version behind or ahead.
-  let openapiDoc = null;
-  function openapi() {
-    if (!openapiDoc) openapiDoc = get('/openapi.json').catch(() => ({ paths: {} }));
-    return openapiDoc;
-  }
-
-  function opOf(doc, path, method) {
-    const paths = (doc && doc.paths) || {};
-    const p = paths['/api/v1' + path] || paths[path];
-    return p ? p[method || 'get'] : null;
-  }
-
-  /// Whether `GET path` takes the query parameter `name` (and, with `mentions`, documents it
-  /// as taking that value).
-  async function apiHasParam(path, name, mentions) {
-    const op = opOf(await openapi(), path);
-    const param = op && (op.parameters || []).find((x) => x.name === name);
-    if (!param) return false;
-    return !mentions || JSON.stringify(param).includes(mentions);
-  }
-
-  async function apiHasPath(path) {
-    return Boolean(opOf(await openapi(), path));
   }
 
   // ---- Session -----------------------------------------------------------------------------
@@ -1814,7 +1781,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const [results, usage] = await Promise.all([
       Promise.all(groups.map((g) => settle(get('/api/v1/spend' + qs({ group_by: g, bucket: 'day', from: range.from, to: range.to }))))),
       // What jobs cost apart from the boot and idle time of burst instances (team overhead).
-      apiHasParam('/spend', 'group_by', 'usage').then((has) => (has ? settle(get('/api/v1/spend' + qs({ group_by: 'usage', from: range.from, to: range.to }))) : null)),
+      settle(get('/api/v1/spend' + qs({ group_by: 'usage', from: range.from, to: range.to }))),
     ]);
     if (!live(seq)) return;
     const dayList = [];
@@ -2062,31 +2029,14 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const body = h('div', { 'data-test': 'node-detail', 'data-node': id || '' });
     root.appendChild(body);
     if (!id) { body.appendChild(notice('No node named: open one from the catalogue’s node list.', false)); return; }
-    const hasApi = await apiHasPath('/nodes/{id}');
     const load = async () => {
-      let node = null;
-      let fromPool = null;
-      if (hasApi) {
-        node = await settle(get('/api/v1/nodes/' + encodeURIComponent(id)));
-      }
-      if (!hasApi || node instanceof ApiError) {
-        // An older broker: what the catalogue knows of the node.
-        const pools = await settle(get('/api/v1/pools'));
-        if (!(pools instanceof ApiError)) {
-          for (const p of pools.pools) {
-            const n = (p.node_list || []).find((x) => x.id === id);
-            if (n) fromPool = Object.assign({ pool: p.id, gpu_model: p.gpu_model, gpu_memory_gb: p.gpu_memory_gb }, n);
-          }
-        }
-      }
+      const n = await settle(get('/api/v1/nodes/' + encodeURIComponent(id)));
       if (!live(seq)) return;
       clear(body);
-      if (node instanceof ApiError && !fromPool) {
-        body.appendChild(notice(node.status === 404 ? 'No node ' + id + ' (it may have been retired).' : node.message, node.status !== 404, 'node-error'));
+      if (n instanceof ApiError) {
+        body.appendChild(notice(n.status === 404 ? 'No node ' + id + ' (it may have been retired).' : n.message, n.status !== 404, 'node-error'));
         return;
       }
-      const n = node && !(node instanceof ApiError) ? node : fromPool;
-      if (!n) { body.appendChild(notice('No node ' + id + ' in the catalogue.', false, 'node-error')); return; }
       body.appendChild(h('div', { class: 'page-head' },
         h('h1', null, n.hostname || short(n.id), ' ',
           h('span', { class: 'badge ' + (n.healthy ? 'ready' : 'failed'), 'data-test': 'node-health' }, n.healthy ? 'healthy' : 'unhealthy'), n.draining ? [' ', badge('draining')] : null),
@@ -2097,12 +2047,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
         ['Health', n.healthy ? 'healthy' : 'unhealthy'],
         ['Isolation', n.isolation ? 'each job runs as its own uid' : 'jobs run as the agent’s user (not isolated)'],
         ['GPUs', n.simulated ? 'simulated (declared with --fake-gpus, not read from NVML)' : 'read from NVML'],
-        n.registered_at ? ['Registered', dt(n.registered_at)] : null,
-      ].filter(Boolean))));
-      if (!node || node instanceof ApiError) {
-        body.appendChild(notice('This broker does not serve a node’s GPUs, jobs and telemetry (GET /api/v1/nodes/{id}).', false, 'node-no-api'));
-        return;
-      }
+        ['Registered', dt(n.registered_at)],
+      ])));
       const gpus = n.gpus || [];
       const reported = (g, k) => g[k] !== null && g[k] !== undefined;
       const anyFigure = gpus.some((g) => GPU_METRICS.some((m) => reported(g, m.key)));
@@ -2195,49 +2141,29 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const body = h('tbody', { 'data-test': 'audit-body' });
     const more = h('button', { type: 'button', class: 'secondary', 'data-test': 'audit-more', hidden: true }, 'Older entries');
     const empty = h('p', { class: 'empty', hidden: true, 'data-test': 'audit-empty' }, 'No entries.');
-    const how = h('p', { class: 'muted small', 'data-test': 'audit-filter-mode' });
-    root.appendChild(h('div', { class: 'panel' }, how,
+    root.appendChild(h('div', { class: 'panel' },
       h('div', { class: 'table-wrap' }, h('table', { 'data-test': 'audit-table', class: 'stack' },
         h('thead', null, h('tr', null, AUDIT_COLUMNS.map((x) => h('th', null, x)))), body)),
       empty, h('div', { class: 'actions' }, more)));
-    // The broker filters when it takes the parameters; an older one is filtered here.
+    // The broker filters (GET /audit takes actor, action, from and to).
     const f = { actor: params.actor || '', action: params.action || '', from: params.from || '', to: params.to || '' };
-    const filtering = Boolean(f.actor || f.action || f.from || f.to);
-    const server = filtering && (await Promise.all(['actor', 'action', 'from', 'to'].map((k) => apiHasParam('/audit', k)))).every(Boolean);
-    if (!live(seq)) return;
-    how.textContent = filtering ? (server ? 'Filtered by the broker.' : 'Filtered in the browser (this broker does not filter by actor, action or time).') : '';
-    const keep = (e) => {
-      if (server) return true;
-      const at = new Date(e.at).getTime();
-      return (!f.actor || String(e.actor).toLowerCase().includes(f.actor.toLowerCase()))
-        && (!f.action || e.action === f.action)
-        && (!f.from || at >= new Date(f.from).getTime())
-        && (!f.to || at < new Date(f.to).getTime());
-    };
     const seenActors = new Set();
     let cursor = null;
     const load = async () => {
-      let shown = 0;
-      // Filtering here: read on (up to 20 pages) until a page's worth of entries matched.
-      for (let pages = 0; pages < (filtering && !server ? 20 : 1); pages++) {
-        const data = await get('/api/v1/audit' + qs(Object.assign({ limit: 50, cursor, target: params.target }, server ? f : {})));
-        if (!live(seq)) return;
-        for (const e of data.entries) {
-          if (!seenActors.has(e.actor)) { seenActors.add(e.actor); actors.appendChild(h('option', { value: e.actor })); }
-          if (!action.querySelector('option[value="' + CSS.escape(e.action) + '"]')) action.appendChild(h('option', { value: e.action }, e.action));
-          if (!keep(e)) continue;
-          shown += 1;
-          const tr = body.appendChild(h('tr', { 'data-test': 'audit-row', 'data-action': e.action, 'data-target': e.target, 'data-actor': e.actor, 'data-at': e.at },
-            h('td', { class: 'small', title: e.at }, dt(e.at)),
-            h('td', { 'data-test': 'audit-actor' }, e.actor),
-            h('td', { 'data-test': 'audit-action' }, e.action),
-            h('td', { class: 'mono small', 'data-test': 'audit-target' }, e.target),
-            h('td', { class: 'small' }, changeSummary(e.before, e.after))));
-          labelCells(tr, AUDIT_COLUMNS);
-        }
-        cursor = data.next_cursor;
-        if (!cursor || shown >= 50) break;
+      const data = await get('/api/v1/audit' + qs(Object.assign({ limit: 50, cursor, target: params.target }, f)));
+      if (!live(seq)) return;
+      for (const e of data.entries) {
+        if (!seenActors.has(e.actor)) { seenActors.add(e.actor); actors.appendChild(h('option', { value: e.actor })); }
+        if (!action.querySelector('option[value="' + CSS.escape(e.action) + '"]')) action.appendChild(h('option', { value: e.action }, e.action));
+        const tr = body.appendChild(h('tr', { 'data-test': 'audit-row', 'data-action': e.action, 'data-target': e.target, 'data-actor': e.actor, 'data-at': e.at },
+          h('td', { class: 'small', title: e.at }, dt(e.at)),
+          h('td', { 'data-test': 'audit-actor' }, e.actor),
+          h('td', { 'data-test': 'audit-action' }, e.action),
+          h('td', { class: 'mono small', 'data-test': 'audit-target' }, e.target),
+          h('td', { class: 'small' }, changeSummary(e.before, e.after))));
+        labelCells(tr, AUDIT_COLUMNS);
       }
+      cursor = data.next_cursor;
       empty.hidden = body.children.length > 0;
       more.hidden = !cursor;
     };

@@ -62,18 +62,8 @@ impl TelemetryHistory {
     /// last hour of them. An inventory with no reading at all (GPUs that report nothing) adds
     /// nothing.
     pub fn record(&self, node: &NodeId, inventory: &Inventory, at: Timestamp) {
-        let gpus: Vec<GpuSample> = inventory
-            .gpus
-            .iter()
-            .map(|g| GpuSample {
-                index: g.index,
-                utilization_pct: g.utilization_pct,
-                memory_used_mb: g.memory_used_mb,
-                temperature_c: g.temperature_c,
-                power_w: g.power_w,
-            })
-            .collect();
-        let reported = gpus.iter().any(|g| {
+        // Every heartbeat passes here: decide before allocating anything.
+        let reported = inventory.gpus.iter().any(|g| {
             g.utilization_pct.is_some()
                 || g.memory_used_mb.is_some()
                 || g.temperature_c.is_some()
@@ -90,6 +80,17 @@ impl TelemetryHistory {
         {
             return;
         }
+        let gpus = inventory
+            .gpus
+            .iter()
+            .map(|g| GpuSample {
+                index: g.index,
+                utilization_pct: g.utilization_pct,
+                memory_used_mb: g.memory_used_mb,
+                temperature_c: g.temperature_c,
+                power_w: g.power_w,
+            })
+            .collect();
         samples.push_back(NodeSample {
             at: crate::clock::to_datetime(at),
             gpus,

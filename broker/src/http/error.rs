@@ -5,7 +5,6 @@
 //! here); `anyhow` only in `main`, start-up and the CLI.
 
 use axum::Json;
-use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use switchyard_protocol::api::{ErrorBody, ErrorDetail};
@@ -158,39 +157,6 @@ impl IntoResponse for ApiError {
             );
         }
         res
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(rejection: JsonRejection) -> ApiError {
-        match rejection {
-            JsonRejection::MissingJsonContentType(_) => ApiError::BadRequest {
-                code: "unsupported_media_type",
-                field: None,
-                message: "expected `Content-Type: application/json`".into(),
-            },
-            JsonRejection::BytesRejection(e) => {
-                let too_large = e.status() == StatusCode::PAYLOAD_TOO_LARGE;
-                ApiError::BadRequest {
-                    code: if too_large {
-                        "body_too_large"
-                    } else {
-                        "bad_body"
-                    },
-                    field: None,
-                    message: if too_large {
-                        "request body is over the 1 MiB limit".into()
-                    } else {
-                        format!("could not read the body: {e}")
-                    },
-                }
-            }
-            other => ApiError::BadRequest {
-                code: "malformed_json",
-                field: None,
-                message: other.body_text(),
-            },
-        }
     }
 }
 

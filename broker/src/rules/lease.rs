@@ -37,6 +37,17 @@ pub enum AttemptState {
 }
 
 impl AttemptState {
+    /// Every state the stores keep.
+    pub const ALL: [AttemptState; 7] = [
+        AttemptState::Assigned,
+        AttemptState::Running,
+        AttemptState::Preempting,
+        AttemptState::Finished,
+        AttemptState::Preempted,
+        AttemptState::Lost,
+        AttemptState::Cancelled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AttemptState::Assigned => "assigned",
@@ -222,16 +233,6 @@ mod tests {
     use switchyard_protocol::agent::{AttemptRef, Stream};
     use uuid::Uuid;
 
-    const ALL: [AttemptState; 7] = [
-        AttemptState::Assigned,
-        AttemptState::Running,
-        AttemptState::Preempting,
-        AttemptState::Finished,
-        AttemptState::Preempted,
-        AttemptState::Lost,
-        AttemptState::Cancelled,
-    ];
-
     fn attempt() -> AttemptRef {
         AttemptRef {
             job_id: Uuid::from_u128(1),
@@ -362,11 +363,11 @@ mod tests {
 
     #[test]
     fn states_read_back_as_written() {
-        for s in ALL {
+        for s in AttemptState::ALL {
             assert_eq!(AttemptState::parse(s.as_str()), Some(s));
         }
         assert_eq!(AttemptState::parse("sleeping"), None);
-        let live: Vec<_> = ALL.iter().filter(|s| s.is_live()).collect();
+        let live: Vec<_> = AttemptState::ALL.iter().filter(|s| s.is_live()).collect();
         assert_eq!(
             live,
             [

@@ -154,17 +154,6 @@ fn heartbeat(hb: &Heartbeat) {
     }
 }
 
-/// Every attempt state the stores keep.
-const STATES: [AttemptState; 7] = [
-    AttemptState::Assigned,
-    AttemptState::Running,
-    AttemptState::Preempting,
-    AttemptState::Finished,
-    AttemptState::Preempted,
-    AttemptState::Lost,
-    AttemptState::Cancelled,
-];
-
 fn events(batch: &EventBatch) {
     for e in &batch.events {
         // The lease rule: a report about no lease, or about a withdrawn one, changes nothing;
@@ -174,7 +163,7 @@ fn events(batch: &EventBatch) {
                 lease::judge(None, e, cancel),
                 Verdict::Reject(lease::NOT_A_LEASE)
             );
-            for state in STATES {
+            for state in AttemptState::ALL {
                 let verdict = lease::judge(Some(state), e, cancel);
                 let changes = matches!(
                     verdict,

@@ -29,24 +29,7 @@ pub async fn pools(State(app): State<App>, _caller: Caller) -> Result<Json<PoolL
     let busy = busy_gpus(&app).await?;
     let pools = pools
         .iter()
-        .map(|p| {
-            let members: Vec<_> = nodes.iter().filter(|n| n.pool == p.id).collect();
-            let healthy: Vec<_> = members.iter().filter(|n| n.healthy).collect();
-            let total: u32 = healthy.iter().map(|n| n.gpus_total).sum();
-            let used: u32 = healthy
-                .iter()
-                .map(|n| busy.get(n.id.as_str()).copied().unwrap_or(0))
-                .sum();
-            let mut view = convert::pool_view(
-                p,
-                regions.iter().find(|r| r.id == p.region),
-                healthy.len() as u32,
-                total,
-                total.saturating_sub(used),
-            );
-            view.node_list = members.iter().map(|n| pool_node(n)).collect();
-            view
-        })
+        .map(|p| view_with_nodes(p, &regions, &nodes, &busy))
         .collect();
     Ok(Json(PoolList { pools }))
 }
@@ -111,25 +94,34 @@ pub async fn patch_pool(
     let regions = app.store.regions().await?;
     let nodes = app.store.nodes().await?;
     let busy = busy_gpus(&app).await?;
-    let healthy: Vec<_> = nodes.iter().filter(|n| n.pool == id && n.healthy).collect();
+    let view = view_with_nodes(&after, &regions, &nodes, &busy);
+    Ok(Json(view))
+}
+
+/// `pool` as the pools API shows it: its healthy nodes and their GPUs, free or busy (`busy`:
+/// GPUs held per node id), and every node that joined it.
+fn view_with_nodes(
+    pool: &switchyard_core::Pool,
+    regions: &[switchyard_core::Region],
+    nodes: &[crate::store::NodeRecord],
+    busy: &HashMap<String, u32>,
+) -> PoolView {
+    let members: Vec<_> = nodes.iter().filter(|n| n.pool == pool.id).collect();
+    let healthy: Vec<_> = members.iter().filter(|n| n.healthy).collect();
     let total: u32 = healthy.iter().map(|n| n.gpus_total).sum();
     let used: u32 = healthy
         .iter()
         .map(|n| busy.get(n.id.as_str()).copied().unwrap_or(0))
         .sum();
     let mut view = convert::pool_view(
-        &after,
-        regions.iter().find(|r| r.id == after.region),
-        nodes.iter().filter(|n| n.pool == id).count() as u32,
+        pool,
+        regions.iter().find(|r| r.id == pool.region),
+        healthy.len() as u32,
         total,
         total.saturating_sub(used),
     );
-    view.node_list = nodes
-        .iter()
-        .filter(|n| n.pool == id)
-        .map(pool_node)
-        .collect();
-    Ok(Json(view))
+    view.node_list = members.iter().map(|n| pool_node(n)).collect();
+    view
 }
 
 /// A node as the pools API shows it; what its agent says of itself comes from the inventory

@@ -427,16 +427,16 @@ pub async fn placement(
     let planned = tokio::task::spawn_blocking(move || scheduler.explanation(job_id))
         .await
         .map_err(|e| ApiError::Internal(format!("explaining the placement failed: {e}")))?;
-    let round = match planned {
-        Some(e) => convert::explanation_view(&e),
-        None => stored_explanation(&app, &caller, &id, job.clone()).await?,
-    };
     // A job that ran on (or waits for) a node launched for it: the round that chose to
     // launch, which the rounds since (placed on the new node, waiting for it) do not show.
     let node = job.placement.as_ref().map(|p| p.node.to_string());
+    let round = match planned {
+        Some(e) => convert::explanation_view(&e),
+        None => stored_explanation(&app, &caller, &id, job).await?,
+    };
     let launch_round = match app
         .store
-        .launch_explanation(job.id, node.as_deref())
+        .launch_explanation(job_id, node.as_deref())
         .await?
     {
         Some(text) => {
