@@ -357,6 +357,10 @@ fn outcome_view(o: &core::Outcome) -> serde_json::Value {
     }
 }
 
+fn plural(n: u32) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
 /// Why a candidate lost or was ruled out: its `code`, the figures that decided it (times as
 /// RFC 3339, money in dollars) and a `message` in words.
 fn rejection_view(r: &core::Rejection) -> serde_json::Value {
@@ -382,12 +386,12 @@ fn rejection_view(r: &core::Rejection) -> serde_json::Value {
         R::TooFewGpusPerNode { have, need } => (
             "too_few_gpus_per_node",
             json!({"have": have, "need": need}),
-            format!("{have} GPUs per node, needs {need}"),
+            format!("{have} GPU{} per node, needs {need}", plural(*have)),
         ),
         R::TooFewCpus { have, need } => (
             "too_few_cpus",
             json!({"have": have, "need": need}),
-            format!("{have} vCPUs per node, needs {need}"),
+            format!("{have} vCPU{} per node, needs {need}", plural(*have)),
         ),
         R::TooLittleMemory { have_gb, need_gb } => (
             "too_little_memory",
