@@ -18,14 +18,14 @@ use crate::control::bus::{Bus, Note};
 use crate::control::leader::Leadership;
 use crate::control::scheduler::{self, SchedulerHandle};
 use crate::http::auth::{API_TOKEN_PREFIX, hash_token, new_token};
-use crate::store::{ApiTokenRecord, SqliteStore, Store};
+use crate::store::{ApiTokenRecord, Store};
 
 #[derive(Clone)]
 pub struct App(Arc<AppInner>);
 
 pub struct AppInner {
     pub config: Config,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<Store>,
     pub scheduler: SchedulerHandle,
     pub agents: AgentWakers,
     pub providers: ProviderSet,
@@ -173,19 +173,23 @@ impl App {
         let url = config.database_url();
         let leadership = Leadership::new(config.replica_name());
         let origin = uuid::Uuid::now_v7().simple().to_string();
-        let (store, bus, notify_pool): (Arc<dyn Store>, Bus, _) = if url.starts_with("sqlite:") {
-            let store = SqliteStore::open_url(&url)
-                .await
-                .with_context(|| format!("opening {url}"))?;
-            (Arc::new(store), Bus::default(), None)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            open_postgres(&url, origin).await?
-        } else {
+        let known = ["sqlite:", "postgres://", "postgresql://"];
+        if !known.iter().any(|scheme| url.starts_with(scheme)) {
             anyhow::bail!(
                 "unsupported database URL {:?} (sqlite://… or postgres://…)",
                 redact_url(&url)
             );
+        }
+        let store = Store::open_url(&url)
+            .await
+            .with_context(|| format!("opening {}", redact_url(&url)))?;
+        // Several replicas on one PostgreSQL database tell each other through it.
+        let notify_pool = store.pg_pool().cloned();
+        let bus = match &notify_pool {
+            Some(pool) => crate::control::bus::start(pool.clone(), origin),
+            None => Bus::default(),
         };
+        let store = Arc::new(store);
         seed_catalogue(store.as_ref(), &config).await?;
         for offers in &providers.offers {
             for region in &offers.regions {
@@ -235,7 +239,7 @@ impl App {
 /// an earlier run, whose agents exited with it (or were killed with it). They are revoked — an
 /// agent of theirs that somehow still runs can no longer report — and their live attempts end
 /// `lost` with their jobs back in the queue, before the scheduler's first round.
-async fn retire_previous_run(store: &dyn Store) -> anyhow::Result<()> {
+async fn retire_previous_run(store: &Store) -> anyhow::Result<()> {
     let why = "its node belonged to an earlier run of `switchyard up`";
     let now = crate::clock::now();
     for node in store.nodes().await? {
@@ -247,45 +251,10 @@ async fn retire_previous_run(store: &dyn Store) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(feature = "postgres")]
-type NotifyPool = Option<sqlx::PgPool>;
-#[cfg(not(feature = "postgres"))]
-type NotifyPool = Option<()>;
-
-/// The PostgreSQL store, and the bus to the other replicas over the same database.
-#[cfg(feature = "postgres")]
-async fn open_postgres(
-    url: &str,
-    origin: String,
-) -> anyhow::Result<(Arc<dyn Store>, Bus, NotifyPool)> {
-    let store = crate::store::PgStore::open_url(url)
-        .await
-        .with_context(|| format!("opening {}", redact_url(url)))?;
-    let pool = store.notify_pool();
-    let bus = crate::control::bus::start(pool.clone(), origin);
-    Ok((Arc::new(store), bus, Some(pool)))
-}
-
-#[cfg(feature = "postgres")]
-fn spawn_listener(app: &App, pool: NotifyPool) {
+fn spawn_listener(app: &App, pool: Option<sqlx::PgPool>) {
     if let Some(pool) = pool {
         tokio::spawn(crate::control::bus::listen(app.clone(), pool));
     }
-}
-
-#[cfg(not(feature = "postgres"))]
-fn spawn_listener(_app: &App, _pool: NotifyPool) {}
-
-#[cfg(not(feature = "postgres"))]
-async fn open_postgres(
-    url: &str,
-    _origin: String,
-) -> anyhow::Result<(Arc<dyn Store>, Bus, NotifyPool)> {
-    anyhow::bail!(
-        "{} is a PostgreSQL URL, but this build has no PostgreSQL support: rebuild with \
-         `--features postgres` (cargo build -p switchyard-broker --features postgres)",
-        redact_url(url)
-    )
 }
 
 /// A database URL with its password (if any) replaced, for messages and logs.
@@ -307,7 +276,7 @@ fn redact_url(url: &str) -> String {
 }
 
 /// Writes the configured regions and pools and the chosen catalogue regions to the store.
-async fn seed_catalogue(store: &dyn Store, config: &Config) -> anyhow::Result<()> {
+async fn seed_catalogue(store: &Store, config: &Config) -> anyhow::Result<()> {
     let now = clock::now();
     for (region, pools) in catalogue_from_config(config, now)? {
         store.upsert_region(&region).await?;
@@ -422,7 +391,7 @@ fn default_ingress() -> u32 {
 
 /// Creates the admin token on first start and writes it to `{data_dir}/admin.token` (0600).
 /// Later starts keep the token that file holds, as long as the database knows it.
-async fn ensure_admin_token(store: &dyn Store, config: &Config) -> anyhow::Result<Option<String>> {
+async fn ensure_admin_token(store: &Store, config: &Config) -> anyhow::Result<Option<String>> {
     let path = config.data_dir.join("admin.token");
     if let Ok(existing) = std::fs::read_to_string(&path) {
         let existing = existing.trim();

@@ -1243,7 +1243,7 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
 /// Enrols node `n1` of `pool` at `at` (for `instance`, when given) with a token made at
 /// `issued`, straight through the store.
 async fn enrol_node(
-    store: &dyn switchyard_broker::store::Store,
+    store: &switchyard_broker::store::Store,
     pool: &switchyard_core::PoolId,
     instance: Option<&str>,
     gpus: u32,

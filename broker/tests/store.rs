@@ -17,7 +17,7 @@ use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventStatus};
 
 const T0: Timestamp = Timestamp(1_800_000_000_123);
 
-async fn seeded(dir: &std::path::Path) -> Arc<dyn Store> {
+async fn seeded(dir: &std::path::Path) -> Arc<Store> {
     let store = test_store(dir).await;
     let region = Region {
         id: RegionId("onprem:dc".into()),
@@ -585,7 +585,7 @@ async fn batched_heartbeats_only_renew_healthy_nodes_and_only_forward() {
         inventory_json: "{}".into(),
         at: T0.plus_secs(10),
     };
-    let read = |store: Arc<dyn Store>| async move {
+    let read = |store: Arc<Store>| async move {
         let n = store.nodes().await.unwrap().remove(0);
         (n.last_heartbeat, n.inventory_json, n.healthy)
     };
@@ -660,7 +660,6 @@ async fn postgres_schema_uses_native_types() {
         return;
     };
     let _store = test_store(dir.path()).await;
-    #[cfg(feature = "postgres")]
     {
         let pool = sqlx::PgPool::connect(&url).await.unwrap();
         let types: Vec<(String, String, String)> = sqlx::query_as(
@@ -689,8 +688,6 @@ async fn postgres_schema_uses_native_types() {
         );
         pool.close().await;
     }
-    #[cfg(not(feature = "postgres"))]
-    let _ = url;
 }
 
 /// Every SQLite migration has its PostgreSQL twin (same version and name), so that both
@@ -907,11 +904,11 @@ async fn the_sqlite_file_is_readable_by_its_owner_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fresh.db");
     let url = format!("sqlite://{}", path.display());
-    let store = SqliteStore::open_url(&url).await.unwrap();
+    let store = Store::open_url(&url).await.unwrap();
     drop(store);
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&path), 0o600);
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    SqliteStore::open_url(&url).await.unwrap();
+    Store::open_url(&url).await.unwrap();
     assert_eq!(mode(&path), 0o600);
 }

@@ -101,10 +101,8 @@ pub fn decode(origin: &str, payload: &str) -> Option<Note> {
     Note::parse(body)
 }
 
-#[cfg(feature = "postgres")]
 pub use pg::{listen, start};
 
-#[cfg(feature = "postgres")]
 mod pg {
     use super::*;
     use crate::app::App;

@@ -177,7 +177,7 @@ impl HeartbeatBuffer {
     /// Writes every buffered heartbeat in one transaction and releases their waiters. On
     /// failure they go back into the buffer (where a newer heartbeat heard meanwhile wins) and
     /// are written, and released, with the next generation. Only one writer may call this.
-    pub async fn flush(&self, store: &dyn Store) -> StoreResult<u64> {
+    pub async fn flush(&self, store: &Store) -> StoreResult<u64> {
         let (generation, mut taken) = {
             let mut pending = self.lock();
             let generation = pending.generation;

@@ -72,7 +72,7 @@ impl Leadership {
 
     /// Stops leading at once: a fenced write said another replica took over, or the lease
     /// could not be renewed in time.
-    pub fn step_down(&self, store: &dyn Store, why: &str) {
+    pub fn step_down(&self, store: &Store, why: &str) {
         store.fence().lose();
         let was = self.state.send_replace(None);
         if let Some(epoch) = was {
@@ -80,7 +80,7 @@ impl Leadership {
         }
     }
 
-    fn lead(&self, store: &dyn Store, epoch: i64) {
+    fn lead(&self, store: &Store, epoch: i64) {
         store.fence().hold(epoch);
         if self.state.send_replace(Some(epoch)) != Some(epoch) {
             tracing::info!(replica = %self.replica, epoch, "leading: scheduler, burst controller and ledger run here");
@@ -89,7 +89,7 @@ impl Leadership {
 
     /// Gives the lease up (clean shutdown) so a follower takes over without waiting for it
     /// to expire.
-    pub async fn resign(&self, store: &dyn Store) {
+    pub async fn resign(&self, store: &Store) {
         let was = self.epoch();
         self.step_down(store, "shutting down");
         if was.is_some()

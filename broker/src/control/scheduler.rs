@@ -150,7 +150,7 @@ struct State {
 }
 
 impl State {
-    async fn load(store: &dyn Store) -> Result<State, StoreError> {
+    async fn load(store: &Store) -> Result<State, StoreError> {
         let mut state = State {
             regions: store.regions().await?,
             pools: store.pools().await?,
@@ -181,7 +181,7 @@ impl State {
         Ok(state)
     }
 
-    async fn reload_nodes(&mut self, store: &dyn Store) -> Result<(), StoreError> {
+    async fn reload_nodes(&mut self, store: &Store) -> Result<(), StoreError> {
         // A node that enrolled from a launched instance was bought in that instance's market;
         // a spot one takes only jobs that allow spot.
         let markets: HashMap<NodeId, Market> = store
@@ -431,7 +431,7 @@ impl Worker {
     }
 
     /// Applies one event to the mirror; returns whether a full reload is needed.
-    async fn apply(&self, state: &mut State, store: &dyn Store, event: SchedulerEvent) -> bool {
+    async fn apply(&self, state: &mut State, store: &Store, event: SchedulerEvent) -> bool {
         match event {
             SchedulerEvent::JobSubmitted(job) => state.add_pending(&job),
             SchedulerEvent::JobRemoved(id) => {

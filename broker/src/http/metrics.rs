@@ -103,7 +103,7 @@ impl Metrics {
     }
 
     /// The whole exposition: this process's counters and the database's levels now.
-    pub async fn render(&self, store: &dyn Store) -> Result<String, StoreError> {
+    pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
         let mut registry = Registry::default();
         registry.register(
             "switchyard_placement_seconds",

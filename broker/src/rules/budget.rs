@@ -120,7 +120,7 @@ pub fn status(
 
 /// Every policy with a budget that applies now, with where it stands.
 pub async fn statuses(
-    store: &dyn Store,
+    store: &Store,
     records: &[PolicyRecord],
     now: Timestamp,
 ) -> Result<Vec<BudgetStatus>, StoreError> {
@@ -147,10 +147,7 @@ pub struct RoundPolicies {
     pub rates: OnpremRates,
 }
 
-pub async fn round_policies(
-    store: &dyn Store,
-    now: Timestamp,
-) -> Result<RoundPolicies, StoreError> {
+pub async fn round_policies(store: &Store, now: Timestamp) -> Result<RoundPolicies, StoreError> {
     let records = store.policies().await?;
     let mut policies = Vec::with_capacity(records.len());
     for record in &records {

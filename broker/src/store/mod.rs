@@ -1,34 +1,35 @@
-//! Persistence. What is stored: regions, pools, tokens (hashed), nodes, jobs, attempts and log
-//! chunks — everything acknowledged to a user or an agent. What is rebuilt at start: the
-//! scheduler's in-memory mirror (from jobs, attempts and nodes) and the latest placement
-//! explanations of waiting jobs.
+//! Persistence. What is stored: regions, pools, tokens (hashed), nodes, jobs, attempts, log
+//! chunks, instances, the ledger, policies and the audit log — everything acknowledged to a
+//! user or an agent. What is rebuilt at start: the scheduler's in-memory mirror (from jobs,
+//! attempts and nodes) and the latest placement explanations of waiting jobs.
 //!
-//! The [`Store`] trait is the only way the rest of the broker reaches the database. SQLite is
-//! the embedded default; PostgreSQL (a later issue) is a second implementation with its own
-//! migrations folder, not a rewrite. Each method is one transaction.
+//! [`Store`] is the only way the rest of the broker reaches the database; each of its methods
+//! is one transaction. The methods are written once (`sql/`) for both databases: SQLite, the
+//! embedded default, and PostgreSQL, each with its own migrations folder (`migrations/`).
+//!
+//! - `sql/`: the methods, by subject, and the layer that runs one statement on either database;
+//! - `sqlite.rs`, `postgres.rs` (+ `postgres/submits.rs`): only what differs — opening and
+//!   migrating, the global write order, batched submissions and heartbeats;
+//! - `records.rs`: the row shapes; `stretches.rs`: how the ledger splits an instance's time.
+//! - It must not decide: the lease rule is `rules/lease.rs`, the budget rule `rules/budget.rs`;
+//!   the store carries out their verdicts inside its transactions.
 
-#[cfg(feature = "postgres")]
 mod postgres;
 mod records;
+mod sql;
 mod sqlite;
 mod stretches;
 
-#[cfg(feature = "postgres")]
-pub use postgres::{PgStore, WRITE_LOCK_KEY};
+pub use postgres::WRITE_LOCK_KEY;
 pub use records::*;
-pub use sqlite::{SqliteStore, policy_target, role_name};
+pub use sql::{DbId, DbTime, policy_target, role_name};
 
-use async_trait::async_trait;
+use sql::{Db, Tx};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use switchyard_core::{
-    AttemptId, JobId, JobState, Money, NodeId, Pool, PoolId, Priority, Region, Timestamp,
-};
-use switchyard_protocol::agent::{AgentEvent, AttemptRef, EventResult, Inventory};
+use switchyard_core::{AttemptId, JobId, JobState, Money, NodeId, PoolId, Priority, Timestamp};
+use switchyard_protocol::agent::AttemptRef;
 use uuid::Uuid;
-
-// The lease rule the stores carry out (`lease.rs` decides; the stores apply).
-use crate::rules::lease::{self, AttemptState, Requeue, Verdict};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -246,300 +247,84 @@ pub struct NodeInterruption {
     pub instances: Vec<String>,
 }
 
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
-    // Leader election (several replicas on one database).
+/// The broker's database: every read and write of the rest of the broker goes through its
+/// methods, each one transaction. The methods are written once, in `sql/`, and run on SQLite
+/// (the embedded default) and PostgreSQL (production, several replicas) alike; what differs
+/// between the two is in `sqlite.rs` and `postgres.rs`. Cheap to clone: a handle on the pool.
+#[derive(Clone, Debug)]
+pub struct Store {
+    db: Db,
+    fence: Fence,
+    /// Submissions, written in batches on PostgreSQL (`postgres/submits.rs`).
+    submits: Option<postgres::Submits>,
+}
+
+impl Store {
+    /// Opens (creating if needed) an SQLite database file and runs its migrations.
+    pub async fn open_sqlite(path: &std::path::Path) -> StoreResult<Store> {
+        Ok(Store::on(Db::Sqlite(sqlite::open_file(path).await?), None))
+    }
+
+    /// Opens a `sqlite:` URL, or connects to a `postgres://` (or `postgresql://`) one whose
+    /// database exists; runs the migrations.
+    pub async fn open_url(url: &str) -> StoreResult<Store> {
+        if url.starts_with("sqlite:") {
+            Ok(Store::on(Db::Sqlite(sqlite::open_url(url).await?), None))
+        } else {
+            let pool = postgres::open_url(url).await?;
+            let submits = postgres::Submits::start(pool.clone());
+            Ok(Store::on(Db::Postgres(pool), Some(submits)))
+        }
+    }
+
+    fn on(db: Db, submits: Option<postgres::Submits>) -> Store {
+        Store {
+            db,
+            fence: Fence::off(),
+            submits,
+        }
+    }
+
     /// The epoch this store's leader writes are checked against.
-    fn fence(&self) -> &Fence;
-    /// Takes or renews the leader lease for `ttl_ms` (see [`lease_claim`]); the epoch held, or
-    /// `None` when another replica holds a live lease. PostgreSQL uses the database's clock,
-    /// SQLite `now`.
-    async fn acquire_leadership(
-        &self,
-        replica: &str,
-        instance: Uuid,
-        ttl_ms: i64,
-        now: Timestamp,
-    ) -> StoreResult<Option<i64>>;
-    /// Ends this process's lease at once (a clean shutdown), so a follower need not wait.
-    async fn resign_leadership(&self, instance: Uuid) -> StoreResult<()>;
-    async fn leader(&self) -> StoreResult<Option<LeaderRecord>>;
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
 
-    // Catalogue.
-    async fn upsert_region(&self, region: &Region) -> StoreResult<()>;
-    async fn upsert_pool(&self, pool: &Pool) -> StoreResult<()>;
-    async fn regions(&self) -> StoreResult<Vec<Region>>;
-    async fn pools(&self) -> StoreResult<Vec<Pool>>;
+    /// The PostgreSQL pool (the replicas' notification bus, and tests that inspect the
+    /// database); `None` on SQLite.
+    pub fn pg_pool(&self) -> Option<&sqlx::PgPool> {
+        match &self.db {
+            Db::Postgres(p) => Some(p),
+            Db::Sqlite(_) => None,
+        }
+    }
 
-    // API tokens.
-    async fn insert_api_token(&self, token: &ApiTokenRecord) -> StoreResult<()>;
-    async fn api_token_by_hash(&self, hash: &str) -> StoreResult<Option<ApiTokenRecord>>;
-    /// Every API token, oldest first, revoked ones included.
-    async fn api_tokens(&self) -> StoreResult<Vec<ApiTokenRecord>>;
-    /// Revokes API token `id` and the console sessions that act as it, in one transaction.
-    /// Returns the token as it was before (already revoked: unchanged), `None` when there is
-    /// no such token.
-    async fn revoke_api_token(
-        &self,
-        id: Uuid,
-        now: Timestamp,
-    ) -> StoreResult<Option<ApiTokenRecord>>;
+    /// A transaction in the global write order: SQLite's `BEGIN IMMEDIATE`, PostgreSQL's
+    /// advisory lock (see `postgres.rs`).
+    async fn write_tx(&self) -> StoreResult<Tx> {
+        Ok(match &self.db {
+            Db::Sqlite(p) => Tx::Sqlite(sqlite::write_tx(p).await?),
+            Db::Postgres(p) => Tx::Postgres(postgres::write_tx(p).await?),
+        })
+    }
 
-    // Console sessions.
-    async fn insert_console_session(&self, session: &ConsoleSessionRecord) -> StoreResult<()>;
-    /// The session with this id hash and the API token it acts as, whatever their state (the
-    /// caller checks expiry and revocation).
-    async fn console_session(
-        &self,
-        id_hash: &str,
-    ) -> StoreResult<Option<(ConsoleSessionRecord, ApiTokenRecord)>>;
-    /// Marks the session revoked; false when there was no live session with this hash.
-    async fn revoke_console_session(&self, id_hash: &str, now: Timestamp) -> StoreResult<bool>;
+    /// A write transaction for the leader's writes: fails with [`StoreError::Fenced`] unless
+    /// the lease is still at the epoch this replica leads under (see [`Fence`]). The lease is
+    /// only changed under the same write lock, so it cannot move before this commits.
+    async fn leader_tx(&self) -> StoreResult<Tx> {
+        let mut tx = self.write_tx().await?;
+        if self.fence.get().is_some() {
+            let current: Option<i64> = sql::query_scalar(LEASE_EPOCH)
+                .fetch_optional(&mut tx)
+                .await?;
+            self.fence.check(current)?;
+        }
+        Ok(tx)
+    }
 
-    // Enrolment and nodes.
-    async fn insert_enrolment_token(&self, token: &EnrolmentTokenRecord) -> StoreResult<()>;
-    /// Consumes a one-time enrolment token and creates the node in one transaction.
-    /// Whether `enrolment_hash` names an enrolment token that could enrol an agent now (issued,
-    /// unused, unexpired); read only, so that a registration's token is checked before its
-    /// body is read. [`Store::register_node`] checks again and consumes it.
-    async fn check_enrolment_token(
-        &self,
-        enrolment_hash: &str,
-        now: Timestamp,
-    ) -> StoreResult<Result<(), RegisterRefusal>>;
-    async fn register_node(
-        &self,
-        enrolment_hash: &str,
-        node: NewNode,
-        now: Timestamp,
-    ) -> StoreResult<Result<NodeRecord, RegisterRefusal>>;
-    async fn node_by_token_hash(&self, hash: &str) -> StoreResult<Option<NodeRecord>>;
-    /// Revokes node `node`'s agent token: the node is marked revoked and unhealthy, and its
-    /// live attempts end `lost` with their jobs requeued (a revoked agent can no longer
-    /// report), in one transaction. Returns the requeued jobs, `None` when there is no such
-    /// node or it was revoked already.
-    async fn revoke_node(
-        &self,
-        node: &NodeId,
-        why: &str,
-        now: Timestamp,
-    ) -> StoreResult<Option<Vec<JobId>>>;
-    async fn nodes(&self) -> StoreResult<Vec<NodeRecord>>;
-    /// Records a heartbeat and answers it: whether the node was unhealthy before (it came
-    /// back), and which attempts its agent must stop ([`heartbeat_stops`]). `running` is what
-    /// the agent says it runs.
-    async fn heartbeat(
-        &self,
-        node: &NodeId,
-        inventory: &Inventory,
-        running: &[AttemptRef],
-        now: Timestamp,
-    ) -> StoreResult<HeartbeatOutcome>;
-    /// Writes heartbeats of healthy nodes in one transaction. `last_heartbeat` only moves
-    /// forward (a later heartbeat already written wins, inventory included). A node that is
-    /// not healthy (lost since the heartbeat was received) or unknown is left as it is: its
-    /// next heartbeat goes through [`Store::heartbeat`], which brings it back and tells the
-    /// scheduler. Returns the rows written.
-    async fn record_heartbeats(&self, beats: &[HeartbeatWrite]) -> StoreResult<u64>;
-    /// Which attempts the node's agent must stop ([`heartbeat_stops`]); `running` is what the
-    /// agent says it runs.
-    async fn node_stops(
-        &self,
-        node: &NodeId,
-        running: &[AttemptRef],
-    ) -> StoreResult<Vec<AttemptRef>>;
-    /// Marks nodes whose last heartbeat is older than `before` as lost and requeues their live
-    /// attempts. Returns the lost nodes and the requeued jobs.
-    async fn expire_leases(&self, before: Timestamp, now: Timestamp) -> StoreResult<ExpiredLeases>;
-
-    // Jobs.
-    async fn insert_job(&self, job: &NewJob) -> StoreResult<()>;
-    /// Inserts `job` under an `Idempotency-Key`, in one transaction with the key, unless the
-    /// key (made at or after `since`) already names a job: then nothing is written and that
-    /// job is returned. Keys made before `since` are deleted on the way.
-    async fn insert_job_idempotent(
-        &self,
-        job: &NewJob,
-        key: &IdempotencyKey,
-        since: Timestamp,
-    ) -> StoreResult<IdempotentInsert>;
-    /// The job a key made at or after `since` names, and whether its request digest is
-    /// `key.request_hash`.
-    async fn idempotent_job(
-        &self,
-        key: &IdempotencyKey,
-        since: Timestamp,
-    ) -> StoreResult<Option<(JobId, bool)>>;
-    async fn job(&self, id: JobId) -> StoreResult<Option<JobRecord>>;
-    async fn list_jobs(&self, filter: &JobFilter) -> StoreResult<Vec<JobRecord>>;
-    async fn cancel_job(&self, id: JobId, now: Timestamp) -> StoreResult<CancelOutcome>;
-    /// The W3C trace context recorded with the job at submit, if any.
-    async fn job_trace_parent(&self, job: JobId) -> StoreResult<Option<String>>;
-    /// Jobs not yet finished, counted by state and priority (for `/metrics`).
-    async fn queue_depth(&self) -> StoreResult<Vec<(JobState, Priority, i64)>>;
-    /// Records placement explanations worked out after their plan was committed: each for
-    /// the attempt it explains, so a job placed again since keeps its newer one.
-    async fn set_explanations(&self, rows: &[(JobId, AttemptId, String)]) -> StoreResult<()>;
-    /// Stores, per instance id, the explanation of the round that launched it for its job.
-    async fn set_launch_explanations(&self, rows: &[(String, String)]) -> StoreResult<()>;
-    /// The explanation of the round that launched an instance for `job`: the one whose node is
-    /// `node`, or without a node the newest one still live.
-    async fn launch_explanation(
-        &self,
-        job: JobId,
-        node: Option<&str>,
-    ) -> StoreResult<Option<String>>;
-
-    // Scheduler.
-    async fn pending_jobs(&self) -> StoreResult<Vec<JobRecord>>;
-    async fn live_attempts(&self) -> StoreResult<Vec<AttemptRecord>>;
-    /// Commits a round's assignments and launch requests in one transaction, each guarded by
-    /// the job's version. A job changed since it was read fails the whole commit with
-    /// [`StoreError::Stale`]. Jobs given a launch become `provisioning`.
-    async fn commit_plan(
-        &self,
-        assignments: &[NewAttempt],
-        launches: &[NewInstance],
-        now: Timestamp,
-    ) -> StoreResult<()>;
-
-    // Burst instances.
-    async fn instances(&self, include_terminated: bool) -> StoreResult<Vec<InstanceRecord>>;
-    /// Pools backed off after capacity or quota errors, with until when.
-    async fn pool_backoffs(&self, now: Timestamp) -> StoreResult<Vec<(PoolId, Timestamp)>>;
-    /// The provider accepted the launch: `requested → booting`.
-    async fn instance_launched(
-        &self,
-        id: &str,
-        provider_id: &str,
-        now: Timestamp,
-    ) -> StoreResult<()>;
-    async fn instance_launch_failed(
-        &self,
-        id: &str,
-        error: &str,
-        next: LaunchFailure,
-        now: Timestamp,
-    ) -> StoreResult<()>;
-    async fn set_instance_idle(&self, id: &str, idle_since: Option<Timestamp>) -> StoreResult<()>;
-    /// Ends an instance in one transaction: state `terminated`, its lifetime cost in the
-    /// ledger (at least `min_billed_s`), its node retired and the node's live work requeued, and
-    /// a job still waiting for it back in the queue. `reason` is kept as its `end_reason`, and
-    /// as its `last_error` too when `error` (a boot timeout, gone at the provider; not a normal
-    /// idle shutdown). Returns false if it had already ended.
-    async fn end_instance(
-        &self,
-        id: &str,
-        reason: Option<&str>,
-        error: bool,
-        min_billed_s: i64,
-        now: Timestamp,
-    ) -> StoreResult<bool>;
-    /// Sum of ledger entries (micro-dollars).
-    async fn ledger_total(&self) -> StoreResult<i64>;
-
-    // Ledger accrual, spend and budgets.
-    /// Writes ledger entries for every source up to `now` in one transaction: running attempts
-    /// on nodes the broker did not launch, live instances (idle time included), and anything
-    /// that ended unsettled (instances with at least `min_billed_s`). Returns the entries
-    /// written. Idempotent: each source remembers how far it was accrued.
-    async fn accrue_ledger(&self, now: Timestamp, min_billed_s: i64) -> StoreResult<usize>;
-    /// Ledger entries grouped (and bucketed) as `query` asks.
-    async fn spend(&self, query: &SpendQuery) -> StoreResult<Vec<SpendGroupRow>>;
-    /// What a budget of `team` (and `project`) has spent in `[from, to)` and what live work of
-    /// its jobs is still expected to cost.
-    async fn budget_usage(
-        &self,
-        team: &str,
-        project: Option<&str>,
-        from: Timestamp,
-        to: Timestamp,
-    ) -> StoreResult<BudgetUsage>;
-    /// What the work live now costs an hour, per team, by the ledger's own rules: running and
-    /// preempting attempts on nodes the broker did not launch at their recorded rate, and live
-    /// cloud instances at their hourly price, charged to the job on the node (else the job they
-    /// were launched for). What the ledger accrues per hour if nothing changes.
-    async fn spend_rates(&self) -> StoreResult<Vec<(String, Money)>>;
-    /// Records that a budget's spend reached a threshold this period; false if it already was.
-    async fn record_budget_alert(
-        &self,
-        team: &str,
-        project: Option<&str>,
-        period_start: Timestamp,
-        threshold_ppm: i64,
-        now: Timestamp,
-    ) -> StoreResult<bool>;
-    /// Ledger entries (of one job, or all), oldest period first.
-    async fn ledger_entries(&self, job: Option<JobId>) -> StoreResult<Vec<LedgerEntry>>;
-    /// Policy holds from the planner: `Some(reason)` makes a waiting job `held` with that
-    /// reason, `None` returns a held job to `queued`. Jobs that left the queue meanwhile are
-    /// left alone. Versions are not bumped: held jobs are still the planner's to place.
-    async fn set_holds(&self, changes: &[(JobId, Option<String>)]) -> StoreResult<()>;
-
-    /// Preemption: each `running` victim becomes `preempting` — it keeps its GPUs, and its
-    /// agent is told to stop it (checkpoint signal, grace, kill); when the agent reports the
-    /// end, the attempt becomes `preempted` and its job goes back to the queue with `why`
-    /// (which notes the progress made). Victims not running (yet, or any more) are left alone.
-    /// Returns the attempts now stopping.
-    async fn preempt_attempts(
-        &self,
-        victims: &[(AttemptId, String)],
-    ) -> StoreResult<Vec<(NodeId, AttemptRef)>>;
-
-    // Policies and the audit log.
-    /// Saves a new version of the policy of `team` (and `project`) and its `policy.put` audit
-    /// row in one transaction. With `expected_version`, a compare-and-swap: `Some(0)` means
-    /// "there is none yet"; any other mismatch is a [`PolicyConflict`] and nothing is written.
-    async fn put_policy(
-        &self,
-        team: &str,
-        project: Option<&str>,
-        body: &switchyard_protocol::api::PolicyBody,
-        expected_version: Option<i64>,
-        actor: &str,
-        now: Timestamp,
-    ) -> StoreResult<Result<PolicyRecord, PolicyConflict>>;
-    /// The current version of one policy.
-    async fn policy(&self, team: &str, project: Option<&str>) -> StoreResult<Option<PolicyRecord>>;
-    /// The current version of every policy, by team then project (team-wide first).
-    async fn policies(&self) -> StoreResult<Vec<PolicyRecord>>;
-    /// Appends one audit row; returns its id.
-    async fn append_audit(&self, entry: &NewAuditEntry) -> StoreResult<i64>;
-    /// Audit rows, newest first.
-    async fn audit(&self, filter: &AuditFilter) -> StoreResult<Vec<AuditRecord>>;
-    /// Applies infra's edit to a pool with its `pool.patch` audit row in one transaction (the
-    /// edit outlives catalogue re-seeding). Returns the pool before and after; `None` if unknown.
-    async fn patch_pool(
-        &self,
-        id: &PoolId,
-        change: &PoolChange,
-        actor: &str,
-        now: Timestamp,
-    ) -> StoreResult<Option<(Pool, Pool)>>;
-
-    // Agent protocol.
-    async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>>;
-    /// Live attempts on the node whose job was cancelled: the agent must stop them.
-    async fn stops_for_node(&self, node: &NodeId) -> StoreResult<Vec<AttemptRef>>;
-    /// A spot interruption notice from the node's agent, in one transaction: the node drains
-    /// (no new work), a burst instance bound to it becomes `draining`, and its live attempts
-    /// become `preempted` with their jobs back in the queue (`why` as the reason). Idempotent:
-    /// a repeated notice only takes what was assigned to the node since.
-    async fn interrupt_node(
-        &self,
-        node: &NodeId,
-        why: &str,
-        now: Timestamp,
-    ) -> StoreResult<NodeInterruption>;
-    /// Applies agent events in order, in one transaction. Returns one result per event and the
-    /// attempts that ended.
-    async fn apply_events(
-        &self,
-        node: &NodeId,
-        events: &[AgentEvent],
-        now: Timestamp,
-    ) -> StoreResult<(Vec<EventResult>, Vec<EndedAttempt>)>;
-    async fn logs(&self, job: JobId, after: i64, limit: i64) -> StoreResult<Vec<LogRecord>>;
+    fn dialect(&self) -> &'static sql::Dialect {
+        self.db.dialect()
+    }
 }
 
 #[cfg(test)]

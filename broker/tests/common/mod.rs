@@ -76,11 +76,6 @@ fn test_pg_url() -> Option<String> {
     let url = std::env::var("SWITCHYARD_TEST_PG_URL")
         .ok()
         .filter(|u| !u.is_empty())?;
-    if !cfg!(feature = "postgres") {
-        panic!(
-            "SWITCHYARD_TEST_PG_URL is set but these tests were built without `--features postgres`"
-        );
-    }
     Some(url.trim_end_matches('/').to_string())
 }
 
@@ -102,7 +97,6 @@ pub fn test_database_url(dir: &std::path::Path) -> Option<String> {
     Some(format!("{server}/{name}"))
 }
 
-#[cfg(feature = "postgres")]
 fn create_pg_database(server: &str, name: &str) {
     use sqlx::Connection;
     let url = format!("{server}/postgres");
@@ -129,30 +123,13 @@ fn create_pg_database(server: &str, name: &str) {
     .unwrap();
 }
 
-#[cfg(not(feature = "postgres"))]
-fn create_pg_database(_server: &str, _name: &str) {
-    unreachable!("test_pg_url refuses to run without the postgres feature")
-}
-
 /// A store on its own (no broker) for data directory `dir`, on the backend the tests use.
-pub async fn test_store(
-    dir: &std::path::Path,
-) -> std::sync::Arc<dyn switchyard_broker::store::Store> {
-    match test_database_url(dir) {
-        #[cfg(feature = "postgres")]
-        Some(url) => std::sync::Arc::new(
-            switchyard_broker::store::PgStore::open_url(&url)
-                .await
-                .unwrap(),
-        ),
-        #[cfg(not(feature = "postgres"))]
-        Some(_) => unreachable!(),
-        None => std::sync::Arc::new(
-            switchyard_broker::store::SqliteStore::open(&dir.join("switchyard.db"))
-                .await
-                .unwrap(),
-        ),
-    }
+pub async fn test_store(dir: &std::path::Path) -> std::sync::Arc<switchyard_broker::store::Store> {
+    let store = match test_database_url(dir) {
+        Some(url) => switchyard_broker::store::Store::open_url(&url).await,
+        None => switchyard_broker::store::Store::open_sqlite(&dir.join("switchyard.db")).await,
+    };
+    std::sync::Arc::new(store.unwrap())
 }
 
 /// Runs one statement straight on the broker's database, whichever backend it is (for tests
@@ -160,15 +137,10 @@ pub async fn test_store(
 pub async fn execute_raw(config: &Config, sql: &'static str) -> Result<u64, String> {
     let url = config.database_url();
     if url.starts_with("postgres") {
-        #[cfg(feature = "postgres")]
-        {
-            let pool = sqlx::PgPool::connect(&url).await.unwrap();
-            let out = sqlx::query(sql).execute(&pool).await;
-            pool.close().await;
-            return out.map(|d| d.rows_affected()).map_err(|e| e.to_string());
-        }
-        #[cfg(not(feature = "postgres"))]
-        unreachable!("a PostgreSQL URL without the postgres feature");
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        let out = sqlx::query(sql).execute(&pool).await;
+        pool.close().await;
+        return out.map(|d| d.rows_affected()).map_err(|e| e.to_string());
     }
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
     let out = sqlx::query(sql).execute(&pool).await;

@@ -9,7 +9,9 @@
 //! A batch that fails (a duplicate id, say) is written again row by row, so each submission
 //! gets its own answer and one bad row fails no other.
 
-use super::{Tz, tz, tz_opt};
+use crate::store::DbTime;
+
+type Tz = chrono::DateTime<chrono::Utc>;
 use crate::store::{NewJob, StoreError, StoreResult};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
@@ -45,20 +47,20 @@ struct Pending {
 
 /// The handle the store keeps: queues a row and waits for its commit.
 #[derive(Clone, Debug)]
-pub(super) struct Submits {
+pub(crate) struct Submits {
     queue: mpsc::Sender<Pending>,
 }
 
 impl Submits {
     /// Starts the writer task on the current runtime.
-    pub(super) fn start(pool: PgPool) -> Submits {
+    pub(crate) fn start(pool: PgPool) -> Submits {
         let (queue, rx) = mpsc::channel(MAX_WAITING);
         tokio::spawn(write_batches(pool, rx));
         Submits { queue }
     }
 
     /// Writes `job` as a queued job; returns once its row committed (or failed).
-    pub(super) async fn insert(&self, job: &NewJob) -> StoreResult<()> {
+    pub(crate) async fn insert(&self, job: &NewJob) -> StoreResult<()> {
         let core_spec_json = serde_json::to_string(&job.spec)
             .map_err(|e| StoreError::Corrupt(format!("spec: {e}")))?;
         let row = Row {
@@ -73,8 +75,8 @@ impl Submits {
             },
             spec_json: job.spec_json.clone(),
             core_spec_json,
-            submitted_at: tz(job.submitted_at),
-            deadline: tz_opt(job.spec.deadline),
+            submitted_at: DbTime(job.submitted_at).to_tz(),
+            deadline: job.spec.deadline.map(|d| DbTime(d).to_tz()),
             trace_parent: job.trace_parent.clone(),
         };
         let (done, answer) = oneshot::channel();

@@ -1,12 +1,19 @@
-//! The ledger in PostgreSQL: the same accrual and settlement rules as the SQLite store's
-//! (`sqlite/ledger.rs`, whose module docs state them), over native types. Every function here
-//! that writes runs inside the caller's transaction, which holds the write lock.
+//! The ledger: accrual of attempts and instances, settlement when they end, spend
+//! reports and budget use. Every function here that writes runs inside the caller's
+//! transaction.
+//!
+//! A source (`attempt:<id>` or `instance:<id>`) is accrued from its `accrued_until` (or its
+//! start) to a time `until`, then `accrued_until = until`, in the same transaction; entries are
+//! keyed by `(source, period_start)`, so nothing is ever written twice. Amounts are cumulative
+//! from the source's start — `cost(t) = rate × whole seconds since start`, rounded up — and each
+//! entry is `cost(end) − cost(start)`, so a source's entries add up to exactly its rate × its
+//! billed time however many passes wrote them.
 
 use super::*;
 use crate::store::stretches::{INSTANCE_JOB, Occupant, cost_to, labelled, stretches};
 
 /// The attempts accrued by the ledger themselves: started, on a node no instance is bound to.
-const ATTEMPT_SELECT: &str = "SELECT a.id, a.job_id, a.pool_id, a.market, a.gpus_json, \
+pub(super) const ATTEMPT_SELECT: &str = "SELECT a.id, a.job_id, a.pool_id, a.market, a.gpus_json, \
      a.started_at, a.finished_at, a.accrued_until, a.hourly_rate_micros, a.state, \
      j.team, j.project, p.region_id, p.provider, p.on_demand_micros, p.spot_micros, \
      p.gpus_per_node FROM attempts a JOIN jobs j ON j.id = a.job_id \
@@ -38,13 +45,13 @@ async fn insert(tx: &mut Tx, e: &Entry<'_>, now: Timestamp) -> StoreResult<usize
     if e.amount == 0 && !e.last {
         return Ok(0);
     }
-    let done = sqlx::query(
+    let done = query(
         "INSERT INTO ledger (at, kind, source, team, project, job_id, attempt_id, instance_id, \
          provider, region_id, pool_id, period_start, period_end, amount_micros) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
          ON CONFLICT (source, period_start) DO NOTHING",
     )
-    .bind(tz(now))
+    .bind(now)
     .bind(e.kind)
     .bind(e.source)
     .bind(e.team)
@@ -55,48 +62,48 @@ async fn insert(tx: &mut Tx, e: &Entry<'_>, now: Timestamp) -> StoreResult<usize
     .bind(e.provider)
     .bind(e.region)
     .bind(e.pool)
-    .bind(tz(e.start))
-    .bind(tz(e.end))
+    .bind(e.start)
+    .bind(e.end)
     .bind(e.amount)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     Ok(done.rows_affected() as usize)
 }
 
 /// What an attempt row (from [`ATTEMPT_SELECT`]) accrues an hour: the rate recorded when it was
 /// placed, else its pool's price for its market.
-fn attempt_row_rate(r: &PgRow) -> StoreResult<Money> {
-    Ok(match r.try_get::<Option<i64>, _>("hourly_rate_micros")? {
+pub(super) fn attempt_row_rate(r: &Row) -> StoreResult<Money> {
+    Ok(match r.get::<Option<i64>>("hourly_rate_micros")? {
         Some(rate) => Money(rate),
         None => {
             // Placed before rates were recorded: the pool's price for its market.
-            let market = parse_market(&r.try_get::<String, _>("market")?)?;
-            let on_demand: i64 = r.try_get("on_demand_micros")?;
+            let market = parse_market(&r.get::<String>("market")?)?;
+            let on_demand: i64 = r.get("on_demand_micros")?;
             let node = match market {
-                switchyard_core::Market::Spot => r
-                    .try_get::<Option<i64>, _>("spot_micros")?
-                    .unwrap_or(on_demand),
+                switchyard_core::Market::Spot => {
+                    r.get::<Option<i64>>("spot_micros")?.unwrap_or(on_demand)
+                }
                 switchyard_core::Market::OnDemand => on_demand,
             };
-            let gpus = parse_gpus(&r.try_get::<String, _>("gpus_json")?)?.len() as i64;
+            let gpus = parse_gpus(&r.get::<String>("gpus_json")?)?.len() as i64;
             Money(node)
-                .div_ceil(r.try_get::<i64, _>("gpus_per_node")?.max(1))
+                .div_ceil(r.get::<i64>("gpus_per_node")?.max(1))
                 .saturating_mul(gpus)
         }
     })
 }
 
 /// Accrues one attempt row (from [`ATTEMPT_SELECT`]) up to now, or to its end once it ended.
-async fn accrue_attempt_row(tx: &mut Tx, r: &PgRow, now: Timestamp) -> StoreResult<usize> {
-    let id: Uuid = r.try_get("id")?;
-    let state: String = r.try_get("state")?;
-    let origin = get_ts(r, "started_at")?;
-    let from = get_ts_opt(r, "accrued_until")?.unwrap_or(origin);
+async fn accrue_attempt_row(tx: &mut Tx, r: &Row, now: Timestamp) -> StoreResult<usize> {
+    let id = r.uuid("id")?;
+    let state: String = r.get("state")?;
+    let origin = r.time("started_at")?;
+    let from = r.time_opt("accrued_until")?.unwrap_or(origin);
     let live = LIVE_ATTEMPT_STATES.contains(&state.as_str());
     let until = if live {
         now
     } else {
-        get_ts_opt(r, "finished_at")?.unwrap_or(now)
+        r.time_opt("finished_at")?.unwrap_or(now)
     };
     if until <= from {
         return Ok(0);
@@ -108,14 +115,10 @@ async fn accrue_attempt_row(tx: &mut Tx, r: &PgRow, now: Timestamp) -> StoreResu
         return Ok(0);
     }
     let source = format!("attempt:{id}");
-    let (team, project): (Option<String>, Option<String>) =
-        (r.try_get("team")?, r.try_get("project")?);
-    let job: Uuid = r.try_get("job_id")?;
-    let (pool, region, provider): (String, String, String) = (
-        r.try_get("pool_id")?,
-        r.try_get("region_id")?,
-        r.try_get("provider")?,
-    );
+    let (team, project): (Option<String>, Option<String>) = (r.get("team")?, r.get("project")?);
+    let job = r.uuid("job_id")?;
+    let (pool, region, provider): (String, String, String) =
+        (r.get("pool_id")?, r.get("region_id")?, r.get("provider")?);
     let written = insert(
         tx,
         &Entry {
@@ -137,10 +140,10 @@ async fn accrue_attempt_row(tx: &mut Tx, r: &PgRow, now: Timestamp) -> StoreResu
         now,
     )
     .await?;
-    sqlx::query("UPDATE attempts SET accrued_until = $1 WHERE id = $2")
-        .bind(tz(until))
+    query("UPDATE attempts SET accrued_until = $1 WHERE id = $2")
+        .bind(until)
         .bind(id)
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
     Ok(written)
 }
@@ -165,21 +168,21 @@ async fn accrue_instance(
     min_billed_s: Option<i64>,
     now: Timestamp,
 ) -> StoreResult<usize> {
-    let Some(r) = sqlx::query(
+    let Some(r) = query(
         "SELECT i.provider, i.pool_id, i.region_id, i.hourly_price_micros, i.for_job, i.node_id, \
          i.launched_at, i.ready_at, i.accrued_until, j.team, j.project \
          FROM instances i LEFT JOIN jobs j ON j.id = i.for_job WHERE i.id = $1",
     )
     .bind(id)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *tx)
     .await?
     else {
         return Ok(0);
     };
-    let Some(origin) = get_ts_opt(&r, "launched_at")? else {
+    let Some(origin) = r.time_opt("launched_at")? else {
         return Ok(0);
     };
-    let from = get_ts_opt(&r, "accrued_until")?.unwrap_or(origin);
+    let from = r.time_opt("accrued_until")?.unwrap_or(origin);
     let billed_until = match min_billed_s {
         Some(min) => until.max(origin.plus_secs(min)),
         None => until,
@@ -187,56 +190,53 @@ async fn accrue_instance(
     if until <= from && billed_until <= from {
         return Ok(0);
     }
-    let rate = Money(r.try_get("hourly_price_micros")?);
+    let rate = Money(r.get("hourly_price_micros")?);
     if min_billed_s.is_none() && cost_to(rate, origin, until) == cost_to(rate, origin, from) {
         // Nothing billed since the last pass: leave the stretch to the next one.
         return Ok(0);
     }
     let launched_for = Owner {
-        job: r.try_get("for_job")?,
+        job: r.uuid_opt("for_job")?,
         attempt: None,
-        team: r.try_get("team")?,
-        project: r.try_get("project")?,
+        team: r.get("team")?,
+        project: r.get("project")?,
     };
     let mut occupants = Vec::new();
-    if let Some(node) = r.try_get::<Option<String>, _>("node_id")? {
-        let rows = sqlx::query(
+    if let Some(node) = r.get::<Option<String>>("node_id")? {
+        let rows = query(
             "SELECT a.id, a.job_id, a.started_at, a.finished_at, j.team, j.project \
              FROM attempts a JOIN jobs j ON j.id = a.job_id \
              WHERE a.node_id = $1 AND a.started_at IS NOT NULL AND a.started_at < $3 \
              AND (a.finished_at IS NULL OR a.finished_at > $2) ORDER BY a.started_at, a.id",
         )
         .bind(&node)
-        .bind(tz(from))
-        .bind(tz(until))
-        .fetch_all(&mut **tx)
+        .bind(from)
+        .bind(until)
+        .fetch_all(&mut *tx)
         .await?;
         for a in &rows {
             occupants.push(Occupant {
                 owner: Owner {
-                    job: a.try_get("job_id")?,
-                    attempt: a.try_get("id")?,
-                    team: a.try_get("team")?,
-                    project: a.try_get("project")?,
+                    job: a.uuid_opt("job_id")?,
+                    attempt: a.uuid_opt("id")?,
+                    team: a.get("team")?,
+                    project: a.get("project")?,
                 },
-                start: get_ts(a, "started_at")?,
-                end: get_ts_opt(a, "finished_at")?,
+                start: a.time("started_at")?,
+                end: a.time_opt("finished_at")?,
             });
         }
     }
     // Time no job ran in is the team's overhead, not the launching job's: boot until the
     // node was ready, idle after.
-    let ready_at = get_ts_opt(&r, "ready_at")?;
+    let ready_at = r.time_opt("ready_at")?;
     let stretches = labelled(
         stretches(&occupants, &launched_for, from, until),
         |o| o.attempt.is_some(),
         ready_at,
     );
-    let (provider, pool, region): (String, String, String) = (
-        r.try_get("provider")?,
-        r.try_get("pool_id")?,
-        r.try_get("region_id")?,
-    );
+    let (provider, pool, region): (String, String, String) =
+        (r.get("provider")?, r.get("pool_id")?, r.get("region_id")?);
     let source = format!("instance:{id}");
     let last = stretches.len() - 1;
     let mut written = 0;
@@ -273,10 +273,10 @@ async fn accrue_instance(
         )
         .await?;
     }
-    sqlx::query("UPDATE instances SET accrued_until = $1 WHERE id = $2")
-        .bind(tz(until.max(from)))
+    query("UPDATE instances SET accrued_until = $1 WHERE id = $2")
+        .bind(until.max(from))
         .bind(id)
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
     Ok(written)
 }
@@ -290,12 +290,12 @@ pub(super) async fn settle_attempt(
     attempt: Uuid,
     now: Timestamp,
 ) -> StoreResult<Timestamp> {
-    let instance: Option<String> = sqlx::query_scalar(
+    let instance: Option<String> = query_scalar(
         "SELECT i.id FROM instances i JOIN attempts a ON a.node_id = i.node_id \
          WHERE a.id = $1 AND i.state <> 'terminated' LIMIT 1",
     )
     .bind(attempt)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(&mut *tx)
     .await?;
     if let Some(instance) = instance {
         accrue_instance(tx, &instance, now, None, now).await?;
@@ -304,17 +304,15 @@ pub(super) async fn settle_attempt(
     // An accrual pass that read the clock after the caller did but took the write lock first
     // may have charged the attempt past `now`: it then ends where it was charged to, as that
     // pass ran while it was still live. Its entries end at its end, never past it.
-    let end: Option<Tz> = sqlx::query_scalar(crate::store::ATTEMPT_END_TO_CHARGED)
+    let end: Option<DbTime> = query_scalar(crate::store::ATTEMPT_END_TO_CHARGED)
         .bind(attempt)
-        .fetch_optional(&mut **tx)
+        .fetch_optional(&mut *tx)
         .await?;
-    let end = end.map_or(now, ts_of);
-    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "{ATTEMPT_SELECT} AND a.id = $1"
-    )))
-    .bind(attempt)
-    .fetch_optional(&mut **tx)
-    .await?;
+    let end = end.map_or(now, |e| e.0);
+    let row = query(AssertSqlSafe(format!("{ATTEMPT_SELECT} AND a.id = $1")))
+        .bind(attempt)
+        .fetch_optional(&mut *tx)
+        .await?;
     if let Some(row) = row {
         accrue_attempt_row(tx, &row, now).await?;
     }
@@ -329,9 +327,9 @@ pub(super) async fn settle_instance(
     now: Timestamp,
 ) -> StoreResult<()> {
     // As for an attempt (`settle_attempt`): never ended before what was charged.
-    sqlx::query(crate::store::INSTANCE_END_TO_CHARGED)
+    query(crate::store::INSTANCE_END_TO_CHARGED)
         .bind(id)
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await?;
     accrue_instance(tx, id, now, Some(min_billed_s), now).await?;
     Ok(())
@@ -345,185 +343,49 @@ pub(super) async fn accrue_all(
 ) -> StoreResult<usize> {
     let mut written = 0;
     // Constant text only.
-    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+    let rows = query(AssertSqlSafe(format!(
         "{ATTEMPT_SELECT} AND (a.state IN ('running', 'preempting') OR \
          (a.finished_at IS NOT NULL AND COALESCE(a.accrued_until, a.started_at) < a.finished_at)) \
          ORDER BY a.id"
     )))
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *tx)
     .await?;
     for row in &rows {
         written += accrue_attempt_row(tx, row, now).await?;
     }
-    let live: Vec<String> = sqlx::query_scalar(
+    let live: Vec<String> = query_scalar(
         "SELECT id FROM instances WHERE launched_at IS NOT NULL AND state <> 'terminated' \
          ORDER BY id COLLATE \"C\"",
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *tx)
     .await?;
     for id in &live {
         written += accrue_instance(tx, id, now, None, now).await?;
     }
-    let unsettled = sqlx::query(
+    let unsettled = query(
         "SELECT id, ended_at FROM instances WHERE state = 'terminated' \
          AND launched_at IS NOT NULL AND ended_at IS NOT NULL \
          AND COALESCE(accrued_until, launched_at) < ended_at ORDER BY id COLLATE \"C\"",
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *tx)
     .await?;
     for r in &unsettled {
-        let id: String = r.try_get("id")?;
-        let ended = get_ts(r, "ended_at")?;
+        let id: String = r.get("id")?;
+        let ended = r.time("ended_at")?;
         written += accrue_instance(tx, &id, ended, Some(min_billed_s), now).await?;
     }
     Ok(written)
 }
 
-pub(super) async fn spend(pool: &PgPool, q: &SpendQuery) -> StoreResult<Vec<SpendGroupRow>> {
-    // Both fragments come from enums, never from the request.
-    let key = match q.group {
-        SpendGroup::Team => "team",
-        SpendGroup::Project => "project",
-        SpendGroup::Region => "region_id",
-        SpendGroup::Provider => "provider",
-        SpendGroup::Pool => "pool_id",
-        SpendGroup::Usage => {
-            "CASE kind WHEN 'instance_boot' THEN 'instance_boot' \
-             WHEN 'instance_idle' THEN 'instance_idle' ELSE 'job' END"
-        }
-    };
-    let bucket = match q.bucket {
-        Some(b) => format!(
-            "date_bin(INTERVAL '{} milliseconds', period_start, \
-             TIMESTAMPTZ '1970-01-01 00:00:00+00')",
-            b.millis()
-        ),
-        None => "NULL::TIMESTAMPTZ".to_string(),
-    };
-    // NULLS FIRST and byte order: the order SQLite gives.
-    let sql = format!(
-        "SELECT {key} COLLATE \"C\" AS k, {bucket} AS b, SUM(amount_micros)::BIGINT AS amount FROM ledger \
-         WHERE ($1::TIMESTAMPTZ IS NULL OR period_start >= $1) \
-         AND ($2::TIMESTAMPTZ IS NULL OR period_start < $2) \
-         AND ($3::TEXT IS NULL OR team = $3) GROUP BY k, b \
-         ORDER BY b NULLS FIRST, k NULLS FIRST"
-    );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(tz_opt(q.from))
-        .bind(tz_opt(q.to))
-        .bind(&q.team)
-        .fetch_all(pool)
-        .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(SpendGroupRow {
-                key: r.try_get("k")?,
-                bucket_start: get_ts_opt(r, "b")?,
-                amount: Money(r.try_get::<Option<i64>, _>("amount")?.unwrap_or(0)),
-            })
-        })
-        .collect()
-}
-
-pub(super) async fn budget_usage(
-    pool: &PgPool,
-    team: &str,
-    project: Option<&str>,
-    from: Timestamp,
-    to: Timestamp,
-) -> StoreResult<BudgetUsage> {
-    let spent: Option<i64> = sqlx::query_scalar(
-        "SELECT SUM(amount_micros)::BIGINT FROM ledger \
-         WHERE team = $1 AND ($2::TEXT IS NULL OR project = $2) \
-         AND period_start >= $3 AND period_start < $4",
-    )
-    .bind(team)
-    .bind(project)
-    .bind(tz(from))
-    .bind(tz(to))
-    .fetch_one(pool)
-    .await?;
-    // Live attempts: their estimate less what they accrued (on their own or on an instance).
-    let attempts: Option<i64> = sqlx::query_scalar(
-        "SELECT SUM(GREATEST(0, a.estimated_cost_micros - COALESCE((SELECT SUM(l.amount_micros) \
-         FROM ledger l WHERE l.attempt_id = a.id), 0)))::BIGINT \
-         FROM attempts a JOIN jobs j ON j.id = a.job_id \
-         WHERE a.state IN ('assigned', 'running', 'preempting') AND j.team = $1 \
-         AND ($2::TEXT IS NULL OR j.project = $2)",
-    )
-    .bind(team)
-    .bind(project)
-    .fetch_one(pool)
-    .await?;
-    // Launches in flight: the job's estimate less what the instance accrued so far.
-    let launches: Option<i64> = sqlx::query_scalar(
-        "SELECT SUM(GREATEST(0, i.estimated_cost_micros - COALESCE((SELECT SUM(l.amount_micros) \
-         FROM ledger l WHERE l.source = 'instance:' || i.id), 0)))::BIGINT \
-         FROM instances i JOIN jobs j ON j.id = i.for_job \
-         WHERE i.state <> 'terminated' AND j.state = 'provisioning' AND j.team = $1 \
-         AND ($2::TEXT IS NULL OR j.project = $2)",
-    )
-    .bind(team)
-    .bind(project)
-    .fetch_one(pool)
-    .await?;
-    Ok(BudgetUsage {
-        spent: Money(spent.unwrap_or(0)),
-        committed: Money(attempts.unwrap_or(0).saturating_add(launches.unwrap_or(0))),
-    })
-}
-
-pub(super) async fn spend_rates(pool: &PgPool) -> StoreResult<Vec<(String, Money)>> {
-    let mut rates = Vec::new();
-    // Constant text only.
-    let attempts = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "{ATTEMPT_SELECT} AND a.state IN ('running', 'preempting')"
-    )))
-    .fetch_all(pool)
-    .await?;
-    for r in &attempts {
-        rates.push((r.try_get("team")?, attempt_row_rate(r)?));
+impl Store {
+    /// Writes ledger entries for every source up to `now` in one transaction: running attempts
+    /// on nodes the broker did not launch, live instances (idle time included), and anything
+    /// that ended unsettled (instances with at least `min_billed_s`). Returns the entries
+    /// written. Idempotent: each source remembers how far it was accrued.
+    pub async fn accrue_ledger(&self, now: Timestamp, min_billed_s: i64) -> StoreResult<usize> {
+        let mut tx = self.leader_tx().await?;
+        let written = accrue_all(&mut tx, now, min_billed_s).await?;
+        tx.commit().await?;
+        Ok(written)
     }
-    let instances = sqlx::query(LIVE_INSTANCE_PAYERS).fetch_all(pool).await?;
-    for r in &instances {
-        rates.push((r.try_get("team")?, Money(r.try_get("hourly_price_micros")?)));
-    }
-    Ok(rates_by_team(rates))
-}
-
-pub(super) async fn ledger_entries(
-    pool: &PgPool,
-    job: Option<JobId>,
-) -> StoreResult<Vec<LedgerEntry>> {
-    let rows = sqlx::query(
-        "SELECT * FROM ledger WHERE ($1::UUID IS NULL OR job_id = $1) ORDER BY period_start, id",
-    )
-    .bind(job.map(|j| j.0))
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(LedgerEntry {
-                id: r.try_get("id")?,
-                at: get_ts(r, "at")?,
-                kind: r.try_get("kind")?,
-                source: r.try_get("source")?,
-                team: r.try_get("team")?,
-                project: r.try_get("project")?,
-                job: r
-                    .try_get::<Option<Uuid>, _>("job_id")?
-                    .map(|u| u.to_string()),
-                attempt: r
-                    .try_get::<Option<Uuid>, _>("attempt_id")?
-                    .map(|u| u.to_string()),
-                instance: r.try_get("instance_id")?,
-                provider: r.try_get("provider")?,
-                region: r.try_get("region_id")?,
-                pool: r.try_get("pool_id")?,
-                period_start: get_ts(r, "period_start")?,
-                period_end: get_ts(r, "period_end")?,
-                amount: Money(r.try_get("amount_micros")?),
-            })
-        })
-        .collect()
 }

@@ -1,0 +1,301 @@
+//! Agents' reports carried out (`apply_events`: the lease rule in `rules/lease.rs` decides,
+//! this applies its verdict), and the endings of attempts shared with nodes and instances.
+
+use super::*;
+
+impl Store {
+    /// Applies agent events in order, in one transaction. Returns one result per event and the
+    /// attempts that ended.
+    pub async fn apply_events(
+        &self,
+        node: &NodeId,
+        events: &[AgentEvent],
+        now: Timestamp,
+    ) -> StoreResult<(Vec<EventResult>, Vec<EndedAttempt>)> {
+        let mut tx = self.write_tx().await?;
+        let mut results = Vec::with_capacity(events.len());
+        let mut ended = Vec::new();
+        for event in events {
+            let attempt = match event {
+                AgentEvent::Started { attempt, .. }
+                | AgentEvent::Log { attempt, .. }
+                | AgentEvent::Finished { attempt, .. } => attempt,
+            };
+            let Ok(epoch) = i64::try_from(attempt.epoch) else {
+                results.push(rejected(lease::NOT_A_LEASE));
+                continue;
+            };
+            let row = query(
+                "SELECT a.state, a.attempt_no, j.cancel_requested FROM attempts a \
+                 JOIN jobs j ON j.id = a.job_id \
+                 WHERE a.id = $1 AND a.job_id = $2 AND a.node_id = $3 AND a.epoch = $4",
+            )
+            .bind(attempt.attempt_id)
+            .bind(attempt.job_id)
+            .bind(node.as_str())
+            .bind(epoch)
+            .fetch_optional(&mut tx)
+            .await?;
+            let (state, attempt_no, cancel_requested) = match &row {
+                Some(row) => {
+                    let text: String = row.get("state")?;
+                    let state = AttemptState::parse(&text)
+                        .ok_or_else(|| corrupt(format!("bad attempt state {text:?}")))?;
+                    (
+                        Some(state),
+                        row.get::<i64>("attempt_no")?,
+                        row.get::<bool>("cancel_requested")?,
+                    )
+                }
+                None => (None, 0, false),
+            };
+            // The lease rule decides (`lease.rs`); this carries its verdict out.
+            let result = match (lease::judge(state, event, cancel_requested), event) {
+                (Verdict::Reject(why), _) => rejected(why),
+                (Verdict::Duplicate, _) => duplicate(),
+                (Verdict::Start, _) => {
+                    query("UPDATE attempts SET state = 'running', started_at = $1 WHERE id = $2")
+                        .bind(now)
+                        .bind(attempt.attempt_id)
+                        .execute(&mut tx)
+                        .await?;
+                    query(
+                        "UPDATE jobs SET state = 'running', started_at = $1, \
+                         version = version + 1 WHERE id = $2 AND current_attempt = $3",
+                    )
+                    .bind(now)
+                    .bind(attempt.job_id)
+                    .bind(attempt.attempt_id)
+                    .execute(&mut tx)
+                    .await?;
+                    accepted()
+                }
+                (
+                    Verdict::KeepLog,
+                    AgentEvent::Log {
+                        seq, stream, data, ..
+                    },
+                ) => {
+                    let Ok(seq) = i64::try_from(*seq) else {
+                        results.push(rejected("log chunk sequence number out of range"));
+                        continue;
+                    };
+                    let id = attempt.attempt_id;
+                    let stored = async |tx: &mut Tx, n: i64| -> StoreResult<bool> {
+                        let found: Option<i64> = query_scalar(
+                            "SELECT seq FROM log_chunks WHERE attempt_id = $1 AND seq = $2",
+                        )
+                        .bind(id)
+                        .bind(n)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                        Ok(found.is_some())
+                    };
+                    // Chunks are numbered from 0 without gaps: one that does not follow a
+                    // stored one is a retry (already stored) or a broken agent.
+                    if seq > 0 && !stored(&mut tx, seq - 1).await? {
+                        results.push(if stored(&mut tx, seq).await? {
+                            duplicate()
+                        } else {
+                            rejected("log chunk out of sequence: the one before it was never sent")
+                        });
+                        continue;
+                    }
+                    let inserted = query(
+                        "INSERT INTO log_chunks (job_id, attempt_id, attempt_no, seq, stream, \
+                         data, at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                         ON CONFLICT (attempt_id, seq) DO NOTHING",
+                    )
+                    .bind(attempt.job_id)
+                    .bind(attempt.attempt_id)
+                    .bind(attempt_no)
+                    .bind(seq)
+                    .bind(stream_str(*stream))
+                    .bind(data)
+                    .bind(now)
+                    .execute(&mut tx)
+                    .await?;
+                    if inserted.rows_affected() == 1 {
+                        accepted()
+                    } else {
+                        duplicate()
+                    }
+                }
+                (
+                    Verdict::Requeue(how),
+                    AgentEvent::Finished {
+                        exit_code, signal, ..
+                    },
+                ) => {
+                    let job =
+                        finish_requeued(&mut tx, attempt, *exit_code, *signal, now, how).await?;
+                    ended.push(EndedAttempt {
+                        attempt: AttemptId(attempt.attempt_id),
+                        job: JobId(attempt.job_id),
+                        node: node.clone(),
+                        final_state: job,
+                    });
+                    accepted()
+                }
+                (
+                    Verdict::Finish {
+                        state: final_state,
+                        reason,
+                    },
+                    AgentEvent::Finished {
+                        exit_code,
+                        signal,
+                        error,
+                        ..
+                    },
+                ) => {
+                    query(
+                        "UPDATE attempts SET state = 'finished', finished_at = $1, \
+                         exit_code = $2, signal = $3, error = $4 WHERE id = $5",
+                    )
+                    .bind(now)
+                    .bind(exit_code.map(i64::from))
+                    .bind(signal.map(i64::from))
+                    .bind(error)
+                    .bind(attempt.attempt_id)
+                    .execute(&mut tx)
+                    .await?;
+                    let end = ledger::settle_attempt(&mut tx, attempt.attempt_id, now).await?;
+                    query(
+                        "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
+                         reason = $4, version = version + 1 \
+                         WHERE id = $5 AND current_attempt = $6",
+                    )
+                    .bind(final_state.as_str())
+                    .bind(end)
+                    .bind(exit_code.map(i64::from))
+                    .bind(&reason)
+                    .bind(attempt.job_id)
+                    .bind(attempt.attempt_id)
+                    .execute(&mut tx)
+                    .await?;
+                    ended.push(EndedAttempt {
+                        attempt: AttemptId(attempt.attempt_id),
+                        job: JobId(attempt.job_id),
+                        node: node.clone(),
+                        final_state,
+                    });
+                    accepted()
+                }
+                // The rule gives these verdicts only for these reports.
+                (Verdict::KeepLog | Verdict::Finish { .. } | Verdict::Requeue(_), _) => {
+                    rejected("the report does not fit its verdict")
+                }
+            };
+            results.push(result);
+        }
+        tx.commit().await?;
+        Ok((results, ended))
+    }
+}
+
+/// Ends a node's live attempts in `attempt_state` and sends their jobs back to the queue (or
+/// to `cancelled` when a cancel was pending); as in the SQLite store.
+pub(super) async fn end_node_work(
+    tx: &mut Tx,
+    node: &str,
+    attempt_state: &'static str,
+    why: &str,
+    now: Timestamp,
+) -> StoreResult<(Vec<AttemptRef>, Vec<JobId>)> {
+    let rows = query(
+        "SELECT id, job_id, epoch FROM attempts \
+         WHERE node_id = $1 AND state IN ('assigned', 'running', 'preempting') \
+         ORDER BY created_at, id",
+    )
+    .bind(node)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut stopped = Vec::with_capacity(rows.len());
+    let mut requeued = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let attempt = attempt_ref_from_row(row)?;
+        query("UPDATE attempts SET state = $1, finished_at = $2, error = $3 WHERE id = $4")
+            .bind(attempt_state)
+            .bind(now)
+            .bind(why)
+            .bind(attempt.attempt_id)
+            .execute(&mut *tx)
+            .await?;
+        let end = ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
+        query(
+            "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
+             ELSE 'queued' END, \
+             finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
+             reason = $2, version = version + 1 \
+             WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
+        )
+        .bind(end)
+        .bind(format!("{why}: requeued"))
+        .bind(attempt.job_id)
+        .bind(attempt.attempt_id)
+        .execute(&mut *tx)
+        .await?;
+        requeued.push(JobId(attempt.job_id));
+        stopped.push(attempt);
+    }
+    Ok((stopped, requeued))
+}
+
+/// The end of an attempt that puts its job back in the queue (or `cancelled`): stopped for a
+/// preemption, or by its agent's self-fencing ([`Requeue`]). Returns the job's new state.
+pub(super) async fn finish_requeued(
+    tx: &mut Tx,
+    attempt: &AttemptRef,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    now: Timestamp,
+    how: Requeue<'_>,
+) -> StoreResult<JobState> {
+    let (attempt_state, error, reason) = how.parts();
+    query(
+        "UPDATE attempts SET state = $5, finished_at = $1, exit_code = $2, signal = $3, \
+         error = COALESCE($6, error) WHERE id = $4",
+    )
+    .bind(now)
+    .bind(exit_code.map(i64::from))
+    .bind(signal.map(i64::from))
+    .bind(attempt.attempt_id)
+    .bind(attempt_state.as_str())
+    .bind(error)
+    .execute(&mut *tx)
+    .await?;
+    let end = ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
+    let cancelled: Option<bool> = query_scalar(
+        "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
+         ELSE 'queued' END, \
+         finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
+         reason = CASE WHEN cancel_requested THEN 'cancelled by user' ELSE COALESCE($4, reason) END, \
+         version = version + 1 \
+         WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running') \
+         RETURNING cancel_requested",
+    )
+    .bind(end)
+    .bind(attempt.job_id)
+    .bind(attempt.attempt_id)
+    .bind(reason)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(match cancelled {
+        Some(true) => JobState::Cancelled,
+        _ => JobState::Queued,
+    })
+}
+
+/// A job waiting for an instance that will not come goes back to the queue.
+pub(super) async fn requeue_provisioning(tx: &mut Tx, job: Uuid, why: &str) -> StoreResult<()> {
+    query(
+        "UPDATE jobs SET state = 'queued', reason = $1, version = version + 1 \
+         WHERE id = $2 AND state = 'provisioning'",
+    )
+    .bind(why)
+    .bind(job)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}

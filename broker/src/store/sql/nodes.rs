@@ -1,0 +1,314 @@
+//! Nodes: enrolment, heartbeats, lease expiry, revocation, interruption notices, and what the
+//! agent of a node is told to run or stop.
+
+use super::*;
+
+impl Store {
+    pub async fn register_node(
+        &self,
+        enrolment_hash: &str,
+        node: NewNode,
+        now: Timestamp,
+    ) -> StoreResult<Result<NodeRecord, RegisterRefusal>> {
+        let mut tx = self.write_tx().await?;
+        let Some(row) = query("SELECT * FROM enrolment_tokens WHERE token_hash = $1")
+            .bind(enrolment_hash)
+            .fetch_optional(&mut tx)
+            .await?
+        else {
+            return Ok(Err(RegisterRefusal::UnknownToken));
+        };
+        if row.time_opt("used_at")?.is_some() {
+            return Ok(Err(RegisterRefusal::AlreadyUsed));
+        }
+        if row.time("expires_at")? < now {
+            return Ok(Err(RegisterRefusal::Expired));
+        }
+        // A token minted for a launched instance enrols that instance only while it boots:
+        // once the broker gave the instance up (boot timeout, terminated), its token is dead.
+        if let Some(instance) = row.get::<Option<String>>("instance_id")? {
+            let booting: Option<String> = query_scalar(
+                "SELECT id FROM instances WHERE id = $1 AND state IN ('requested', 'booting')",
+            )
+            .bind(&instance)
+            .fetch_optional(&mut tx)
+            .await?;
+            if booting.is_none() {
+                return Ok(Err(RegisterRefusal::InstanceGone));
+            }
+        }
+        let pool_id: String = row.get("pool_id")?;
+        let used = query(
+            "UPDATE enrolment_tokens SET used_at = $1, node_id = $2 \
+             WHERE token_hash = $3 AND used_at IS NULL",
+        )
+        .bind(now)
+        .bind(node.id.as_str())
+        .bind(enrolment_hash)
+        .execute(&mut tx)
+        .await?;
+        if used.rows_affected() != 1 {
+            return Ok(Err(RegisterRefusal::AlreadyUsed));
+        }
+        query(
+            "INSERT INTO nodes (id, pool_id, token_hash, hostname, gpus_total, inventory_json, \
+             healthy, registered_at, last_heartbeat) \
+             VALUES ($1, $2, $3, $4, $5, $6, TRUE, $7, $7)",
+        )
+        .bind(node.id.as_str())
+        .bind(&pool_id)
+        .bind(&node.token_hash)
+        .bind(&node.hostname)
+        .bind(i64::from(node.gpus_total))
+        .bind(&node.inventory_json)
+        .bind(now)
+        .execute(&mut tx)
+        .await?;
+        if let Some(instance) = row.get::<Option<String>>("instance_id")? {
+            query(
+                // An agent may enrol before the broker heard its launch answered (an answer
+                // lost or late): bill it from now at the latest, never not at all.
+                "UPDATE instances SET state = 'ready', node_id = $1, ready_at = $2, \
+                 idle_since = $2, launched_at = COALESCE(launched_at, $2) \
+                 WHERE id = $3 AND state IN ('requested', 'booting')",
+            )
+            .bind(node.id.as_str())
+            .bind(now)
+            .bind(&instance)
+            .execute(&mut tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Ok(NodeRecord {
+            id: node.id,
+            pool: PoolId(pool_id),
+            hostname: node.hostname,
+            gpus_total: node.gpus_total,
+            inventory_json: node.inventory_json,
+            healthy: true,
+            draining: false,
+            revoked: false,
+            registered_at: now,
+            last_heartbeat: now,
+        }))
+    }
+
+    pub async fn node_by_token_hash(&self, hash: &str) -> StoreResult<Option<NodeRecord>> {
+        let row = query("SELECT * FROM nodes WHERE token_hash = $1")
+            .bind(hash)
+            .fetch_optional(&self.db)
+            .await?;
+        row.as_ref().map(node_from_row).transpose()
+    }
+
+    /// Revokes node `node`'s agent token: the node is marked revoked and unhealthy, and its
+    /// live attempts end `lost` with their jobs requeued (a revoked agent can no longer
+    /// report), in one transaction. Returns the requeued jobs, `None` when there is no such
+    /// node or it was revoked already.
+    pub async fn revoke_node(
+        &self,
+        node: &NodeId,
+        why: &str,
+        now: Timestamp,
+    ) -> StoreResult<Option<Vec<JobId>>> {
+        let mut tx = self.write_tx().await?;
+        let marked =
+            query("UPDATE nodes SET revoked = TRUE, healthy = FALSE WHERE id = $1 AND NOT revoked")
+                .bind(node.as_str())
+                .execute(&mut tx)
+                .await?;
+        if marked.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let (_, requeued) = end_node_work(&mut tx, node.as_str(), "lost", why, now).await?;
+        tx.commit().await?;
+        Ok(Some(requeued))
+    }
+
+    pub async fn nodes(&self) -> StoreResult<Vec<NodeRecord>> {
+        let rows = query("SELECT * FROM nodes WHERE NOT revoked ORDER BY id COLLATE \"C\"")
+            .fetch_all(&self.db)
+            .await?;
+        rows.iter().map(node_from_row).collect()
+    }
+
+    /// Records a heartbeat and answers it: whether the node was unhealthy before (it came
+    /// back), and which attempts its agent must stop ([`heartbeat_stops`]). `running` is what
+    /// the agent says it runs.
+    pub async fn heartbeat(
+        &self,
+        node: &NodeId,
+        inventory: &Inventory,
+        running: &[AttemptRef],
+        now: Timestamp,
+    ) -> StoreResult<HeartbeatOutcome> {
+        let inventory_json =
+            serde_json::to_string(inventory).map_err(|e| corrupt(format!("inventory: {e}")))?;
+        // One statement, the node's row lock only (see the module docs: lease expiry locks it
+        // too); the subquery reads the row as it was before this update.
+        let was_healthy = match &self.db {
+            Db::Sqlite(p) => sqlite::touch_node(p, node.as_str(), &inventory_json, now).await?,
+            Db::Postgres(p) => postgres::touch_node(p, node.as_str(), &inventory_json, now).await?,
+        };
+        Ok(HeartbeatOutcome {
+            came_back: was_healthy == Some(false),
+            stop: self.node_stops(node, running).await?,
+        })
+    }
+
+    /// Writes heartbeats of healthy nodes in one transaction. `last_heartbeat` only moves
+    /// forward (a later heartbeat already written wins, inventory included). A node that is
+    /// not healthy (lost since the heartbeat was received) or unknown is left as it is: its
+    /// next heartbeat goes through [`Store::heartbeat`], which brings it back and tells the
+    /// scheduler. Returns the rows written.
+    pub async fn record_heartbeats(&self, beats: &[HeartbeatWrite]) -> StoreResult<u64> {
+        if beats.is_empty() {
+            return Ok(0);
+        }
+        match &self.db {
+            Db::Sqlite(p) => sqlite::record_heartbeats(p, beats).await,
+            Db::Postgres(p) => postgres::record_heartbeats(p, beats).await,
+        }
+    }
+
+    /// Which attempts the node's agent must stop ([`heartbeat_stops`]); `running` is what the
+    /// agent says it runs.
+    pub async fn node_stops(
+        &self,
+        node: &NodeId,
+        running: &[AttemptRef],
+    ) -> StoreResult<Vec<AttemptRef>> {
+        let rows = query(NODE_LIVE_ATTEMPTS)
+            .bind(node.as_str())
+            .fetch_all(&self.db)
+            .await?;
+        let live = rows
+            .iter()
+            .map(|r| {
+                Ok((
+                    attempt_ref_from_row(r)?,
+                    r.get::<String>("state")?,
+                    r.get::<bool>("cancel_requested")?,
+                ))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(heartbeat_stops(&live, running))
+    }
+
+    /// Marks nodes whose last heartbeat is older than `before` as lost and requeues their live
+    /// attempts. Returns the lost nodes and the requeued jobs.
+    pub async fn expire_leases(
+        &self,
+        before: Timestamp,
+        now: Timestamp,
+    ) -> StoreResult<ExpiredLeases> {
+        let mut tx = self.leader_tx().await?;
+        // FOR UPDATE: a heartbeat committing meanwhile is re-checked against the condition.
+        let lost: Vec<String> = query_scalar(AssertSqlSafe(format!(
+            "SELECT id FROM nodes WHERE healthy AND NOT revoked AND last_heartbeat < $1 \
+             ORDER BY id COLLATE \"C\"{}",
+            self.dialect().for_update
+        )))
+        .bind(before)
+        .fetch_all(&mut tx)
+        .await?;
+        let mut out = ExpiredLeases::default();
+        for node in lost {
+            query("UPDATE nodes SET healthy = FALSE WHERE id = $1")
+                .bind(&node)
+                .execute(&mut tx)
+                .await?;
+            out.requeued.extend(
+                end_node_work(
+                    &mut tx,
+                    &node,
+                    "lost",
+                    "node lost: no heartbeat within the lease TTL",
+                    now,
+                )
+                .await?
+                .1,
+            );
+            out.nodes.push(NodeId(node));
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    pub async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>> {
+        let rows = query(
+            "SELECT a.id, a.job_id, a.epoch, a.gpus_json, j.core_spec_json, j.trace_parent \
+             FROM attempts a \
+             JOIN jobs j ON j.id = a.job_id \
+             WHERE a.node_id = $1 AND a.state = 'assigned' AND NOT j.cancel_requested \
+             ORDER BY a.created_at, a.id",
+        )
+        .bind(node.as_str())
+        .fetch_all(&self.db)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LeaseRecord {
+                    attempt: AttemptId(r.uuid("id")?),
+                    job: JobId(r.uuid("job_id")?),
+                    epoch: epoch_of(r)?,
+                    gpus: parse_gpus(&r.get::<String>("gpus_json")?)?,
+                    spec: parse_spec(&r.get::<String>("core_spec_json")?)?,
+                    trace_parent: r.get("trace_parent")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Live attempts on the node whose job was cancelled: the agent must stop them.
+    pub async fn stops_for_node(&self, node: &NodeId) -> StoreResult<Vec<AttemptRef>> {
+        let rows = query(
+            "SELECT a.id, a.job_id, a.epoch FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.node_id = $1 \
+             AND ((a.state = 'running' AND j.cancel_requested) OR a.state = 'preempting')",
+        )
+        .bind(node.as_str())
+        .fetch_all(&self.db)
+        .await?;
+        rows.iter().map(attempt_ref_from_row).collect()
+    }
+
+    /// A spot interruption notice from the node's agent, in one transaction: the node drains
+    /// (no new work), a burst instance bound to it becomes `draining`, and its live attempts
+    /// become `preempted` with their jobs back in the queue (`why` as the reason). Idempotent:
+    /// a repeated notice only takes what was assigned to the node since.
+    pub async fn interrupt_node(
+        &self,
+        node: &NodeId,
+        why: &str,
+        now: Timestamp,
+    ) -> StoreResult<NodeInterruption> {
+        let mut tx = self.write_tx().await?;
+        let marked = query("UPDATE nodes SET draining = TRUE WHERE id = $1 AND NOT draining")
+            .bind(node.as_str())
+            .execute(&mut tx)
+            .await?;
+        let instances: Vec<String> = query_scalar(
+            "SELECT id FROM instances WHERE node_id = $1 AND state IN ('booting', 'ready') \
+             ORDER BY id COLLATE \"C\"",
+        )
+        .bind(node.as_str())
+        .fetch_all(&mut tx)
+        .await?;
+        for id in &instances {
+            query("UPDATE instances SET state = 'draining' WHERE id = $1")
+                .bind(id)
+                .execute(&mut tx)
+                .await?;
+        }
+        let (stopped, requeued) =
+            end_node_work(&mut tx, node.as_str(), "preempted", why, now).await?;
+        tx.commit().await?;
+        Ok(NodeInterruption {
+            newly_draining: marked.rows_affected() == 1,
+            stopped,
+            requeued,
+            instances,
+        })
+    }
+}
