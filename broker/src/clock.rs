@@ -97,11 +97,6 @@ impl Moves {
     }
 }
 
-/// The system clock's time, for code not yet handed the app's [`Clock`].
-pub fn now() -> Timestamp {
-    Clock::system().now()
-}
-
 pub fn to_datetime(t: Timestamp) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(t.millis())
         .single()

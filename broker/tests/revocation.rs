@@ -387,8 +387,7 @@ async fn an_instance_enrolment_token_binds_to_its_instance_while_it_boots() {
     })
     .await;
     let deadline =
-        switchyard_broker::clock::to_datetime(switchyard_broker::clock::now().plus_secs(3600))
-            .to_rfc3339();
+        switchyard_broker::clock::to_datetime(app.app.clock.now().plus_secs(3600)).to_rfc3339();
     let spec = json!({"name": "burst", "team": "ml", "command": ["true"],
         "resources": {"gpus": 2, "gpu_models": ["H100"]}, "estimated_runtime_s": 600,
         "deadline": deadline, "spot": "never"});

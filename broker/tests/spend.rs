@@ -204,8 +204,7 @@ async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
         .await,
     );
     let deadline =
-        switchyard_broker::clock::to_datetime(switchyard_broker::clock::now().plus_secs(3600))
-            .to_rfc3339();
+        switchyard_broker::clock::to_datetime(app.app.clock.now().plus_secs(3600)).to_rfc3339();
     let burst = id_of(
         &app.submit(
             &ml,
