@@ -581,6 +581,25 @@ pub async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Op
     }
 }
 
+/// The scheduler's rounds so far (`switchyard_placement_seconds_count`: one per plan; it plans
+/// every tick while a job is pending). Two more rounds than when the test set the clock: the
+/// scheduler has planned at that time.
+pub async fn scheduler_rounds(app: &TestApp) -> u64 {
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .bearer_auth(&app.admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("switchyard_placement_seconds_count "))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 /// One long-poll for `agent`'s work (leases and stops), waiting at most `wait_s`.
 pub async fn work(app: &TestApp, agent: &TestAgent, wait_s: u64) -> Value {
     let r = app
