@@ -243,11 +243,7 @@ async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
     finish(&app, &onprem, &site_attempt).await;
     finish(&app, &cloud, &burst_attempt).await;
     // Once the burst controller has seen the instance idle, its idle TTL (1 s) passes.
-    eventually("the instance to be idle", 20, async || {
-        let live = app.app.store.instances(false).await.unwrap();
-        live.iter().any(|i| i.idle_since.is_some()).then_some(())
-    })
-    .await;
+    seen_idle(&app).await;
     app.advance(Duration::from_secs(2));
     eventually("the idle instance to end", 20, async || {
         let all = instances(&app).await;

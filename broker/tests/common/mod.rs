@@ -479,7 +479,18 @@ pub async fn spawn_two_clouds(
     TestApp,
     std::sync::Arc<switchyard_providers::fake::FakeProvider>,
 ) {
-    spawn_with_fake(|c| {
+    spawn_two_clouds_on(Clock::system(), tweak).await
+}
+
+/// [`spawn_two_clouds`] reading the time from `clock`.
+pub async fn spawn_two_clouds_on(
+    clock: Clock,
+    tweak: impl FnOnce(&mut Config),
+) -> (
+    TestApp,
+    std::sync::Arc<switchyard_providers::fake::FakeProvider>,
+) {
+    spawn_with_fake_on(clock, |c| {
         c.idle_ttl_s = 1;
         c.min_billed_s = 0;
         c.regions.push(cloud_region("aws:test-east"));
@@ -564,6 +575,20 @@ pub async fn instances(app: &TestApp) -> Vec<Value> {
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     r.body["instances"].as_array().unwrap().clone()
+}
+
+/// Waits until the burst controller has seen a live instance idle (it stamps `idle_since` at a
+/// pass): from then on, a manual clock moved past the idle TTL gets it released.
+pub async fn seen_idle(app: &TestApp) {
+    eventually(
+        "the burst controller to see an instance idle",
+        20,
+        async || {
+            let live = app.app.store.instances(false).await.unwrap();
+            live.iter().any(|i| i.idle_since.is_some()).then_some(())
+        },
+    )
+    .await;
 }
 
 /// Polls `f` every 50 ms until it returns `Some`, or fails after `secs`.
