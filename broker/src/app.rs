@@ -1,6 +1,6 @@
-//! `App`: the config, the store, the scheduler's handle and the agent wake-ups, shared by every
-//! handler as axum state. Built once by [`App::start`], which also seeds the catalogue, makes
-//! sure an admin token exists and starts the scheduler loop.
+//! `App`: the config, the clock, the store, the scheduler's handle and the agent wake-ups, shared
+//! by every handler as axum state. Built once by [`App::start`], which also seeds the catalogue,
+//! makes sure an admin token exists and starts the scheduler loop.
 
 use anyhow::Context;
 use std::collections::HashMap;
@@ -12,7 +12,7 @@ use switchyard_providers::{Offers, Provider};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::clock;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::control::bus::{Bus, Note};
 use crate::control::leader::Leadership;
@@ -25,6 +25,8 @@ pub struct App(Arc<AppInner>);
 
 pub struct AppInner {
     pub config: Config,
+    /// Where every handler and loop reads the time (a manual one in tests).
+    pub clock: Clock,
     pub store: Arc<Store>,
     pub scheduler: SchedulerHandle,
     pub agents: AgentWakers,
@@ -167,7 +169,17 @@ impl Running {
 }
 
 impl App {
+    /// Starts the broker on the system clock.
     pub async fn start(config: Config, providers: ProviderSet) -> anyhow::Result<Running> {
+        App::start_with_clock(config, providers, Clock::system()).await
+    }
+
+    /// Starts the broker reading the time from `clock` (tests: a manual one).
+    pub async fn start_with_clock(
+        config: Config,
+        providers: ProviderSet,
+        clock: Clock,
+    ) -> anyhow::Result<Running> {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
         let url = config.database_url();
@@ -190,7 +202,7 @@ impl App {
             None => Bus::default(),
         };
         let store = Arc::new(store);
-        seed_catalogue(store.as_ref(), &config).await?;
+        seed_catalogue(store.as_ref(), &config, clock.now()).await?;
         for offers in &providers.offers {
             for region in &offers.regions {
                 store.upsert_region(region).await?;
@@ -199,14 +211,15 @@ impl App {
                 store.upsert_pool(pool).await?;
             }
         }
-        let created_admin_token = ensure_admin_token(store.as_ref(), &config).await?;
+        let created_admin_token = ensure_admin_token(store.as_ref(), &config, clock.now()).await?;
         if config.retire_nodes_at_start {
-            retire_previous_run(store.as_ref()).await?;
+            retire_previous_run(store.as_ref(), clock.now()).await?;
         }
         let agents = AgentWakers::new(bus.clone());
         let (handle, worker) = scheduler::channel(bus);
         let app = App(Arc::new(AppInner {
             config,
+            clock,
             store,
             scheduler: handle,
             agents,
@@ -239,9 +252,8 @@ impl App {
 /// an earlier run, whose agents exited with it (or were killed with it). They are revoked — an
 /// agent of theirs that somehow still runs can no longer report — and their live attempts end
 /// `lost` with their jobs back in the queue, before the scheduler's first round.
-async fn retire_previous_run(store: &Store) -> anyhow::Result<()> {
+async fn retire_previous_run(store: &Store, now: Timestamp) -> anyhow::Result<()> {
     let why = "its node belonged to an earlier run of `switchyard up`";
-    let now = crate::clock::now();
     for node in store.nodes().await? {
         if let Some(requeued) = store.revoke_node(&node.id, why, now).await? {
             tracing::info!(node.id = %node.id, jobs.requeued = requeued.len(),
@@ -276,8 +288,7 @@ fn redact_url(url: &str) -> String {
 }
 
 /// Writes the configured regions and pools and the chosen catalogue regions to the store.
-async fn seed_catalogue(store: &Store, config: &Config) -> anyhow::Result<()> {
-    let now = clock::now();
+async fn seed_catalogue(store: &Store, config: &Config, now: Timestamp) -> anyhow::Result<()> {
     for (region, pools) in catalogue_from_config(config, now)? {
         store.upsert_region(&region).await?;
         for pool in pools {
@@ -391,7 +402,11 @@ fn default_ingress() -> u32 {
 
 /// Creates the admin token on first start and writes it to `{data_dir}/admin.token` (0600).
 /// Later starts keep the token that file holds, as long as the database knows it.
-async fn ensure_admin_token(store: &Store, config: &Config) -> anyhow::Result<Option<String>> {
+async fn ensure_admin_token(
+    store: &Store,
+    config: &Config,
+    now: Timestamp,
+) -> anyhow::Result<Option<String>> {
     let path = config.data_dir.join("admin.token");
     if let Ok(existing) = std::fs::read_to_string(&path) {
         let existing = existing.trim();
@@ -410,7 +425,7 @@ async fn ensure_admin_token(store: &Store, config: &Config) -> anyhow::Result<Op
             role: Role::Admin,
             team: None,
             name: Some("bootstrap admin".into()),
-            created_at: clock::now(),
+            created_at: now,
             revoked: false,
         })
         .await?;

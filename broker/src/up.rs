@@ -15,7 +15,7 @@ use switchyard_providers::local::{LocalConfig, LocalProvider};
 use tokio::net::TcpListener;
 
 use crate::app::{App, ProviderSet, catalogue_from_config};
-use crate::clock;
+use crate::clock::Clock;
 use crate::config::{CatalogueRegion, Config, PoolConfig, RegionConfig};
 use crate::http::api::tokens::issue_enrolment_token;
 use crate::http::server;
@@ -106,7 +106,7 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     let agent_program = std::env::current_exe().context("locating the switchyard binary")?;
     let log_dir = opts.data_dir.join("agents");
     std::fs::create_dir_all(&log_dir)?;
-    let offers = catalogue_from_config(&config, clock::now())?;
+    let offers = catalogue_from_config(&config, Clock::system().now())?;
     let launchable: Vec<PoolId> = offers
         .iter()
         .flat_map(|(_, pools)| pools.iter().filter(|p| p.launchable).map(|p| p.id.clone()))
@@ -133,7 +133,7 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     let pool = PoolId(ONPREM_POOL.into());
     for i in 1..=opts.agents {
         let name = format!("onprem-{i}");
-        let (token, record) = issue_enrolment_token(&pool, None, 900);
+        let (token, record) = issue_enrolment_token(&pool, None, 900, app.clock.now());
         app.store.insert_enrolment_token(&record).await?;
         let audit = crate::http::api::audit::system_enrolment("system:up", &pool, &name, &record);
         app.store.append_audit(&audit).await?;

@@ -112,7 +112,7 @@ async fn check(
 
 #[tokio::test]
 async fn every_route_every_role_own_and_other_team() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_manual().await;
     let world = world(&app).await;
     let mut failures = Vec::new();
     for &(m, path, wants) in MATRIX {

@@ -17,7 +17,7 @@ use switchyard_providers::{InstanceState, Provider};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_error_fails_over_to_the_next_region_and_the_job_runs_there() {
-    let (app, fake) = spawn_two_clouds(|_| {}).await;
+    let (app, fake) = spawn_two_clouds_on(manual_clock(), |_| {}).await;
     fake.script(&PoolId(CHEAP.into()), [FakeOutcome::Capacity]);
     let dev = app.token("developer", Some("ml")).await;
     let id = app.submit(&dev, urgent("failover")).await.body["id"]
@@ -116,6 +116,9 @@ async fn capacity_error_fails_over_to_the_next_region_and_the_job_runs_there() {
         {"type": "started", "attempt": attempt, "pid": 1},
         {"type": "finished", "attempt": attempt, "exit_code": 0, "signal": null, "error": null, "stopped": false}
     ]}))).await;
+    // Past the idle TTL (1 s) once the controller has seen it idle.
+    seen_idle(&app).await;
+    app.advance(Duration::from_secs(2));
     eventually("the idle instance to be terminated", 20, async || {
         let i = instances(&app)
             .await
@@ -171,7 +174,7 @@ async fn throttling_is_retried_with_the_same_key_and_launches_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_that_never_enrols_is_terminated_and_the_job_replanned() {
-    let (app, fake) = spawn_two_clouds(|c| c.boot_timeout_s = 1).await;
+    let (app, fake) = spawn_two_clouds_on(manual_clock(), |c| c.boot_timeout_s = 1).await;
     let dev = app.token("developer", Some("ml")).await;
     let id = app.submit(&dev, urgent("slow-boot")).await.body["id"]
         .as_str()
@@ -181,7 +184,17 @@ async fn an_instance_that_never_enrols_is_terminated_and_the_job_replanned() {
         fake.launches().first().cloned()
     })
     .await;
-    // Nobody enrols it: after the boot timeout it is terminated and a new instance requested.
+    // Nobody enrols it: after the boot timeout (1 s from its launch) it is terminated and a new
+    // instance requested.
+    eventually("the instance to be booting", 20, async || {
+        let all = instances(&app).await;
+        let first = all
+            .iter()
+            .find(|i| i["id"] == first.instance_key.as_str())?;
+        (first["state"] == "booting").then_some(())
+    })
+    .await;
+    app.advance(Duration::from_secs(2));
     let second = eventually("a second launch", 20, async || {
         fake.launches()
             .into_iter()

@@ -334,7 +334,7 @@ async fn an_expired_session_is_401() {
         .unwrap();
     assert!(live.revoked_at.is_none());
     let id = new_token(SESSION_PREFIX);
-    let now = switchyard_broker::clock::now();
+    let now = app.app.clock.now();
     app.app
         .store
         .insert_console_session(&ConsoleSessionRecord {

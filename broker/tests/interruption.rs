@@ -225,8 +225,7 @@ async fn an_interrupted_burst_instance_drains_and_its_job_gets_a_new_one() {
     let (app, fake) = spawn_cloud().await;
     let dev = app.token("developer", Some("ml")).await;
     let deadline =
-        switchyard_broker::clock::to_datetime(switchyard_broker::clock::now().plus_secs(3600))
-            .to_rfc3339();
+        switchyard_broker::clock::to_datetime(app.app.clock.now().plus_secs(3600)).to_rfc3339();
     let id = app
         .submit(
             &dev,

@@ -14,6 +14,8 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use switchyard_broker::app::{App, ProviderSet};
+use switchyard_broker::clock::{Clock, from_datetime};
+use switchyard_broker::control::ledger::accrue_once;
 use switchyard_broker::store::LedgerEntry;
 use switchyard_core::{Money, Timestamp};
 
@@ -173,7 +175,7 @@ fn reported_csv(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
-    let (app, fake) = spawn_with_fake(|c| {
+    let (app, fake) = spawn_with_fake_on(manual_clock(), |c| {
         c.ledger_accrual_interval_ms = 100;
         c.idle_ttl_s = 1;
         c.min_billed_s = 0;
@@ -204,8 +206,7 @@ async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
         .await,
     );
     let deadline =
-        switchyard_broker::clock::to_datetime(switchyard_broker::clock::now().plus_secs(3600))
-            .to_rfc3339();
+        switchyard_broker::clock::to_datetime(app.app.clock.now().plus_secs(3600)).to_rfc3339();
     let burst = id_of(
         &app.submit(
             &ml,
@@ -226,6 +227,7 @@ async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
     let burst_attempt = start(&app, &cloud, &burst).await;
 
     // Running work shows spend to date, per job and in the report.
+    app.advance(Duration::from_secs(1));
     for (job, token) in [(&cv, &ml), (&site, &web), (&burst, &ml)] {
         eventually("spend to date on a running job", 20, async || {
             let j = app.job(token, job).await.body;
@@ -236,10 +238,13 @@ async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
     let running = spend(&app, &finance, "group_by=team").await;
     assert!(running["total_usd"].as_f64().unwrap() > 0.0, "{running}");
 
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    app.advance(Duration::from_millis(1200));
     finish(&app, &onprem, &cv_attempt).await;
     finish(&app, &onprem, &site_attempt).await;
     finish(&app, &cloud, &burst_attempt).await;
+    // Once the burst controller has seen the instance idle, its idle TTL (1 s) passes.
+    seen_idle(&app).await;
+    app.advance(Duration::from_secs(2));
     eventually("the idle instance to end", 20, async || {
         let all = instances(&app).await;
         all.iter().all(|i| i["state"] == "terminated").then_some(())
@@ -418,8 +423,9 @@ async fn estimate(app: &TestApp, job: &str) -> i64 {
 
 /// A broker accruing every 100 ms with three 4-GPU on-prem agents (leases that outlive the
 /// test), and finance's and an `ml` developer's tokens.
-async fn three_agents() -> (TestApp, String, String) {
-    let app = TestApp::spawn_with(
+async fn three_agents(clock: Clock) -> (TestApp, String, String) {
+    let app = TestApp::spawn_with_clock(
+        clock,
         |c| {
             c.ledger_accrual_interval_ms = 100;
             c.lease_ttl_s = 600;
@@ -437,7 +443,7 @@ async fn three_agents() -> (TestApp, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_submissions_never_overspend_a_hard_budget_and_a_raise_releases_held_jobs() {
-    let (app, finance, dev) = three_agents().await;
+    let (app, finance, dev) = three_agents(Clock::system()).await;
     // Each job is estimated at 1 GPU × $2/h × 1 h = $2: the budget fits five.
     put_budget(&app, &finance, "ml", 11.0).await;
 
@@ -499,7 +505,8 @@ async fn concurrent_submissions_never_overspend_a_hard_budget_and_a_raise_releas
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_held_by_a_custom_budget_window_is_released_when_the_window_ends() {
-    let app = TestApp::spawn_with(
+    let app = TestApp::spawn_with_clock(
+        manual_clock(),
         |c| {
             c.ledger_accrual_interval_ms = 100;
             c.lease_ttl_s = 600;
@@ -510,10 +517,9 @@ async fn a_job_held_by_a_custom_budget_window_is_released_when_the_window_ends()
     app.agent(4).await;
     let finance = app.token("finance", None).await;
     let dev = app.token("developer", Some("ml")).await;
-    // A $1 hard budget whose custom window ends a few seconds from now. The broker reads the
-    // real clock (tests have no other): the window is placed around it.
+    // A $1 hard budget whose custom window ends a few seconds from now on the broker's clock.
     let whole = |secs: i64| chrono::DateTime::from_timestamp(secs, 0).unwrap();
-    let now = chrono::Utc::now().timestamp();
+    let now = app.app.clock.now().millis() / 1000;
     let (from, to) = (whole(now - 3600), whole(now + 7));
     let r = app
         .call(
@@ -548,27 +554,26 @@ async fn a_job_held_by_a_custom_budget_window_is_released_when_the_window_ends()
     .await;
     let held = app.job(&dev, &job).await.body;
     assert_eq!(held["reason"], "budget_exhausted", "{held}");
-    // Still held a moment before the window ends: nothing but the window's end releases it.
-    let before_end = to - chrono::Duration::milliseconds(1500);
-    let wait = (before_end - chrono::Utc::now())
-        .to_std()
-        .unwrap_or_else(|_| {
-            panic!("the job was held only after the window had nearly ended; widen the window")
-        });
-    tokio::time::sleep(wait).await;
-    let j = app.job(&dev, &job).await.body;
+    // Still held a moment before the window ends, once the scheduler has planned at that
+    // time: nothing but the window's end releases it.
+    app.app
+        .clock
+        .set(from_datetime(to - chrono::Duration::milliseconds(1)));
+    // (Two rounds: the first may have read the time before it was set.)
+    let rounds = scheduler_rounds(&app).await;
+    let j = eventually("two scheduler rounds", 10, async || {
+        let j = app.job(&dev, &job).await.body;
+        (j["state"] != "held" || scheduler_rounds(&app).await >= rounds + 2).then_some(j)
+    })
+    .await;
     assert_eq!(j["state"], "held", "released before the window ended: {j}");
 
     // The window ends: no budget applies any more, and the job is placed.
-    let placed = app
-        .wait_for_job(&dev, &job, Duration::from_secs(20), |j| {
-            j["state"] == "placed"
-        })
-        .await;
-    assert!(
-        chrono::Utc::now() >= to,
-        "placed before the window ended: {placed}"
-    );
+    app.app.clock.set(from_datetime(to));
+    app.wait_for_job(&dev, &job, Duration::from_secs(20), |j| {
+        j["state"] == "placed"
+    })
+    .await;
     let budgets = app
         .call(Method::GET, "/api/v1/budgets", Some(&finance), None)
         .await
@@ -587,14 +592,16 @@ struct Broker {
 }
 
 impl Broker {
-    async fn start(dir: &std::path::Path) -> (Broker, Option<String>) {
+    async fn start(dir: &std::path::Path, clock: Clock) -> (Broker, Option<String>) {
         let mut config = test_config(dir);
         config.ledger_accrual_interval_ms = 100;
         config.lease_ttl_s = 600;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         config.public_url = Some(url.clone());
-        let running = App::start(config, ProviderSet::default()).await.unwrap();
+        let running = App::start_with_clock(config, ProviderSet::default(), clock)
+            .await
+            .unwrap();
         let server = tokio::spawn({
             let app = running.app.clone();
             async move {
@@ -606,7 +613,16 @@ impl Broker {
         let broker = Broker {
             url,
             app: running.app.clone(),
-            tasks: vec![running.scheduler, running.burst, running.ledger, server],
+            // The election too: a stopped broker must not go on renewing (and retaking) the
+            // lease of the one started after it under the same replica name.
+            tasks: vec![
+                running.election,
+                running.scheduler,
+                running.burst,
+                running.ledger,
+                running.heartbeat_writer,
+                server,
+            ],
         };
         (broker, running.created_admin_token)
     }
@@ -633,7 +649,9 @@ impl Broker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accrual_shows_spend_to_date_and_settles_exactly_once_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let (broker, admin) = Broker::start(dir.path()).await;
+    // One clock for both runs of the broker.
+    let clock = manual_clock();
+    let (broker, admin) = Broker::start(dir.path(), clock.clone()).await;
     let admin = admin.unwrap();
     let enrol = broker
         .call(
@@ -695,16 +713,23 @@ async fn accrual_shows_spend_to_date_and_settles_exactly_once_across_a_restart()
             micros(&v["cost_usd"])
         }
     };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let first = cost(&broker).await;
-    assert!(first > 0, "spend to date while running");
+    clock.advance(Duration::from_millis(1500));
+    let first = eventually("spend to date while running", 10, async || {
+        let c = cost(&broker).await;
+        (c > 0).then_some(c)
+    })
+    .await;
 
     // Restart on the same database; the accrual loop picks up where it left off.
     broker.stop();
-    let (broker, _) = Broker::start(dir.path()).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let second = cost(&broker).await;
-    assert!(second > first, "{second} > {first}");
+    let (broker, _) = Broker::start(dir.path(), clock.clone()).await;
+    clock.advance(Duration::from_millis(1500));
+    eventually("more spend after the restart", 10, async || {
+        (cost(&broker).await > first).then_some(())
+    })
+    .await;
+    // It finishes half a second after that pass: the end settles the stretch since.
+    clock.advance(Duration::from_millis(500));
     broker
         .call(
             Method::POST,
@@ -725,7 +750,12 @@ async fn accrual_shows_spend_to_date_and_settles_exactly_once_across_a_restart()
     // Settled at the end: contiguous periods from start to finish, each written once, adding
     // up to exactly 2 GPUs × $2/h for the whole seconds it ran; later passes add nothing.
     let settled = micros(&view["cost_usd"]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(
+        accrue_once(&broker.app).await.unwrap(),
+        0,
+        "a later pass adds nothing"
+    );
     let entries = broker
         .app
         .store
@@ -751,7 +781,8 @@ async fn accrual_shows_spend_to_date_and_settles_exactly_once_across_a_restart()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_soft_budget_alerts_once_per_threshold_at_the_teams_onprem_rate_and_never_holds() {
-    let app = TestApp::spawn_with(
+    let app = TestApp::spawn_with_clock(
+        manual_clock(),
         |c| {
             c.ledger_accrual_interval_ms = 100;
             c.lease_ttl_s = 600;
@@ -762,7 +793,7 @@ async fn a_soft_budget_alerts_once_per_threshold_at_the_teams_onprem_rate_and_ne
     let agent = app.agent(4).await;
     let finance = app.token("finance", None).await;
     let dev = app.token("developer", Some("ops")).await;
-    // $36 per H100-hour is a cent a second: two seconds cross both thresholds.
+    // $36 per H100-hour is a cent a second: three seconds on the clock cross both thresholds.
     let r = app
         .call(
             Method::PUT,
@@ -798,6 +829,7 @@ async fn a_soft_budget_alerts_once_per_threshold_at_the_teams_onprem_rate_and_ne
             .map(|e| e["after"]["threshold"].as_f64().unwrap())
             .collect::<Vec<f64>>()
     };
+    app.advance(Duration::from_secs(3));
     eventually("both thresholds to alert", 20, async || {
         (alerts().await.len() == 2).then_some(())
     })
@@ -809,7 +841,8 @@ async fn a_soft_budget_alerts_once_per_threshold_at_the_teams_onprem_rate_and_ne
     })
     .await;
     finish(&app, &agent, &attempt).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    app.advance(Duration::from_secs(1));
+    accrue_once(&app.app).await.unwrap();
     let mut crossed = alerts().await;
     crossed.sort_by(f64::total_cmp);
     assert_eq!(
@@ -1285,7 +1318,7 @@ async fn enrol_node(
 /// the budget releases exactly them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_if_holds_what_the_live_broker_holds_under_the_same_hard_budget() {
-    let (app, finance, dev) = three_agents().await;
+    let (app, finance, dev) = three_agents(manual_clock()).await;
     // Each job is estimated at 1 GPU × $2/h × 1 h = $2: the budget fits five of eight.
     put_budget(&app, &finance, "ml", 11.0).await;
     let spec = json!({"name": "b", "team": "ml", "command": ["true"], "resources": {"gpus": 1},
@@ -1293,7 +1326,7 @@ async fn what_if_holds_what_the_live_broker_holds_under_the_same_hard_budget() {
     // One at a time: the live queue and the replay order them by submission alike.
     for _ in 0..8 {
         id_of(&app.submit(&dev, spec.clone()).await);
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        app.advance(Duration::from_millis(5));
     }
     let jobs = eventually("the queue to settle", 30, async || {
         let jobs = all_jobs(&app).await;

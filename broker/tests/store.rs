@@ -714,7 +714,7 @@ fn both_backends_have_the_same_migrations() {
 /// rejected in their own transaction and change nothing (the fencing epoch).
 #[tokio::test]
 async fn the_leader_lease_is_exclusive_and_its_epoch_fences_a_deposed_leader() {
-    use switchyard_broker::clock::now;
+    let now = || switchyard_broker::clock::Clock::system().now();
     let dir = tempfile::tempdir().unwrap();
     let a = seeded(dir.path()).await;
     let b = test_store(dir.path()).await;

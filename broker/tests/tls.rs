@@ -467,7 +467,7 @@ async fn a_stop_drains_requests_in_flight_and_resigns() {
     assert!(
         lease
             .as_ref()
-            .is_none_or(|l| l.expires_at <= switchyard_broker::clock::now()),
+            .is_none_or(|l| l.expires_at <= b.app.clock.now()),
         "{lease:?}"
     );
 }

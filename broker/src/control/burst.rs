@@ -29,7 +29,6 @@ use switchyard_core::Timestamp;
 use switchyard_providers::{LaunchRequest, ProviderError};
 
 use crate::app::App;
-use crate::clock;
 use crate::control::scheduler::SchedulerEvent;
 use crate::http::api::tokens::issue_enrolment_token;
 use crate::store::{InstanceRecord, InstanceState, LaunchFailure, StoreError};
@@ -42,8 +41,11 @@ fn call_timeout(app: &App) -> Duration {
 }
 
 /// The controller loop, for the life of the process; it acts only while this replica leads.
+/// A pass runs when the scheduler asks for launches, every second, and when a manual clock
+/// moves.
 pub async fn run(app: App) {
     let mut last_reap: Option<Instant> = None;
+    let mut moves = app.clock.moves();
     loop {
         if !app.leadership.is_leader() {
             app.leadership.until_leader().await;
@@ -65,13 +67,14 @@ pub async fn run(app: App) {
         tokio::select! {
             _ = app.burst.notified() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = moves.next() => {}
         }
     }
 }
 
 /// One pass. Returns whether anything the scheduler mirrors changed.
 pub async fn reconcile(app: &App, reap: bool) -> Result<bool, StoreError> {
-    let now = clock::now();
+    let now = app.clock.now();
     let instances = app.store.instances(false).await?;
     let busy: HashSet<String> = app
         .store
@@ -126,7 +129,7 @@ pub async fn reconcile(app: &App, reap: bool) -> Result<bool, StoreError> {
 }
 
 async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
-    let now = clock::now();
+    let now = app.clock.now();
     let Some(provider) = app.providers.for_pool(&inst.pool) else {
         let failure = LaunchFailure::GiveUp {
             pool_backoff_until: None,
@@ -137,7 +140,7 @@ async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
         return Ok(true);
     };
     let ttl = (app.config.boot_timeout_s as i64).max(60) + 300;
-    let (token, record) = issue_enrolment_token(&inst.pool, Some(&inst.id), ttl);
+    let (token, record) = issue_enrolment_token(&inst.pool, Some(&inst.id), ttl, now);
     app.store.insert_enrolment_token(&record).await?;
     let audit =
         crate::http::api::audit::system_enrolment("system:burst", &inst.pool, &inst.id, &record);
@@ -163,7 +166,7 @@ async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
         Ok(info) => {
             tracing::info!(instance.id = %inst.id, pool.id = %inst.pool, provider = provider.name(), provider_id = %info.provider_id, launch_ms, "instance launched");
             app.store
-                .instance_launched(&inst.id, &info.provider_id, clock::now())
+                .instance_launched(&inst.id, &info.provider_id, app.clock.now())
                 .await?;
             Ok(false)
         }
@@ -199,7 +202,7 @@ async fn launch(app: &App, inst: &InstanceRecord) -> Result<bool, StoreError> {
             {
                 tracing::warn!(instance.id = %inst.id, pool.id = %inst.pool, provider_id = %found.provider_id, error = %e, "launch reported a failure but the instance exists; adopting it");
                 app.store
-                    .instance_launched(&inst.id, &found.provider_id, clock::now())
+                    .instance_launched(&inst.id, &found.provider_id, app.clock.now())
                     .await?;
                 return Ok(false);
             }
@@ -321,7 +324,7 @@ async fn end(
             reason,
             error,
             app.config.min_billed_s as i64,
-            clock::now(),
+            app.clock.now(),
         )
         .await?;
     if ended {
@@ -360,7 +363,7 @@ async fn reap_orphans(app: &App) -> Result<bool, StoreError> {
                     // than start another.
                     tracing::warn!(instance.id = %k.id, provider_id = %info.provider_id, "adopting an instance whose launch answer was lost");
                     app.store
-                        .instance_launched(&k.id, &info.provider_id, clock::now())
+                        .instance_launched(&k.id, &info.provider_id, app.clock.now())
                         .await?;
                     changed = true;
                     false
@@ -411,7 +414,7 @@ async fn reap_orphans(app: &App) -> Result<bool, StoreError> {
                         Some("gone: the provider no longer lists it"),
                         true,
                         app.config.min_billed_s as i64,
-                        clock::now(),
+                        app.clock.now(),
                     )
                     .await?;
             }

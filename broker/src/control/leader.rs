@@ -17,7 +17,6 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::app::App;
-use crate::clock;
 use crate::store::Store;
 
 /// This replica's side of the election.
@@ -114,7 +113,7 @@ pub async fn run(app: App) {
                 &leadership.replica,
                 leadership.instance,
                 ttl.as_millis() as i64,
-                clock::now(),
+                app.clock.now(),
             )
             .await
         {

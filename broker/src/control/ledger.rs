@@ -68,13 +68,18 @@ impl OnpremRates {
     }
 }
 
-/// The accrual loop: one pass every `ledger_accrual_interval_ms`, for the life of the process.
+/// The accrual loop: one pass every `ledger_accrual_interval_ms` (and when a manual clock
+/// moves), for the life of the process.
 pub async fn run(app: App) {
     let every = Duration::from_millis(app.config.ledger_accrual_interval_ms.max(10));
     let mut interval = tokio::time::interval(every);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut moves = app.clock.moves();
     loop {
-        interval.tick().await;
+        tokio::select! {
+            _ = interval.tick() => {}
+            () = moves.next() => {}
+        }
         // Only the leader accrues (the entries' keys would make a second writer harmless,
         // but it would be wasted work).
         if !app.leadership.is_leader() {
@@ -93,7 +98,7 @@ pub async fn run(app: App) {
 /// One pass: accrue every source up to now, then record budget alerts. Returns the number of
 /// ledger entries written.
 pub async fn accrue_once(app: &App) -> Result<usize, StoreError> {
-    let now = clock::now();
+    let now = app.clock.now();
     let written = app
         .store
         .accrue_ledger(now, app.config.min_billed_s as i64)

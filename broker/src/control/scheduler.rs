@@ -19,7 +19,6 @@ use uuid::Uuid;
 
 use crate::app::App;
 use crate::app::ProviderSet;
-use crate::clock;
 use crate::control::bus::{Bus, Note};
 use crate::store::{
     AttemptRecord, EndedAttempt, InstanceState, JobRecord, NewAttempt, NewInstance, Store,
@@ -150,7 +149,7 @@ struct State {
 }
 
 impl State {
-    async fn load(store: &Store) -> Result<State, StoreError> {
+    async fn load(store: &Store, now: Timestamp) -> Result<State, StoreError> {
         let mut state = State {
             regions: store.regions().await?,
             pools: store.pools().await?,
@@ -173,11 +172,7 @@ impl State {
                 state.waiting_for_instance.insert(job, inst.id);
             }
         }
-        state.backed_off = store
-            .pool_backoffs(clock::now())
-            .await?
-            .into_iter()
-            .collect();
+        state.backed_off = store.pool_backoffs(now).await?.into_iter().collect();
         Ok(state)
     }
 
@@ -353,7 +348,7 @@ impl Worker {
             if !still_leading(&leadership) {
                 return;
             }
-            match State::load(store.as_ref()).await {
+            match State::load(store.as_ref(), app.clock.now()).await {
                 Ok(s) => break s,
                 Err(e) => {
                     tracing::error!(error = %e, "scheduler could not load state; retrying");
@@ -372,7 +367,7 @@ impl Worker {
         // a failover) agents could not renew them, and their next heartbeats re-sync what they
         // run. Without this a broker down for longer than the TTL would requeue, and so run
         // twice, every job that ran through the outage.
-        let led_since = clock::now();
+        let led_since = app.clock.now();
         let tick = Duration::from_millis(app.config.scheduler_tick_ms.max(10));
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -400,7 +395,7 @@ impl Worker {
                 return;
             }
             if resync {
-                match State::load(store.as_ref()).await {
+                match State::load(store.as_ref(), app.clock.now()).await {
                     Ok(s) => {
                         state = s;
                         last_load = tokio::time::Instant::now();
@@ -415,7 +410,7 @@ impl Worker {
                 match e {
                     StoreError::Stale(why) => {
                         tracing::info!(reason = %why, "plan was stale; re-planning from the database");
-                        if let Ok(s) = State::load(store.as_ref()).await {
+                        if let Ok(s) = State::load(store.as_ref(), app.clock.now()).await {
                             state = s;
                             last_load = tokio::time::Instant::now();
                         }
@@ -468,7 +463,7 @@ impl Worker {
     /// Marks nodes that stopped heartbeating as lost and requeues their work: silent for the
     /// lease TTL, and for the TTL since this replica began to lead (`led_since`).
     async fn expire_leases(&self, app: &App, led_since: Timestamp) -> bool {
-        let now = clock::now();
+        let now = app.clock.now();
         let before = now.plus_secs(-(app.config.lease_ttl_s as i64));
         if before < led_since {
             return false;
@@ -497,7 +492,7 @@ impl Worker {
         if state.pending.is_empty() {
             return Ok(());
         }
-        let now = clock::now();
+        let now = app.clock.now();
         let mut snapshot = state.snapshot(
             app.config.burst_enabled,
             app.config.grace_s,

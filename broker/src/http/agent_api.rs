@@ -19,7 +19,6 @@ use switchyard_protocol::agent::{
 };
 
 use crate::app::App;
-use crate::clock;
 use crate::control::scheduler::SchedulerEvent;
 use crate::http::auth::{AGENT_TOKEN_PREFIX, bearer, hash_token, new_token};
 use crate::http::error::ApiError;
@@ -97,7 +96,7 @@ async fn register(
     };
     let node = match app
         .store
-        .register_node(&hash_token(enrolment_token), node, clock::now())
+        .register_node(&hash_token(enrolment_token), node, app.clock.now())
         .await?
     {
         Ok(node) => node,
@@ -232,7 +231,7 @@ async fn heartbeat(
             check_text("interruption.at", at, MAX_TEXT)?;
         }
     }
-    let now = clock::now();
+    let now = app.clock.now();
     app.telemetry.record(&node.id, &hb.inventory, now);
     let mut stop = if node.healthy {
         // The common case: written with other heartbeats (heartbeats.rs), answered once that
@@ -286,7 +285,7 @@ async fn interrupted(
 ) -> Result<Vec<AttemptRef>, ApiError> {
     let done = app
         .store
-        .interrupt_node(&node.id, "spot interruption", clock::now())
+        .interrupt_node(&node.id, "spot interruption", app.clock.now())
         .await?;
     if done.newly_draining {
         tracing::warn!(node.id = %node.id, action = %notice.action,
@@ -363,7 +362,7 @@ async fn events(
     }
     let (results, ended) = app
         .store
-        .apply_events(&node.id, &batch.events, clock::now())
+        .apply_events(&node.id, &batch.events, app.clock.now())
         .await?;
     for e in &ended {
         let span = tracing::info_span!("job.report", job.id = %e.job, node.id = %e.node);

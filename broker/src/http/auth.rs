@@ -21,7 +21,6 @@ use switchyard_core::Timestamp;
 use switchyard_protocol::api::Role;
 
 use crate::app::App;
-use crate::clock;
 use crate::http::error::ApiError;
 use crate::store::{ApiTokenRecord, ConsoleSessionRecord};
 
@@ -195,7 +194,7 @@ pub async fn console_session(
     if !id.starts_with(SESSION_PREFIX) {
         return Err(ApiError::Unauthorized);
     }
-    let now = clock::now();
+    let now = app.clock.now();
     let (session, token) = app
         .store
         .console_session(&hash_token(id))
@@ -235,7 +234,7 @@ pub async fn create_console_session(
     token: &ApiTokenRecord,
 ) -> Result<(String, ConsoleSessionRecord), ApiError> {
     let id = new_token(SESSION_PREFIX);
-    let now = clock::now();
+    let now = app.clock.now();
     let record = ConsoleSessionRecord {
         id_hash: hash_token(&id),
         api_token_id: token.id,

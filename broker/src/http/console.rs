@@ -213,7 +213,7 @@ async fn logout(
         .ok_or(ApiError::Unauthorized)?;
     auth::check_csrf(&method, &headers, &s)?;
     app.store
-        .revoke_console_session(&s.session.id_hash, clock::now())
+        .revoke_console_session(&s.session.id_hash, app.clock.now())
         .await?;
     let mut res = StatusCode::NO_CONTENT.into_response();
     set_cookies(

@@ -377,7 +377,7 @@ pub async fn enrolment_gate(
     };
     let checked = app
         .store
-        .check_enrolment_token(&auth::hash_token(&token), crate::clock::now())
+        .check_enrolment_token(&auth::hash_token(&token), app.clock.now())
         .await;
     match checked {
         Ok(Ok(())) => {}

@@ -22,9 +22,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use switchyard_core::Timestamp;
 use switchyard_protocol::agent::Inventory;
 
-use crate::clock;
 use crate::rules::budget;
 use crate::store::{Store, StoreError};
 
@@ -103,7 +103,7 @@ impl Metrics {
     }
 
     /// The whole exposition: this process's counters and the database's levels now.
-    pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
+    pub async fn render(&self, store: &Store, now: Timestamp) -> Result<String, StoreError> {
         let mut registry = Registry::default();
         registry.register(
             "switchyard_placement_seconds",
@@ -193,7 +193,7 @@ impl Metrics {
         let remaining = Family::<Labels, FloatGauge>::default();
         let policies = store.policies().await?;
         if policies.iter().any(|p| p.body.budget.is_some()) {
-            for b in budget::statuses(store, &policies, clock::now()).await? {
+            for b in budget::statuses(store, &policies, now).await? {
                 remaining
                     .get_or_create(&vec![
                         ("team".into(), b.team),

@@ -61,9 +61,9 @@ pub fn policy_body() -> Value {
     json!({"budget": {"amount_usd": 1000000, "period": "month"}})
 }
 
-/// Builds the world on `app`: tokens, policies, and one job per team run to completion by a
-/// hand-played agent (started, one line of output, finished a second later, so that the
-/// ledger has spend for both teams).
+/// Builds the world on `app` (on a manual clock): tokens, policies, and one job per team run to
+/// completion by a hand-played agent (started, one line of output, finished a second later on
+/// the broker's clock, so that the ledger has spend for both teams).
 pub async fn world(app: &TestApp) -> World {
     let mut tokens = Vec::new();
     for role in ROLES {
@@ -110,7 +110,7 @@ pub async fn world(app: &TestApp) -> World {
         .collect();
     let results = events(app, &agent, Value::Array(started)).await;
     assert!(results.iter().all(|s| s == "accepted"), "{results:?}");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.advance(Duration::from_secs(1));
     let finished: Vec<Value> = attempts
         .iter()
         .map(|a| {

@@ -2,6 +2,11 @@
 //! (a SQLite file in the data directory, or — with `SWITCHYARD_TEST_PG_URL` set and the
 //! `postgres` feature — a PostgreSQL database of its own), and helpers to act as each role or
 //! as an agent speaking the protocol by hand.
+//!
+//! A test that waits for time to pass — a lease, an idle TTL, a budget window, a token's
+//! lifetime — starts the broker on a manual clock ([`TestApp::spawn_manual`],
+//! [`TestApp::spawn_with_clock`], [`spawn_with_fake_on`]) and moves it ([`TestApp::advance`])
+//! instead of sleeping; it sleeps or polls only for real work (an agent, a loop's next pass).
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,6 +15,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use std::time::Duration;
 use switchyard_broker::app::App;
+use switchyard_broker::clock::Clock;
 use switchyard_broker::config::{Config, PoolConfig, RegionConfig};
 
 pub struct TestApp {
@@ -148,13 +154,38 @@ pub async fn execute_raw(config: &Config, sql: &'static str) -> Result<u64, Stri
     out.map(|d| d.rows_affected()).map_err(|e| e.to_string())
 }
 
+/// A manual clock that stands at the wall clock's time now (so that times the tests compute
+/// from the wall clock, such as deadlines, still read as the broker's) until moved.
+pub fn manual_clock() -> Clock {
+    Clock::manual(Clock::system().now())
+}
+
 impl TestApp {
     pub async fn spawn() -> TestApp {
         TestApp::spawn_with(|_| {}, |_| switchyard_broker::app::ProviderSet::default()).await
     }
 
+    /// The default TestApp on a manual clock: time passes only when the test moves it.
+    pub async fn spawn_manual() -> TestApp {
+        TestApp::spawn_with_clock(
+            manual_clock(),
+            |_| {},
+            |_| switchyard_broker::app::ProviderSet::default(),
+        )
+        .await
+    }
+
     /// A TestApp whose config `tweak` may change, with providers built from that config.
     pub async fn spawn_with(
+        tweak: impl FnOnce(&mut Config),
+        providers: impl FnOnce(&Config) -> switchyard_broker::app::ProviderSet,
+    ) -> TestApp {
+        TestApp::spawn_with_clock(Clock::system(), tweak, providers).await
+    }
+
+    /// [`TestApp::spawn_with`] reading the time from `clock`.
+    pub async fn spawn_with_clock(
+        clock: Clock,
         tweak: impl FnOnce(&mut Config),
         providers: impl FnOnce(&Config) -> switchyard_broker::app::ProviderSet,
     ) -> TestApp {
@@ -165,7 +196,9 @@ impl TestApp {
         let url = format!("http://{}", listener.local_addr().unwrap());
         config.public_url = Some(url.clone());
         let providers = providers(&config);
-        let running = App::start(config, providers).await.unwrap();
+        let running = App::start_with_clock(config, providers, clock)
+            .await
+            .unwrap();
         let admin = running.created_admin_token.clone().unwrap();
         let app = running.app.clone();
         tokio::spawn(switchyard_broker::http::server::serve(
@@ -185,6 +218,13 @@ impl TestApp {
                 .expect("an HTTP client"),
             _dir: dir,
         }
+    }
+
+    /// Moves the broker's manual clock forward by `by`: leases, idle TTLs, budget windows and
+    /// tokens see that much time pass; the ledger and the burst controller run a pass at once,
+    /// the scheduler at its next tick.
+    pub fn advance(&self, by: Duration) {
+        self.app.clock.advance(by);
     }
 
     pub async fn call(
@@ -411,7 +451,18 @@ pub async fn spawn_two_clouds(
     TestApp,
     std::sync::Arc<switchyard_providers::fake::FakeProvider>,
 ) {
-    spawn_with_fake(|c| {
+    spawn_two_clouds_on(Clock::system(), tweak).await
+}
+
+/// [`spawn_two_clouds`] reading the time from `clock`.
+pub async fn spawn_two_clouds_on(
+    clock: Clock,
+    tweak: impl FnOnce(&mut Config),
+) -> (
+    TestApp,
+    std::sync::Arc<switchyard_providers::fake::FakeProvider>,
+) {
+    spawn_with_fake_on(clock, |c| {
         c.idle_ttl_s = 1;
         c.min_billed_s = 0;
         c.regions.push(cloud_region("aws:test-east"));
@@ -427,8 +478,7 @@ pub async fn spawn_two_clouds(
 /// capacity it must burst.
 pub fn urgent(name: &str) -> Value {
     let deadline =
-        switchyard_broker::clock::to_datetime(switchyard_broker::clock::now().plus_secs(3600))
-            .to_rfc3339();
+        switchyard_broker::clock::to_datetime(Clock::system().now().plus_secs(3600)).to_rfc3339();
     json!({"name": name, "team": "ml", "command": ["true"], "resources": {"gpus": 2, "gpu_models": ["H100"]},
            "estimated_runtime_s": 600, "deadline": deadline, "spot": "never"})
 }
@@ -442,18 +492,30 @@ pub async fn spawn_with_fake(
     TestApp,
     std::sync::Arc<switchyard_providers::fake::FakeProvider>,
 ) {
+    spawn_with_fake_on(Clock::system(), tweak).await
+}
+
+/// [`spawn_with_fake`] reading the time from `clock`.
+pub async fn spawn_with_fake_on(
+    clock: Clock,
+    tweak: impl FnOnce(&mut Config),
+) -> (
+    TestApp,
+    std::sync::Arc<switchyard_providers::fake::FakeProvider>,
+) {
     use std::sync::{Arc, Mutex};
     use switchyard_providers::fake::FakeProvider;
     let slot: Arc<Mutex<Option<Arc<FakeProvider>>>> = Arc::default();
     let out = slot.clone();
-    let app = TestApp::spawn_with(
+    let now = clock.now();
+    let app = TestApp::spawn_with_clock(
+        clock,
         |c| {
             c.burst_enabled = true;
             c.lease_ttl_s = 600;
             tweak(c);
         },
         move |config| {
-            let now = switchyard_broker::clock::now();
             let offers = switchyard_broker::app::catalogue_from_config(config, now).unwrap();
             let pools: Vec<_> = offers
                 .iter()
@@ -487,6 +549,20 @@ pub async fn instances(app: &TestApp) -> Vec<Value> {
     r.body["instances"].as_array().unwrap().clone()
 }
 
+/// Waits until the burst controller has seen a live instance idle (it stamps `idle_since` at a
+/// pass): from then on, a manual clock moved past the idle TTL gets it released.
+pub async fn seen_idle(app: &TestApp) {
+    eventually(
+        "the burst controller to see an instance idle",
+        20,
+        async || {
+            let live = app.app.store.instances(false).await.unwrap();
+            live.iter().any(|i| i.idle_since.is_some()).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Polls `f` every 50 ms until it returns `Some`, or fails after `secs`.
 pub async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
@@ -500,6 +576,25 @@ pub async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Op
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The scheduler's rounds so far (`switchyard_placement_seconds_count`: one per plan; it plans
+/// every tick while a job is pending). Two more rounds than when the test set the clock: the
+/// scheduler has planned at that time.
+pub async fn scheduler_rounds(app: &TestApp) -> u64 {
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .bearer_auth(&app.admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("switchyard_placement_seconds_count "))
+        .map_or(0, |n| n.parse().unwrap())
 }
 
 /// One long-poll for `agent`'s work (leases and stops), waiting at most `wait_s`.

@@ -4,6 +4,7 @@
 use axum::Json;
 use axum::extract::{Query, State};
 use serde::Deserialize;
+use switchyard_core::Timestamp;
 use switchyard_protocol::api::{AuditEntry, AuditList, ErrorBody, Role};
 use utoipa::IntoParams;
 
@@ -67,7 +68,7 @@ pub fn system_enrolment(
         "expires_at": clock::to_datetime(record.expires_at),
     });
     NewAuditEntry {
-        at: clock::now(),
+        at: record.created_at,
         actor: actor.to_string(),
         action: "enrolment_token.create".to_string(),
         target: format!("pool:{pool}"),
@@ -76,16 +77,17 @@ pub fn system_enrolment(
     }
 }
 
-/// A new audit row for `action` on `target` by `caller`, with values before and after.
+/// A new audit row for `action` on `target` by `caller` at `at`, with values before and after.
 pub fn entry(
     caller: &Caller,
+    at: Timestamp,
     action: &str,
     target: String,
     before: Option<&serde_json::Value>,
     after: Option<&serde_json::Value>,
 ) -> NewAuditEntry {
     NewAuditEntry {
-        at: clock::now(),
+        at,
         actor: caller.actor(),
         action: action.to_string(),
         target,

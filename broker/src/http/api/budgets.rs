@@ -6,7 +6,7 @@ use axum::extract::State;
 use switchyard_protocol::api::{BudgetList, BudgetView, ErrorBody};
 
 use crate::app::App;
-use crate::clock::{self, to_datetime};
+use crate::clock::to_datetime;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::rules::budget::{self, BudgetStatus};
@@ -23,7 +23,7 @@ pub async fn list(State(app): State<App>, caller: Caller) -> Result<Json<BudgetL
         .into_iter()
         .filter(|r| caller.can_see_team(&r.team))
         .collect();
-    let budgets = budget::statuses(app.store.as_ref(), &records, clock::now())
+    let budgets = budget::statuses(app.store.as_ref(), &records, app.clock.now())
         .await?
         .iter()
         .map(view)

@@ -86,7 +86,7 @@ pub async fn patch_pool(
     };
     let (_, after) = app
         .store
-        .patch_pool(&id, &change, &caller.actor(), clock::now())
+        .patch_pool(&id, &change, &caller.actor(), app.clock.now())
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("pool {id}")))?;
     tracing::info!(pool.id = %id, actor = %caller.actor(), ?patch, "pool patched");

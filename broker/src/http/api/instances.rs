@@ -5,7 +5,7 @@ use axum::extract::State;
 use switchyard_protocol::api::{ErrorBody, InstanceList, InstanceView, Role};
 
 use crate::app::App;
-use crate::clock::{self, to_datetime};
+use crate::clock::to_datetime;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::rules::convert::market_name;
@@ -18,7 +18,7 @@ use crate::store::{InstanceRecord, InstanceState};
     security(("bearer" = [])))]
 pub async fn list(State(app): State<App>, caller: Caller) -> Result<Json<InstanceList>, ApiError> {
     caller.require(&[Role::Admin, Role::Infra, Role::Finance])?;
-    let now = clock::now();
+    let now = app.clock.now();
     let min_billed = app.config.min_billed_s as i64;
     let instances = app
         .store

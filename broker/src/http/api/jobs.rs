@@ -14,7 +14,6 @@ use utoipa::IntoParams;
 use uuid::Uuid;
 
 use crate::app::App;
-use crate::clock;
 use crate::control::scheduler::SchedulerEvent;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
@@ -56,7 +55,7 @@ pub async fn submit(
             "this token submits for team {team:?} only"
         )));
     }
-    let now = clock::now();
+    let now = app.clock.now();
     let spec_json = serde_json::to_string(&spec)
         .map_err(|e| ApiError::Internal(format!("serialising a spec: {e}")))?;
     let key = idempotency_key(&headers, &caller, &spec_json)?;
@@ -325,7 +324,7 @@ pub async fn cancel(
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
     let job = visible_job(&app, &caller, &id).await?;
     caller.require(&[Role::Admin, Role::Developer])?;
-    match app.store.cancel_job(job.id, clock::now()).await? {
+    match app.store.cancel_job(job.id, app.clock.now()).await? {
         CancelOutcome::NotFound => return Err(ApiError::NotFound(format!("job {id}"))),
         CancelOutcome::AlreadyFinished(state) => {
             return Err(ApiError::Conflict(format!(

@@ -154,7 +154,10 @@ async fn metrics(
 ) -> Result<Response, ApiError> {
     use switchyard_protocol::api::Role;
     caller.require(&[Role::Admin, Role::Infra, Role::Finance])?;
-    let body = app.metrics.render(app.store.as_ref()).await?;
+    let body = app
+        .metrics
+        .render(app.store.as_ref(), app.clock.now())
+        .await?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,

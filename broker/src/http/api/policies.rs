@@ -184,7 +184,7 @@ pub async fn put(
             &body,
             expected,
             &caller.actor(),
-            clock::now(),
+            app.clock.now(),
         )
         .await?
         .map_err(|c| {
@@ -234,7 +234,7 @@ pub async fn what_if(
     let regions = app.store.regions().await?;
     let pools = app.store.pools().await?;
     policy::validate(&draft, &regions, &pools)?;
-    let now = clock::now();
+    let now = app.clock.now();
     let since = now.plus_secs(-WHAT_IF_DAYS * 86_400);
     let recorded = app
         .store

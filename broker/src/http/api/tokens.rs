@@ -11,7 +11,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use switchyard_core::{NodeId, PoolId};
+use switchyard_core::{NodeId, PoolId, Timestamp};
 use switchyard_protocol::api::{
     AgentTokenList, AgentTokenRevoked, AgentTokenView, CreateEnrolmentToken, CreateToken,
     EnrolmentTokenCreated, ErrorBody, Role, TokenCreated, TokenList, TokenView,
@@ -55,6 +55,7 @@ pub async fn create(
     }
     let token = new_token(API_TOKEN_PREFIX);
     let id = Uuid::now_v7();
+    let now = app.clock.now();
     app.store
         .insert_api_token(&ApiTokenRecord {
             id,
@@ -62,7 +63,7 @@ pub async fn create(
             role: req.role,
             team: team.clone(),
             name: req.name.clone(),
-            created_at: clock::now(),
+            created_at: now,
             revoked: false,
         })
         .await?;
@@ -72,6 +73,7 @@ pub async fn create(
     app.store
         .append_audit(&crate::http::api::audit::entry(
             &caller,
+            now,
             "token.create",
             format!("token:{id}"),
             None,
@@ -117,7 +119,8 @@ pub async fn create_enrolment(
             format!("unknown pool {pool}"),
         ));
     }
-    let (token, record) = issue_enrolment_token(&pool, None, ttl);
+    let now = app.clock.now();
+    let (token, record) = issue_enrolment_token(&pool, None, ttl, now);
     app.store.insert_enrolment_token(&record).await?;
     // Who let a machine join which pool, until when (the shape of `audit::system_enrolment`);
     // never the token, nor its hash, which is what a registration looks up.
@@ -128,6 +131,7 @@ pub async fn create_enrolment(
     app.store
         .append_audit(&crate::http::api::audit::entry(
             &caller,
+            now,
             "enrolment_token.create",
             format!("pool:{pool}"),
             None,
@@ -152,9 +156,9 @@ pub fn issue_enrolment_token(
     pool: &PoolId,
     instance: Option<&str>,
     ttl_s: i64,
+    now: Timestamp,
 ) -> (String, EnrolmentTokenRecord) {
     let token = new_token(ENROLMENT_TOKEN_PREFIX);
-    let now = clock::now();
     let record = EnrolmentTokenRecord {
         token_hash: hash_token(&token),
         pool: pool.clone(),
@@ -208,9 +212,10 @@ pub async fn revoke(
     let id: Uuid = id
         .parse()
         .map_err(|_| ApiError::NotFound(format!("token {id}")))?;
+    let now = app.clock.now();
     let before = app
         .store
-        .revoke_api_token(id, clock::now())
+        .revoke_api_token(id, now)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("token {id}")))?;
     let mut view = token_view(&before);
@@ -225,6 +230,7 @@ pub async fn revoke(
         app.store
             .append_audit(&crate::http::api::audit::entry(
                 &caller,
+                now,
                 "token.revoke",
                 format!("token:{id}"),
                 Some(&state(false)),
@@ -280,15 +286,17 @@ pub async fn revoke_agent(
     caller.require(&[Role::Admin, Role::Infra])?;
     let id = NodeId(node);
     let why = format!("agent token of node {id} revoked");
+    let now = app.clock.now();
     let requeued = app
         .store
-        .revoke_node(&id, &why, clock::now())
+        .revoke_node(&id, &why, now)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("live agent token of node {id}")))?;
     let requeued: Vec<Uuid> = requeued.into_iter().map(|j| j.0).collect();
     app.store
         .append_audit(&crate::http::api::audit::entry(
             &caller,
+            now,
             "agent_token.revoke",
             format!("node:{id}"),
             Some(&serde_json::json!({"node": id.to_string(), "revoked": false})),

@@ -1,8 +1,8 @@
 //! What the ledger says: spend grouped and bucketed, budget use, spend rates, entries, budget
 //! alerts.
 
-use super::*;
 use super::ledger::{ATTEMPT_SELECT, attempt_row_rate};
+use super::*;
 
 impl Store {
     /// Sum of ledger entries (micro-dollars).
