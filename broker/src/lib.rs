@@ -25,6 +25,7 @@ pub mod control;
 pub mod http;
 pub mod rules;
 pub mod simulate;
+pub mod state;
 pub mod store;
 pub mod trace;
 pub mod up;

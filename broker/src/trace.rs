@@ -6,7 +6,7 @@
 use switchyard_core::JobId;
 use switchyard_support::telemetry;
 
-use crate::app::App;
+use crate::state::App;
 
 /// Makes `span` a child of `job`'s trace.
 pub async fn join_job(app: &App, span: &tracing::Span, job: JobId) {

@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 use switchyard_core::Timestamp;
 use switchyard_providers::{LaunchRequest, ProviderError};
 
-use crate::app::App;
 use crate::control::scheduler::SchedulerEvent;
 use crate::http::api::tokens::issue_enrolment_token;
+use crate::state::App;
 use crate::store::{InstanceRecord, InstanceState, LaunchFailure, StoreError};
 
 /// How often providers are listed for orphans and vanished instances.

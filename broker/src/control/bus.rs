@@ -105,8 +105,8 @@ pub use pg::{listen, start};
 
 mod pg {
     use super::*;
-    use crate::app::App;
     use crate::control::scheduler::SchedulerEvent;
+    use crate::state::App;
     use sqlx::PgPool;
     use sqlx::postgres::PgListener;
 

@@ -26,7 +26,7 @@ use switchyard_protocol::agent::Inventory;
 use switchyard_protocol::api::{GpuSample, NodeSample};
 use tokio::sync::{Notify, watch};
 
-use crate::app::App;
+use crate::state::App;
 use crate::store::{HeartbeatWrite, Store, StoreResult};
 
 /// How long the writer gathers heartbeats after the first one arrives: the most a heartbeat

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::app::App;
+use crate::state::App;
 use crate::store::Store;
 
 /// This replica's side of the election.

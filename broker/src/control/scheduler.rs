@@ -17,9 +17,9 @@ use switchyard_core::{
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::app::App;
-use crate::app::ProviderSet;
 use crate::control::bus::{Bus, Note};
+use crate::state::App;
+use crate::state::ProviderSet;
 use crate::store::{
     AttemptRecord, EndedAttempt, InstanceState, JobRecord, NewAttempt, NewInstance, Store,
     StoreError,

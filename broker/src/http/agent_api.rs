@@ -18,11 +18,11 @@ use switchyard_protocol::agent::{
     Inventory, Lease, RegisterRequest, RegisterResponse, WorkResponse,
 };
 
-use crate::app::App;
 use crate::control::scheduler::SchedulerEvent;
 use crate::http::auth::{AGENT_TOKEN_PREFIX, bearer, hash_token, new_token};
 use crate::http::error::ApiError;
 use crate::http::json::ApiJson;
+use crate::state::App;
 use crate::store::{NewNode, NodeRecord};
 
 pub fn router(app: App) -> Router<App> {

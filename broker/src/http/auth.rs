@@ -20,8 +20,8 @@ use sha2::{Digest, Sha256};
 use switchyard_core::Timestamp;
 use switchyard_protocol::api::Role;
 
-use crate::app::App;
 use crate::http::error::ApiError;
+use crate::state::App;
 use crate::store::{ApiTokenRecord, ConsoleSessionRecord};
 
 /// Prefixes say what a token is when it turns up in a log or a paste.

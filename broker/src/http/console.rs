@@ -27,10 +27,10 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::app::App;
 use crate::clock;
 use crate::http::auth::{self, CSRF_COOKIE, SESSION_COOKIE};
 use crate::http::error::ApiError;
+use crate::state::App;
 use crate::store::role_name;
 
 const INDEX_HTML: &str = include_str!("../../../web/console/index.html");

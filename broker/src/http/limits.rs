@@ -367,7 +367,7 @@ fn too_many(wait: Duration) -> ApiError {
 /// of made-up registrations costs a lookup each, not their bodies' memory); then the body is
 /// read within [`REGISTER_BODY_BYTES`] and the body timeout. The handler consumes the token.
 pub async fn enrolment_gate(
-    State(app): State<crate::app::App>,
+    State(app): State<crate::state::App>,
     req: Request,
     next: Next,
 ) -> Response {

@@ -29,8 +29,8 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use crate::app::App;
 use crate::http::api;
+use crate::state::App;
 
 /// How long in-flight requests get to finish after the shutdown signal.
 const DRAIN: Duration = Duration::from_secs(5);

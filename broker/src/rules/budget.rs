@@ -12,7 +12,7 @@ use switchyard_core::{Money, TeamPolicy, Timestamp};
 use switchyard_protocol::api::{BudgetPeriod, BudgetRule, Enforcement};
 
 use crate::clock::{from_datetime, to_datetime};
-use crate::control::ledger::OnpremRates;
+use crate::rules::rates::OnpremRates;
 use crate::store::{BudgetUsage, PolicyRecord, Store, StoreError};
 
 /// Where a budget stands now.

@@ -1,7 +1,7 @@
 //! Lease fencing, the heart of "never run twice": whether an agent's report about an attempt is
-//! applied, and what it does. Pure — the stores look the attempt up (by id, job, node and lease
-//! epoch, in the report's transaction), ask [`judge`], and carry the verdict out; they decide
-//! nothing themselves.
+//! applied, and what it does. Pure — the store looks the attempt up (by id, job, node and lease
+//! epoch, in the report's transaction), asks [`judge`], and carries the verdict out; it decides
+//! nothing itself.
 //!
 //! The rules:
 //! - A report about no lease of this agent (an unknown attempt, another node's, or an older
@@ -18,7 +18,7 @@
 use switchyard_core::JobState;
 use switchyard_protocol::agent::AgentEvent;
 
-/// An attempt's state as the stores keep it (`attempts.state`).
+/// An attempt's state as the store keeps it (`attempts.state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttemptState {
     /// Placed; its agent has not said it started.
@@ -37,7 +37,7 @@ pub enum AttemptState {
 }
 
 impl AttemptState {
-    /// Every state the stores keep.
+    /// Every state the store keeps.
     pub const ALL: [AttemptState; 7] = [
         AttemptState::Assigned,
         AttemptState::Running,

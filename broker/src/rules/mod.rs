@@ -1,5 +1,5 @@
 //! Business rules: team policies and what-if, budgets, the conversion between wire and domain
-//! values (where dollars become micro-dollars), and lease fencing. The loops and handlers call
+//! values (where dollars become micro-dollars), GPU-hour rates, and lease fencing. The loops and handlers call
 //! them; they call no loop or handler. Pure but for three functions that read what they judge
 //! from the store: `policy::check_submit_against_store`, `budget::statuses` and
 //! `budget::round_policies`.
@@ -8,4 +8,5 @@ pub mod budget;
 pub mod convert;
 pub mod lease;
 pub mod policy;
+pub mod rates;
 pub mod what_if;

@@ -523,17 +523,17 @@ pub fn check_submit(
 
 /// [`check_submit`] against the current policies of the job's team (and project).
 pub async fn check_submit_against_store(
-    app: &crate::app::App,
+    store: &crate::store::Store,
     pools: &[Pool],
     spec: &core::JobSpec,
     now: Timestamp,
 ) -> Result<(), ApiError> {
     let mut records = Vec::new();
-    if let Some(r) = app.store.policy(&spec.team, None).await? {
+    if let Some(r) = store.policy(&spec.team, None).await? {
         records.push(r);
     }
     if let Some(project) = spec.project.as_deref()
-        && let Some(r) = app.store.policy(&spec.team, Some(project)).await?
+        && let Some(r) = store.policy(&spec.team, Some(project)).await?
     {
         records.push(r);
     }

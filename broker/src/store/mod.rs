@@ -118,7 +118,7 @@ pub struct LeaderRecord {
 /// What a replica asking for the lease does: `None` when another live replica holds it;
 /// else the epoch it holds next, and whether that is a renewal of its own lease (same run:
 /// same epoch, only the expiry moves) rather than taking it (first lease: epoch 1; expired,
-/// or the same replica restarted: the next epoch). The one rule both stores apply.
+/// or the same replica restarted: the next epoch).
 pub(crate) fn lease_claim(
     row: Option<&LeaderRecord>,
     replica: &str,
@@ -133,45 +133,10 @@ pub(crate) fn lease_claim(
     }
 }
 
-/// The lease SQL both stores run (the same text; each binds its own column types).
-pub(crate) const LEASE_SELECT: &str = "SELECT holder, holder_instance, epoch, acquired_at, \
-     expires_at FROM leader_lease WHERE id = 1";
-pub(crate) const LEASE_RENEW: &str = "UPDATE leader_lease SET expires_at = $1 WHERE id = 1";
-/// Binds: holder, holder run, epoch, acquired at, expires at.
-pub(crate) const LEASE_TAKE: &str = "INSERT INTO leader_lease \
-     (id, holder, holder_instance, epoch, acquired_at, expires_at) VALUES (1, $1, $2, $3, $4, $5) \
-     ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, \
-     holder_instance = excluded.holder_instance, epoch = excluded.epoch, \
-     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at";
 pub(crate) const LEASE_EPOCH: &str = "SELECT epoch FROM leader_lease WHERE id = 1";
-/// Settling an attempt that an accrual pass already charged past the end its transaction read
-/// (the pass took the write lock first): it ends where it was charged to. Returns the moved end.
-pub(crate) const ATTEMPT_END_TO_CHARGED: &str = "UPDATE attempts SET finished_at = accrued_until \
-     WHERE id = $1 AND accrued_until > finished_at RETURNING finished_at";
-/// The same for an instance being terminated.
-pub(crate) const INSTANCE_END_TO_CHARGED: &str = "UPDATE instances SET ended_at = accrued_until \
-     WHERE id = $1 AND accrued_until > ended_at";
-/// Stores the explanation of a job's placement, only while that attempt is still its current
-/// one (a job placed again since keeps its newer explanation); binds json, job, attempt.
-pub(crate) const SET_EXPLANATION: &str =
-    "UPDATE jobs SET explanation_json = $1 WHERE id = $2 AND current_attempt = $3";
-/// A node's attempts a heartbeat answers about (see [`heartbeat_stops`]); binds the node id.
-pub(crate) const NODE_LIVE_ATTEMPTS: &str = "SELECT a.id, a.job_id, a.epoch, a.state, \
-     j.cancel_requested FROM attempts a JOIN jobs j ON j.id = a.job_id \
-     WHERE a.node_id = $1 AND a.state IN ('assigned', 'running', 'preempting')";
-
-/// Each live cloud instance's hourly price and the team it is charged to now: the job running
-/// on its node (the earliest started, as the ledger's stretches pick), else the job it was
-/// launched for. Live: launched and not terminated, as the ledger accrues them.
-pub(crate) const LIVE_INSTANCE_PAYERS: &str = "SELECT i.hourly_price_micros, \
-     COALESCE((SELECT oj.team FROM attempts a JOIN jobs oj ON oj.id = a.job_id \
-     WHERE a.node_id = i.node_id AND a.started_at IS NOT NULL AND a.finished_at IS NULL \
-     ORDER BY a.started_at, a.id LIMIT 1), j.team) AS team \
-     FROM instances i LEFT JOIN jobs j ON j.id = i.for_job \
-     WHERE i.launched_at IS NOT NULL AND i.state <> 'terminated'";
 
 /// Adds up hourly rates per team (work no team pays for is left out), ordered by team: the
-/// one fold both stores' `spend_rates` apply.
+/// fold `spend_rates` applies.
 pub(crate) fn rates_by_team(
     rates: impl IntoIterator<Item = (Option<String>, Money)>,
 ) -> Vec<(String, Money)> {
@@ -211,7 +176,7 @@ pub struct HeartbeatOutcome {
 /// cancelled while running or that are being preempted, and whatever it says it runs that is
 /// not its live lease (same attempt, job and epoch, `assigned` or `running`). `live` is the
 /// node's attempts in `assigned`, `running` or `preempting`, with their state and whether
-/// their job's cancel was requested. The one rule both stores apply.
+/// their job's cancel was requested.
 pub fn heartbeat_stops(
     live: &[(AttemptRef, String, bool)],
     running: &[AttemptRef],

@@ -1,4 +1,4 @@
-//! Who a cloud instance's time is charged to, stretch by stretch: pure, shared by both stores.
+//! Who a cloud instance's time is charged to, stretch by stretch: pure.
 
 use switchyard_core::{Money, Timestamp};
 

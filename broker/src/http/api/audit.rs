@@ -8,10 +8,10 @@ use switchyard_core::Timestamp;
 use switchyard_protocol::api::{AuditEntry, AuditList, ErrorBody, Role};
 use utoipa::IntoParams;
 
-use crate::app::App;
 use crate::clock;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
+use crate::state::App;
 use crate::store::{AuditFilter, AuditRecord, NewAuditEntry};
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -5,11 +5,11 @@ use axum::Json;
 use axum::extract::State;
 use switchyard_protocol::api::{BudgetList, BudgetView, ErrorBody};
 
-use crate::app::App;
 use crate::clock::to_datetime;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::rules::budget::{self, BudgetStatus};
+use crate::state::App;
 
 /// Every budget that applies now, with its spend and what remains.
 #[utoipa::path(get, path = "/budgets", tag = "spend",

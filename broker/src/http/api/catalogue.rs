@@ -9,13 +9,13 @@ use switchyard_protocol::api::{
     ErrorBody, PoolList, PoolPatch, PoolView, RegionList, RegionView, Role,
 };
 
-use crate::app::App;
 use crate::clock;
 use crate::control::scheduler::SchedulerEvent;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::http::json::ApiJson;
 use crate::rules::convert;
+use crate::state::App;
 use crate::store::PoolChange;
 
 /// Every pool with price, latency and capacity.

@@ -4,11 +4,11 @@ use axum::Json;
 use axum::extract::State;
 use switchyard_protocol::api::{ErrorBody, InstanceList, InstanceView, Role};
 
-use crate::app::App;
 use crate::clock::to_datetime;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::rules::convert::market_name;
+use crate::state::App;
 use crate::store::{InstanceRecord, InstanceState};
 
 /// Every instance launched, newest last, with its cost: accrued so far while it runs, and the

@@ -13,12 +13,12 @@ use switchyard_protocol::api::{
 use utoipa::IntoParams;
 use uuid::Uuid;
 
-use crate::app::App;
 use crate::control::scheduler::SchedulerEvent;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::http::json::ApiJson;
 use crate::rules::convert;
+use crate::state::App;
 use crate::store::{CancelOutcome, IdempotencyKey, IdempotentInsert, JobFilter, JobRecord, NewJob};
 
 /// How long an `Idempotency-Key` names the job its first request created.
@@ -71,7 +71,7 @@ pub async fn submit(
     let pools = app.store.pools().await?;
     check_satisfiable(&pools, &core_spec)
         .map_err(|u| ApiError::unprocessable(u.field, u.message))?;
-    crate::rules::policy::check_submit_against_store(&app, &pools, &core_spec, now).await?;
+    crate::rules::policy::check_submit_against_store(&app.store, &pools, &core_spec, now).await?;
     if let Some(data) = &core_spec.data {
         let regions = app.store.regions().await?;
         if !regions.iter().any(|r| r.id == data.region) {

@@ -25,9 +25,9 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::app::App;
 use crate::http::agent_api;
 use crate::http::error::ApiError;
+use crate::state::App;
 
 #[derive(OpenApi)]
 #[openapi(

@@ -6,10 +6,10 @@ use axum::extract::{Path, State};
 use switchyard_protocol::agent::Inventory;
 use switchyard_protocol::api::{ErrorBody, NodeDetail, NodeGpu, NodeJob};
 
-use crate::app::App;
 use crate::clock::to_datetime;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
+use crate::state::App;
 
 /// A node, its GPUs, the attempts running on it and its recent GPU telemetry. Every role may
 /// read it; a developer sees another team's job without its name.

@@ -11,13 +11,13 @@ use serde::Deserialize;
 use switchyard_protocol::api::{ErrorBody, PolicyBody, PolicyList, PolicyView, Role, WhatIfReport};
 use utoipa::IntoParams;
 
-use crate::app::App;
 use crate::clock;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::http::json::ApiJson;
 use crate::rules::policy;
 use crate::rules::what_if::{self, WHAT_IF_DAYS, WHAT_IF_MAX_JOBS, WhatIfWorld};
+use crate::state::App;
 use crate::store::{JobFilter, PolicyRecord};
 
 /// Roles that may change policies (and run what-ifs).

@@ -12,10 +12,10 @@ use switchyard_core::Money;
 use switchyard_protocol::api::{ErrorBody, SpendReport, SpendRow};
 use utoipa::IntoParams;
 
-use crate::app::App;
 use crate::clock::{from_datetime, to_datetime};
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
+use crate::state::App;
 use crate::store::{SpendBucket, SpendGroup, SpendGroupRow, SpendQuery};
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -18,12 +18,12 @@ use switchyard_protocol::api::{
 };
 use uuid::Uuid;
 
-use crate::app::App;
 use crate::clock;
 use crate::control::scheduler::SchedulerEvent;
 use crate::http::auth::{API_TOKEN_PREFIX, Caller, ENROLMENT_TOKEN_PREFIX, hash_token, new_token};
 use crate::http::error::ApiError;
 use crate::http::json::ApiJson;
+use crate::state::App;
 use crate::store::{ApiTokenRecord, EnrolmentTokenRecord};
 
 /// Create an API token. The token is shown once; only its hash is stored.

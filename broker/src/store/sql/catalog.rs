@@ -198,3 +198,16 @@ impl Store {
         Ok(Some((before, after)))
     }
 }
+
+/// The lease SQL both stores run (the same text; each binds its own column types).
+const LEASE_SELECT: &str = "SELECT holder, holder_instance, epoch, acquired_at, \
+     expires_at FROM leader_lease WHERE id = 1";
+
+const LEASE_RENEW: &str = "UPDATE leader_lease SET expires_at = $1 WHERE id = 1";
+
+/// Binds: holder, holder run, epoch, acquired at, expires at.
+const LEASE_TAKE: &str = "INSERT INTO leader_lease \
+     (id, holder, holder_instance, epoch, acquired_at, expires_at) VALUES (1, $1, $2, $3, $4, $5) \
+     ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, \
+     holder_instance = excluded.holder_instance, epoch = excluded.epoch, \
+     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at";

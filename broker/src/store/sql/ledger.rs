@@ -304,7 +304,7 @@ pub(super) async fn settle_attempt(
     // An accrual pass that read the clock after the caller did but took the write lock first
     // may have charged the attempt past `now`: it then ends where it was charged to, as that
     // pass ran while it was still live. Its entries end at its end, never past it.
-    let end: Option<DbTime> = query_scalar(crate::store::ATTEMPT_END_TO_CHARGED)
+    let end: Option<DbTime> = query_scalar(ATTEMPT_END_TO_CHARGED)
         .bind(attempt)
         .fetch_optional(&mut *tx)
         .await?;
@@ -327,7 +327,7 @@ pub(super) async fn settle_instance(
     now: Timestamp,
 ) -> StoreResult<()> {
     // As for an attempt (`settle_attempt`): never ended before what was charged.
-    query(crate::store::INSTANCE_END_TO_CHARGED)
+    query(INSTANCE_END_TO_CHARGED)
         .bind(id)
         .execute(&mut *tx)
         .await?;
@@ -389,3 +389,12 @@ impl Store {
         Ok(written)
     }
 }
+
+/// Settling an attempt that an accrual pass already charged past the end its transaction read
+/// (the pass took the write lock first): it ends where it was charged to. Returns the moved end.
+const ATTEMPT_END_TO_CHARGED: &str = "UPDATE attempts SET finished_at = accrued_until \
+     WHERE id = $1 AND accrued_until > finished_at RETURNING finished_at";
+
+/// The same for an instance being terminated.
+const INSTANCE_END_TO_CHARGED: &str = "UPDATE instances SET ended_at = accrued_until \
+     WHERE id = $1 AND accrued_until > ended_at";

@@ -312,3 +312,8 @@ impl Store {
         })
     }
 }
+
+/// A node's attempts a heartbeat answers about (see [`heartbeat_stops`]); binds the node id.
+const NODE_LIVE_ATTEMPTS: &str = "SELECT a.id, a.job_id, a.epoch, a.state, \
+     j.cancel_requested FROM attempts a JOIN jobs j ON j.id = a.job_id \
+     WHERE a.node_id = $1 AND a.state IN ('assigned', 'running', 'preempting')";

@@ -233,3 +233,8 @@ impl Store {
         Ok(())
     }
 }
+
+/// Stores the explanation of a job's placement, only while that attempt is still its current
+/// one (a job placed again since keeps its newer explanation); binds json, job, attempt.
+const SET_EXPLANATION: &str =
+    "UPDATE jobs SET explanation_json = $1 WHERE id = $2 AND current_attempt = $3";

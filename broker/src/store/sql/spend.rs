@@ -185,3 +185,13 @@ impl Store {
             .collect()
     }
 }
+
+/// Each live cloud instance's hourly price and the team it is charged to now: the job running
+/// on its node (the earliest started, as the ledger's stretches pick), else the job it was
+/// launched for. Live: launched and not terminated, as the ledger accrues them.
+const LIVE_INSTANCE_PAYERS: &str = "SELECT i.hourly_price_micros, \
+     COALESCE((SELECT oj.team FROM attempts a JOIN jobs oj ON oj.id = a.job_id \
+     WHERE a.node_id = i.node_id AND a.started_at IS NOT NULL AND a.finished_at IS NULL \
+     ORDER BY a.started_at, a.id LIMIT 1), j.team) AS team \
+     FROM instances i LEFT JOIN jobs j ON j.id = i.for_job \
+     WHERE i.launched_at IS NOT NULL AND i.state <> 'terminated'";
