@@ -299,6 +299,7 @@ impl HeartbeatLoop {
                 inventory: self.last_inventory.clone(),
                 running: self.attempts.running(),
                 interruption,
+                serving: Vec::new(),
             };
             // The broker records the heartbeat when it hears it, after this: counting the
             // lease from here keeps the agent's deadline before the broker's.

@@ -203,6 +203,7 @@ mod tests {
             gpus: vec![],
             grace_s: 1,
             traceparent: None,
+            serve: None,
         }
     }
 

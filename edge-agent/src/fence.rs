@@ -314,6 +314,7 @@ mod tests {
             gpus: vec![],
             grace_s,
             traceparent: None,
+            serve: None,
         }
     }
 

@@ -386,6 +386,7 @@ mod tests {
             gpus: vec![0],
             grace_s,
             traceparent: None,
+            serve: None,
         }
     }
 

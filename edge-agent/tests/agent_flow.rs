@@ -277,6 +277,7 @@ fn lease(command: &[&str]) -> Lease {
         gpus: vec![1],
         grace_s: 1,
         traceparent: None,
+        serve: None,
     }
 }
 

@@ -423,6 +423,7 @@ fn lease(command: &[&str]) -> Lease {
         gpus: vec![0],
         grace_s: 1,
         traceparent: None,
+        serve: None,
     }
 }
 

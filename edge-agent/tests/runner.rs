@@ -34,6 +34,7 @@ fn lease(command: &[&str], grace_s: u64) -> Lease {
         gpus: vec![],
         grace_s,
         traceparent: None,
+        serve: None,
     }
 }
 

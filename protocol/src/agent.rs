@@ -93,6 +93,23 @@ pub struct Heartbeat {
     /// its live attempts in `stop` so that they checkpoint before the machine dies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interruption: Option<InterruptionNotice>,
+    /// Service replicas running here: where each listens and whether its readiness probe
+    /// passes. Left out of the JSON when empty (brokers from before services read the rest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub serving: Vec<ReplicaReport>,
+}
+
+/// A service replica as its agent sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaReport {
+    pub attempt: AttemptRef,
+    /// The address the gateway reaches the replica at (the agent's `--advertise-host`).
+    pub host: String,
+    /// The port the agent gave the replica in `$PORT`.
+    pub port: u16,
+    /// Its readiness probe passes (always true for a replica without one, once started).
+    pub ready: bool,
 }
 
 /// A cloud's notice that it will reclaim the machine, as read from its instance metadata
@@ -133,6 +150,29 @@ pub struct Lease {
     /// for the run joins it, and the job sees it as `TRACEPARENT`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// Set for a service replica: the agent gives it a free port in `$PORT`, probes it and
+    /// reports it in heartbeats (`Heartbeat::serving`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<ServeSpec>,
+}
+
+/// How the agent runs a service replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSpec {
+    /// `GET http://127.0.0.1:$PORT{path}` answered 2xx means ready; `None`: ready once started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<Readiness>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Readiness {
+    pub path: String,
+    pub period_ms: u64,
+    pub timeout_ms: u64,
+    /// Failed probes in a row before a ready replica is reported not ready.
+    pub failure_threshold: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

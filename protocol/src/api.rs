@@ -746,3 +746,221 @@ pub struct BudgetView {
 pub struct BudgetList {
     pub budgets: Vec<BudgetView>,
 }
+
+/// An inference service as deployed (`POST /api/v1/services`, `PUT …/{id}`; TOML through the
+/// CLI). Its replicas are jobs of kind `service` placed by the same planner. Only `name`,
+/// `team`, `command` and `resources.gpus` are required.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    pub name: String,
+    pub team: String,
+    #[serde(default)]
+    pub project: Option<String>,
+    /// argv; run without a shell. A replica listens on the port in `$PORT`.
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Per replica.
+    pub resources: ResourceSpec,
+    /// `normal` when left out. `critical` and `high` services preempt batch work.
+    #[serde(default)]
+    pub priority: Option<Priority>,
+    /// One replica when left out.
+    #[serde(default)]
+    pub replicas: Option<ReplicaRange>,
+    #[serde(default)]
+    pub scaling: Option<ScalingSpec>,
+    /// Minimum replicas at times of the week.
+    #[serde(default)]
+    pub schedule: Vec<ScheduleRule>,
+    /// `GET` on the replica's port; a replica gets traffic only while it passes.
+    #[serde(default)]
+    pub readiness: Option<ReadinessSpec>,
+    /// Where the service's callers are; shares sum to 1.
+    #[serde(default)]
+    pub callers: Vec<CallerShare>,
+    /// Allow-list of regions (empty: any region the policy allows).
+    #[serde(default)]
+    pub regions: Vec<String>,
+    /// The most network latency from the callers' regions to a replica's region.
+    #[serde(default)]
+    pub max_latency_ms: Option<u32>,
+    #[serde(default)]
+    pub spot: Option<ServiceSpot>,
+    /// USD per hour, per replica.
+    #[serde(default)]
+    pub max_price_per_hour: Option<f64>,
+    /// Anyone may call it through the gateway, without a token.
+    #[serde(default)]
+    pub public: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaRange {
+    pub min: i64,
+    pub max: i64,
+}
+
+/// The autoscaler's targets. Every field optional; a service with none scales on its schedule
+/// and `replicas.min` only.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScalingSpec {
+    #[serde(default)]
+    pub target_p95_latency_ms: Option<i64>,
+    #[serde(default)]
+    pub target_rps_per_replica: Option<f64>,
+    /// Requests a replica serves at once; more wait in the gateway's queue.
+    #[serde(default)]
+    pub max_concurrency_per_replica: Option<i64>,
+    /// Seconds of traffic the signals are computed over (default 30).
+    #[serde(default)]
+    pub window_s: Option<i64>,
+    /// Seconds a signal must hold before replicas are added (default 15).
+    #[serde(default)]
+    pub scale_up_delay_s: Option<i64>,
+    /// Seconds a signal must hold before replicas are removed (default 120).
+    #[serde(default)]
+    pub scale_down_delay_s: Option<i64>,
+}
+
+/// At least `min_replicas` on `days` from `from` to `to` (`HH:MM`, in `tz`, an IANA zone).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleRule {
+    /// `mon` … `sun`.
+    pub days: Vec<String>,
+    pub from: String,
+    pub to: String,
+    pub tz: String,
+    pub min_replicas: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadinessSpec {
+    /// Starts with `/`.
+    pub path: String,
+    /// Seconds between probes (default 2).
+    #[serde(default)]
+    pub period_s: Option<i64>,
+    /// Seconds a probe may take (default 1).
+    #[serde(default)]
+    pub timeout_s: Option<i64>,
+    /// Failed probes in a row before a ready replica is not ready (default 3).
+    #[serde(default)]
+    pub failure_threshold: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CallerShare {
+    /// A catalogue region id, e.g. `aws:us-east-1`.
+    pub region: String,
+    pub share: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpot {
+    pub rule: SpotRule,
+    /// Replicas kept on on-demand capacity whatever runs on spot (default 1).
+    #[serde(default)]
+    pub min_on_demand: Option<i64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceState {
+    /// No replica of the current version is ready yet.
+    Deploying,
+    /// At least the desired replicas of the current version are ready.
+    Ready,
+    /// Some, but fewer than desired, are ready.
+    Degraded,
+    /// Deleted: draining or gone.
+    Stopped,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaState {
+    Starting,
+    Ready,
+    Draining,
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReplicaView {
+    /// The replica's job.
+    pub job_id: Uuid,
+    pub spec_version: i64,
+    pub state: ReplicaState,
+    pub region: Option<String>,
+    pub pool: Option<String>,
+    pub node: Option<String>,
+    pub market: Option<String>,
+    /// Over the service's window, as the gateway saw it.
+    pub rps: f64,
+    pub in_flight: u32,
+    pub p95_ms: Option<f64>,
+}
+
+/// What the gateway saw over the service's window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TrafficView {
+    pub window_s: i64,
+    pub requests: u64,
+    pub errors: u64,
+    pub rps: f64,
+    pub p50_ms: Option<f64>,
+    pub p95_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceView {
+    pub id: Uuid,
+    pub name: String,
+    pub team: String,
+    pub project: Option<String>,
+    pub state: ServiceState,
+    /// `http://HOST:PORT/svc/TEAM/NAME/` on the gateway.
+    pub endpoint: String,
+    pub spec_version: i64,
+    pub desired_replicas: u32,
+    /// Why, in words ("schedule mon–fri 08:00–20:00: at least 4").
+    pub desired_reason: String,
+    pub replicas: Vec<ReplicaView>,
+    pub traffic: TrafficView,
+    /// What the ledger attributes to the service's replicas so far (USD).
+    pub cost_usd: f64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// The current version's spec, as deployed.
+    pub spec: ServiceSpec,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceList {
+    pub services: Vec<ServiceView>,
+}
+
+/// A scaling or placement decision about a service, with its reason.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceEventView {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    /// e.g. `deployed`, `updated`, `scaled`, `replica_started`, `replica_ready`,
+    /// `replica_failed`, `replica_drained`, `deleted`.
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceEventList {
+    pub events: Vec<ServiceEventView>,
+}

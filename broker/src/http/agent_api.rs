@@ -338,6 +338,7 @@ async fn work(
                     gpus: l.gpus,
                     grace_s: app.config.grace_s,
                     traceparent: l.trace_parent,
+                    serve: None,
                 })
                 .collect();
             return Ok(Json(WorkResponse { leases, stop }));

@@ -16,6 +16,7 @@ fn lease() -> Lease {
         gpus: vec![1, 3],
         grace_s: 0,
         traceparent: None,
+        serve: None,
     }
 }
 

@@ -1,0 +1,38 @@
+-- Inference services (issue 26). A service is a spec with versions; its replicas are jobs
+-- (kind `service`) that carry the service's id and the spec version they run, placed, leased,
+-- preempted and charged like any job. The service row keeps what the autoscaler decided
+-- (desired replicas and why); `service_events` every scaling and placement decision.
+CREATE TABLE services (
+    id TEXT PRIMARY KEY,
+    team TEXT NOT NULL,
+    project TEXT,
+    name TEXT NOT NULL,
+    spec_json TEXT NOT NULL,
+    spec_version INTEGER NOT NULL,
+    desired_replicas INTEGER NOT NULL,
+    desired_reason TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    -- Set by DELETE: its replicas drain, then it is gone from lists.
+    deleted_at INTEGER
+);
+CREATE UNIQUE INDEX services_live_name ON services (team, name) WHERE deleted_at IS NULL;
+
+CREATE TABLE service_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    service_id TEXT NOT NULL REFERENCES services(id),
+    at INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL,
+    details_json TEXT
+);
+CREATE INDEX service_events_by_service ON service_events (service_id, id);
+
+ALTER TABLE jobs ADD COLUMN service_id TEXT REFERENCES services(id);
+ALTER TABLE jobs ADD COLUMN service_version INTEGER;
+CREATE INDEX jobs_service ON jobs (service_id) WHERE service_id IS NOT NULL;
+
+-- Where a running replica listens (the agent's report) and whether its readiness probe passes.
+ALTER TABLE attempts ADD COLUMN serve_host TEXT;
+ALTER TABLE attempts ADD COLUMN serve_port INTEGER;
+ALTER TABLE attempts ADD COLUMN ready INTEGER NOT NULL DEFAULT 0;
