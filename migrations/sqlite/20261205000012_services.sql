@@ -30,6 +30,8 @@ CREATE INDEX service_events_by_service ON service_events (service_id, id);
 
 ALTER TABLE jobs ADD COLUMN service_id TEXT REFERENCES services(id);
 ALTER TABLE jobs ADD COLUMN service_version INTEGER;
+-- The replica's `Lease::serve` (readiness probe), as JSON, fixed for its spec version.
+ALTER TABLE jobs ADD COLUMN serve_json TEXT;
 CREATE INDEX jobs_service ON jobs (service_id) WHERE service_id IS NOT NULL;
 
 -- Where a running replica listens (the agent's report) and whether its readiness probe passes.
