@@ -923,6 +923,7 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
             spec_json: serde_json::to_string(&wire).unwrap(),
             submitted_at: t0,
             trace_parent: None,
+            replica: None,
         }
     };
     let (j1, j2) = (job("ml"), job("web"));
@@ -1199,6 +1200,7 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
         spec_json: serde_json::to_string(&wire).unwrap(),
         submitted_at: t0,
         trace_parent: None,
+        replica: None,
     };
     store.insert_job(&job).await.unwrap();
     let node = enrol_node(store.as_ref(), &pool.id, None, 4, t0, t0).await;

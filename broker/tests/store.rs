@@ -90,6 +90,7 @@ fn new_job(kind: &str) -> NewJob {
         spec_json: serde_json::to_string(&wire).unwrap(),
         submitted_at: T0,
         trace_parent: None,
+        replica: None,
     }
 }
 

@@ -338,7 +338,7 @@ async fn work(
                     gpus: l.gpus,
                     grace_s: app.config.grace_s,
                     traceparent: l.trace_parent,
-                    serve: None,
+                    serve: l.serve,
                 })
                 .collect();
             return Ok(Json(WorkResponse { leases, stop }));

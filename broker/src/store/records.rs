@@ -100,6 +100,16 @@ pub struct NewJob {
     pub submitted_at: Timestamp,
     /// W3C trace context of the submit span (only when traces are exported).
     pub trace_parent: Option<String>,
+    /// Set for a service's replica (inserted by the services reconciler, never batched).
+    pub replica: Option<ReplicaOf>,
+}
+
+/// The service a replica job runs, at which spec version, and how its agent serves it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicaOf {
+    pub service: uuid::Uuid,
+    pub version: i64,
+    pub serve: switchyard_protocol::agent::ServeSpec,
 }
 
 /// The `Idempotency-Key` of a submission: the key as sent, the scope it lives in (the
@@ -215,6 +225,8 @@ pub struct LeaseRecord {
     pub spec: JobSpec,
     pub gpus: Vec<u32>,
     pub trace_parent: Option<String>,
+    /// A service replica's serve spec (its port and readiness probe).
+    pub serve: Option<switchyard_protocol::agent::ServeSpec>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

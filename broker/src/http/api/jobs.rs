@@ -90,6 +90,7 @@ pub async fn submit(
         spec_json,
         submitted_at: now,
         trace_parent: switchyard_support::telemetry::traceparent(&span),
+        replica: None,
     };
     match &key {
         None => tracing::Instrument::instrument(app.store.insert_job(&job), span).await?,

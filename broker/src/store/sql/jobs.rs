@@ -7,9 +7,10 @@ impl Store {
     /// Inserts a new job (`queued`); answered once its row committed.
     pub async fn insert_job(&self, job: &NewJob) -> StoreResult<()> {
         match &self.submits {
-            // Batched with the submissions arriving meanwhile (`postgres/submits.rs`).
-            Some(submits) => submits.insert(job).await,
-            None => insert_job_row(&self.db, job).await,
+            // Batched with the submissions arriving meanwhile (`postgres/submits.rs`); a
+            // service's replica (from the reconciler) is written on its own.
+            Some(submits) if job.replica.is_none() => submits.insert(job).await,
+            _ => insert_job_row(&self.db, job).await,
         }
     }
 
@@ -252,10 +253,18 @@ impl Store {
 async fn insert_job_row<'c>(ex: impl Into<Ex<'c>>, job: &NewJob) -> StoreResult<()> {
     let core_spec =
         serde_json::to_string(&job.spec).map_err(|e| StoreError::Corrupt(format!("spec: {e}")))?;
+    let serve_json = match &job.replica {
+        Some(r) => Some(
+            serde_json::to_string(&r.serve)
+                .map_err(|e| StoreError::Corrupt(format!("serve spec: {e}")))?,
+        ),
+        None => None,
+    };
     query(
         "INSERT INTO jobs (id, team, project, name, state, priority, kind, spec_json, \
-         core_spec_json, submitted_at, deadline, trace_parent) \
-         VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11)",
+         core_spec_json, submitted_at, deadline, trace_parent, service_id, service_version, \
+         serve_json) \
+         VALUES ($1, $2, $3, $4, 'queued', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(job.id)
     .bind(&job.spec.team)
@@ -271,6 +280,9 @@ async fn insert_job_row<'c>(ex: impl Into<Ex<'c>>, job: &NewJob) -> StoreResult<
     .bind(job.submitted_at)
     .bind(job.spec.deadline)
     .bind(&job.trace_parent)
+    .bind(job.replica.as_ref().map(|r| r.service))
+    .bind(job.replica.as_ref().map(|r| r.version))
+    .bind(serve_json)
     .execute(ex)
     .await?;
     Ok(())

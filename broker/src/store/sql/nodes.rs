@@ -237,8 +237,8 @@ impl Store {
 
     pub async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>> {
         let rows = query(
-            "SELECT a.id, a.job_id, a.epoch, a.gpus_json, j.core_spec_json, j.trace_parent \
-             FROM attempts a \
+            "SELECT a.id, a.job_id, a.epoch, a.gpus_json, j.core_spec_json, j.trace_parent, \
+             j.serve_json FROM attempts a \
              JOIN jobs j ON j.id = a.job_id \
              WHERE a.node_id = $1 AND a.state = 'assigned' AND NOT j.cancel_requested \
              ORDER BY a.created_at, a.id",
@@ -255,6 +255,13 @@ impl Store {
                     gpus: parse_gpus(&r.get::<String>("gpus_json")?)?,
                     spec: parse_spec(&r.get::<String>("core_spec_json")?)?,
                     trace_parent: r.get("trace_parent")?,
+                    serve: r
+                        .get::<Option<String>>("serve_json")?
+                        .map(|s| {
+                            serde_json::from_str(&s)
+                                .map_err(|e| corrupt(format!("bad serve spec: {e}")))
+                        })
+                        .transpose()?,
                 })
             })
             .collect()
