@@ -38,6 +38,10 @@ pub enum ApiError {
         message: String,
         details: Option<serde_json::Value>,
     },
+    /// 422 `invalid_field`: a field of a well-formed body breaks a rule of its own. The
+    /// services API answers all bad input so (issue 26), where the jobs API answers 400.
+    #[error("{message}")]
+    InvalidEntity { field: String, message: String },
     /// 422 `policy_violation`: the team's policy can never allow this request; `field` names
     /// the request field, the message the policy rule.
     #[error("{message}")]
@@ -87,6 +91,15 @@ impl ApiError {
         }
     }
 
+    /// 422 `invalid_field` for one field of a well-formed body (see [`ApiError::InvalidEntity`]).
+    pub fn invalid_entity(field: impl Into<String>, message: impl Into<String>) -> ApiError {
+        let field = field.into();
+        ApiError::InvalidEntity {
+            message: format!("{field}: {}", message.into()),
+            field,
+        }
+    }
+
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             ApiError::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, code),
@@ -96,6 +109,7 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::Unprocessable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "unsatisfiable"),
+            ApiError::InvalidEntity { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_field"),
             ApiError::PolicyViolation { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "policy_violation")
             }
@@ -131,6 +145,7 @@ impl IntoResponse for ApiError {
         let (field, details) = match self {
             ApiError::BadRequest { field, .. } => (field, None),
             ApiError::Unprocessable { field, details, .. } => (field, details),
+            ApiError::InvalidEntity { field, .. } => (Some(field), None),
             ApiError::PolicyViolation { field, .. } => (Some(field), None),
             ApiError::IdempotencyKeyReused { .. } => (Some("Idempotency-Key".to_string()), None),
             _ => (None, None),
@@ -205,6 +220,10 @@ mod tests {
                     message: "regions: no pool in these regions".into(),
                     details: Some(serde_json::json!({"regions": ["aws:nowhere"]})),
                 },
+            ),
+            (
+                "invalid_entity",
+                ApiError::invalid_entity("replicas.min", "must not exceed replicas.max (8)"),
             ),
             (
                 "policy_violation",

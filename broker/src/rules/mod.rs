@@ -1,5 +1,6 @@
 //! Business rules: team policies and what-if, budgets, the conversion between wire and domain
-//! values (where dollars become micro-dollars), GPU-hour rates, and lease fencing. The loops and handlers call
+//! values (where dollars become micro-dollars), GPU-hour rates, lease fencing, and inference
+//! services' specs and schedules. The loops and handlers call
 //! them; they call no loop or handler. Pure but for three functions that read what they judge
 //! from the store: `policy::check_submit_against_store`, `budget::statuses` and
 //! `budget::round_policies`.
@@ -9,4 +10,5 @@ pub mod convert;
 pub mod lease;
 pub mod policy;
 pub mod rates;
+pub mod service;
 pub mod what_if;

@@ -513,3 +513,119 @@ pub struct LedgerEntry {
     pub period_end: Timestamp,
     pub amount: Money,
 }
+
+/// A service to create (`POST /services`): its first spec version and what it starts with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewService {
+    pub id: Uuid,
+    pub team: String,
+    pub project: Option<String>,
+    pub name: String,
+    /// The spec as deployed (wire JSON), served back to users.
+    pub spec_json: String,
+    pub desired_replicas: u32,
+    pub desired_reason: String,
+    pub created_at: Timestamp,
+}
+
+/// A service as stored: its current spec version, what the autoscaler decided, and what the
+/// ledger attributes to its replicas.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceRecord {
+    pub id: Uuid,
+    pub team: String,
+    pub project: Option<String>,
+    pub name: String,
+    pub spec_json: String,
+    /// 1 at creation; each `PUT` that changes the spec adds one.
+    pub spec_version: i64,
+    pub desired_replicas: u32,
+    pub desired_reason: String,
+    pub created_at: Timestamp,
+    /// When the spec last changed (or the service was deleted).
+    pub updated_at: Timestamp,
+    /// Set by `DELETE`: its replicas drain.
+    pub deleted_at: Option<Timestamp>,
+    /// The ledger's amounts for the service's replica jobs, all versions.
+    pub cost: Money,
+}
+
+/// What [`crate::store::Store::insert_service`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ServiceInsert {
+    Inserted(ServiceRecord),
+    /// The team has a live service of that name already (`existing`); nothing was written.
+    NameTaken {
+        existing: Uuid,
+    },
+}
+
+/// What [`crate::store::Store::update_service_spec`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ServiceUpdate {
+    /// A new spec version, with its `updated` event.
+    Updated(ServiceRecord),
+    NotFound,
+    /// Deleted: its spec no longer changes.
+    Deleted,
+    /// The compare-and-swap lost: the current version is `current`; nothing was written.
+    Stale {
+        current: i64,
+    },
+}
+
+/// What [`crate::store::Store::delete_service`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ServiceDelete {
+    /// Marked deleted now (desired replicas 0), with its `deleted` event.
+    Deleted(ServiceRecord),
+    NotFound,
+    /// Deleted before, at this time.
+    AlreadyDeleted(Timestamp),
+}
+
+/// One entry of a service's event log: a scaling or placement decision with its reason.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceEventRecord {
+    /// Increasing across all services: read on with `after`.
+    pub id: i64,
+    pub service: Uuid,
+    pub at: Timestamp,
+    /// `deployed`, `updated`, `scaled`, `deleted`, `replica_started`, …
+    pub kind: String,
+    pub message: String,
+    pub details_json: Option<String>,
+}
+
+/// A replica of a service: its job and, once placed, its current attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceReplicaRow {
+    pub job: JobId,
+    /// The spec version the replica runs.
+    pub service_version: i64,
+    pub job_state: JobState,
+    /// Drained (or cancelled by a user): the agent stops it, and it ends `cancelled`.
+    pub cancel_requested: bool,
+    /// When the job ended, if it has.
+    pub finished_at: Option<Timestamp>,
+    /// Why it failed or was cancelled, when it did.
+    pub reason: Option<String>,
+    pub attempt: Option<ReplicaAttemptRow>,
+}
+
+/// The current attempt of a replica: where it runs and how it serves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicaAttemptRow {
+    pub attempt: AttemptId,
+    pub state: crate::rules::lease::AttemptState,
+    pub node: NodeId,
+    pub pool: PoolId,
+    /// The pool's region (empty when the pool is no longer in the catalogue).
+    pub region: String,
+    pub market: Market,
+    /// Where the replica listens, as its agent reported it.
+    pub serve_host: Option<String>,
+    pub serve_port: Option<u16>,
+    /// Its readiness probe passes (the agent's last report).
+    pub ready: bool,
+}

@@ -26,6 +26,7 @@ mod nodes;
 mod plans;
 mod policies;
 mod rows;
+mod services;
 mod spend;
 mod types;
 
