@@ -18,6 +18,9 @@ pub struct Config {
     pub retire_nodes_at_start: bool,
     /// The URL agents and the CLI use to reach this broker; defaults to `http://{listen}`.
     pub public_url: Option<String>,
+    /// Where the services gateway listens (`up` and `serve` run one in-process): a service's
+    /// `endpoint` is `http://{gateway_listen}/svc/TEAM/NAME/`. `SWITCHYARD_GATEWAY_LISTEN`.
+    pub gateway_listen: SocketAddr,
     /// Holds the SQLite file and `admin.token`.
     pub data_dir: PathBuf,
     /// `sqlite://…` (defaults to `{data_dir}/switchyard.db`) or `postgres://…` (the
@@ -196,6 +199,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             retire_nodes_at_start: false,
             public_url: None,
+            gateway_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
             data_dir: PathBuf::from(".switchyard"),
             database_url: None,
             heartbeat_interval_s: 5,
@@ -268,6 +272,7 @@ impl Config {
         match name {
             "LISTEN" => set(&mut self.listen, &value)?,
             "PUBLIC_URL" => self.public_url = Some(value),
+            "GATEWAY_LISTEN" => set(&mut self.gateway_listen, &value)?,
             "DATA_DIR" => self.data_dir = PathBuf::from(value),
             "DATABASE_URL" => self.database_url = Some(value),
             "HEARTBEAT_INTERVAL_S" => set(&mut self.heartbeat_interval_s, &value)?,

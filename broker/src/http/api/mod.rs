@@ -10,6 +10,7 @@ pub mod jobs;
 pub mod nodes;
 mod openapi;
 pub mod policies;
+pub mod services;
 pub mod spend;
 pub mod tokens;
 
@@ -35,6 +36,7 @@ use crate::state::App;
     modifiers(&BearerAuth),
     tags(
         (name = "jobs", description = "Submit, watch and cancel jobs"),
+        (name = "services", description = "Inference services: replicas behind a gateway endpoint, autoscaled; deploy, update, delete, events"),
         (name = "catalogue", description = "Pools and regions with price, latency and capacity"),
         (name = "auth", description = "API, enrolment and agent tokens: create, list, revoke"),
         (name = "policies", description = "Team cost policies, what-if simulation and the audit log"),
@@ -63,6 +65,9 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(jobs::cancel))
         .routes(routes!(jobs::logs))
         .routes(routes!(jobs::placement))
+        .routes(routes!(services::create, services::list))
+        .routes(routes!(services::get, services::update, services::delete))
+        .routes(routes!(services::events))
         .routes(routes!(catalogue::pools))
         .routes(routes!(catalogue::regions))
         .routes(routes!(instances::list))
