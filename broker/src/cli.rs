@@ -1,6 +1,7 @@
 //! The `switchyard` client commands, one or more for each operation of the REST API: submit,
 //! jobs, job, explain, logs, cancel, pools, pool set, regions, nodes, node, instances, budgets,
-//! audit, tokens, enrolment and agent tokens, policies (get, set, list, what-if) and spend. They talk
+//! audit, tokens, enrolment and agent tokens, policies (get, set, list, what-if), spend, and
+//! services (deploy, list, get, events, delete). They talk
 //! to a broker over REST with a bearer token from `--token`, `SWITCHYARD_TOKEN`, or the
 //! `admin.token` file that `switchyard up` writes.
 //!
@@ -27,7 +28,8 @@ use switchyard_protocol::api::{
     AgentTokenList, AgentTokenRevoked, AuditList, BudgetList, CreateEnrolmentToken, CreateToken,
     EnrolmentTokenCreated, ErrorBody, InstanceList, JobList, JobSpec, JobState, JobView, LogPage,
     LogStream, NodeDetail, PolicyBody, PolicyList, PolicyView, PoolList, PoolPatch, PoolView,
-    QueueDelay, RegionList, Role, TokenCreated, TokenList, TokenView,
+    QueueDelay, RegionList, ReplicaState, Role, ServiceEventList, ServiceList, ServiceSpec,
+    ServiceState, ServiceView, TokenCreated, TokenList, TokenView,
 };
 
 /// `println!` that returns the write error (a closed pipe) instead of panicking.
@@ -1973,6 +1975,247 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
         table.row(vec!["TOTAL".into(), total]);
     }
     table.print()
+}
+
+// ---- Services (issue 26) ----
+
+/// Reads a service spec from a `.toml` or `.json` file, checked here so that a typo is
+/// reported before anything is sent.
+pub fn read_service(path: &Path) -> anyhow::Result<(Value, ServiceSpec)> {
+    let value = read_doc(path)?;
+    let spec: ServiceSpec = serde_json::from_value(value.clone())
+        .with_context(|| format!("{} is not a valid service spec", path.display()))?;
+    Ok((value, spec))
+}
+
+/// The services named `name` (of `team`, when given) that the caller sees: the live ones, or
+/// when there are none the deleted ones still draining.
+async fn services_named(
+    c: &Client,
+    name: &str,
+    team: Option<&str>,
+) -> anyhow::Result<Vec<ServiceView>> {
+    let mut pairs = vec![("name", name.to_string())];
+    if let Some(t) = team {
+        pairs.push(("team", t.to_string()));
+    }
+    let list: ServiceList = c
+        .get(&format!("/services?{}", encode_query(&pairs)))
+        .await?;
+    let (live, stopped): (Vec<ServiceView>, Vec<ServiceView>) = list
+        .services
+        .into_iter()
+        .partition(|s| s.state != ServiceState::Stopped);
+    Ok(if live.is_empty() { stopped } else { live })
+}
+
+/// The id of the service `name` names: an id as it is, else the one service of that name
+/// (`--team` chooses among teams).
+async fn service_id(c: &Client, name: &str, team: Option<&str>) -> anyhow::Result<String> {
+    if uuid::Uuid::parse_str(name).is_ok() {
+        return Ok(name.to_string());
+    }
+    let found = services_named(c, name, team).await?;
+    match found.as_slice() {
+        [] => bail!("no service named {:?}", printable(name)),
+        [one] => Ok(one.id.to_string()),
+        many => {
+            let teams: Vec<String> = many
+                .iter()
+                .map(|s| printable(&s.team).into_owned())
+                .collect();
+            bail!(
+                "several services are named {:?} (teams {}); pass --team",
+                printable(name),
+                teams.join(", ")
+            )
+        }
+    }
+}
+
+/// Replicas of the current version that are ready.
+fn ready_count(s: &ServiceView) -> usize {
+    s.replicas
+        .iter()
+        .filter(|r| r.state == ReplicaState::Ready && r.spec_version == s.spec_version)
+        .count()
+}
+
+/// `switchyard service deploy FILE`: creates the service, or deploys the file as a new
+/// version of the team's service of that name.
+pub async fn service_deploy(c: &Client, file: &Path) -> anyhow::Result<()> {
+    let (body, spec) = read_service(file)?;
+    let existing = services_named(c, &spec.name, Some(&spec.team))
+        .await?
+        .into_iter()
+        .find(|s| s.state != ServiceState::Stopped);
+    let (answer, before): (Value, Option<i64>) = match &existing {
+        Some(s) => (
+            c.call(
+                Method::PUT,
+                &format!("/services/{}", seg(&s.id.to_string())),
+                Some(&body),
+            )
+            .await?,
+            Some(s.spec_version),
+        ),
+        None => (c.call(Method::POST, "/services", Some(&body)).await?, None),
+    };
+    if printed_as_json(c.json, &answer)? {
+        return Ok(());
+    }
+    let s: ServiceView =
+        serde_json::from_value(answer).context("unexpected response to a deploy")?;
+    let name = format!("{}/{}", printable(&s.team), printable(&s.name));
+    match before {
+        None => out!("{name}: deployed, version {} ({})", s.spec_version, s.id),
+        Some(v) if v == s.spec_version => out!("{name}: unchanged, version {v}"),
+        Some(v) => out!("{name}: version {} (was {v}), rolling out", s.spec_version),
+    }
+    out!("endpoint  {}", printable(&s.endpoint));
+    Ok(())
+}
+
+/// `switchyard service list`: one line a service.
+pub async fn service_list(c: &Client, team: Option<String>) -> anyhow::Result<()> {
+    let path = match team {
+        Some(t) => format!("/services?{}", encode_query(&[("team", t)])),
+        None => "/services".to_string(),
+    };
+    let Some(list) = c.fetch::<ServiceList>(Method::GET, &path, None).await? else {
+        return Ok(());
+    };
+    let mut table = Table::new(&[
+        "NAME", "TEAM", "STATE", ">READY", ">VERSION", ">COST", "ENDPOINT",
+    ]);
+    for s in &list.services {
+        table.row(vec![
+            truncate(&printable(&s.name), 32),
+            truncate(&printable(&s.team), 16),
+            enum_name(&s.state),
+            format!("{}/{}", ready_count(s), s.desired_replicas),
+            s.spec_version.to_string(),
+            money(s.cost_usd),
+            printable(&s.endpoint).into_owned(),
+        ]);
+    }
+    table.print()
+}
+
+/// `switchyard service get NAME`: the state and endpoint first, then the desired replicas and
+/// why, each replica, traffic and cost.
+pub async fn service_get(c: &Client, name: &str, team: Option<&str>) -> anyhow::Result<()> {
+    let id = service_id(c, name, team).await?;
+    let path = format!("/services/{}", seg(&id));
+    let Some(s) = c.fetch::<ServiceView>(Method::GET, &path, None).await? else {
+        return Ok(());
+    };
+    let now = Utc::now();
+    let mut fields: Vec<(&str, String)> = vec![
+        ("id", s.id.to_string()),
+        ("state", enum_name(&s.state)),
+        ("endpoint", printable(&s.endpoint).into_owned()),
+        ("name", printable(&s.name).into_owned()),
+        (
+            "team",
+            match &s.project {
+                Some(p) => format!("{} (project {})", printable(&s.team), printable(p)),
+                None => printable(&s.team).into_owned(),
+            },
+        ),
+        ("version", s.spec_version.to_string()),
+        (
+            "replicas",
+            format!(
+                "{} ready of {} desired: {}",
+                ready_count(&s),
+                s.desired_replicas,
+                printable(&s.desired_reason)
+            ),
+        ),
+    ];
+    let t = &s.traffic;
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.0} ms"));
+    fields.push((
+        "traffic",
+        format!(
+            "{:.1} req/s, p50 {}, p95 {}, p99 {}, {} errors in {} requests over {} s",
+            t.rps,
+            ms(t.p50_ms),
+            ms(t.p95_ms),
+            ms(t.p99_ms),
+            t.errors,
+            t.requests,
+            t.window_s
+        ),
+    ));
+    fields.push(("cost", format!("{} so far", money(s.cost_usd))));
+    fields.push(("created", when(s.created_at, now)));
+    fields.push(("updated", when(s.updated_at, now)));
+    fields.push(("command", command_line(&s.spec.command)));
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in fields {
+        out!("{k:<width$}  {v}");
+    }
+    if !s.replicas.is_empty() {
+        out!("");
+        let mut table = Table::new(&[
+            "JOB", ">VERSION", "STATE", "REGION", "POOL", "NODE", "MARKET", ">RPS", ">P95",
+        ]);
+        let text = |v: &Option<String>| v.as_deref().map(|s| printable(s).into_owned());
+        for r in &s.replicas {
+            table.row(vec![
+                r.job_id.to_string(),
+                r.spec_version.to_string(),
+                enum_name(&r.state),
+                text(&r.region).unwrap_or_else(|| "-".into()),
+                text(&r.pool).unwrap_or_else(|| "-".into()),
+                text(&r.node).unwrap_or_else(|| "-".into()),
+                text(&r.market).unwrap_or_else(|| "-".into()),
+                format!("{:.1}", r.rps),
+                ms(r.p95_ms),
+            ]);
+        }
+        table.print()?;
+    }
+    Ok(())
+}
+
+/// `switchyard service events NAME`: every scaling and placement decision, oldest first.
+pub async fn service_events(c: &Client, name: &str, team: Option<&str>) -> anyhow::Result<()> {
+    let id = service_id(c, name, team).await?;
+    let path = format!("/services/{}/events?limit=1000", seg(&id));
+    let Some(list) = c
+        .fetch::<ServiceEventList>(Method::GET, &path, None)
+        .await?
+    else {
+        return Ok(());
+    };
+    let now = Utc::now();
+    let mut table = Table::new(&["AT", "KIND", "MESSAGE"]);
+    for e in &list.events {
+        table.row(vec![
+            when(e.at, now),
+            printable(&e.kind).into_owned(),
+            printable(&e.message).into_owned(),
+        ]);
+    }
+    table.print()
+}
+
+/// `switchyard service delete NAME`: its replicas drain, then stop.
+pub async fn service_delete(c: &Client, name: &str, team: Option<&str>) -> anyhow::Result<()> {
+    let id = service_id(c, name, team).await?;
+    let path = format!("/services/{}", seg(&id));
+    let Some(s) = c.fetch::<ServiceView>(Method::DELETE, &path, None).await? else {
+        return Ok(());
+    };
+    out!(
+        "{}/{}: deleted; its replicas drain, then stop",
+        printable(&s.team),
+        printable(&s.name)
+    );
+    Ok(())
 }
 
 #[cfg(test)]

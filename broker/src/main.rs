@@ -334,9 +334,66 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Inference services: deploy from a file, list, read, events, delete.
+    Service {
+        #[command(subcommand)]
+        command: ServiceCommand,
+    },
     /// Replay a job trace under Switchyard and the peers' strategies; writes report.json and
     /// SVG plots.
     Simulate(switchyard_broker::simulate::SimulateArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum ServiceCommand {
+    /// Deploy a service from a `.toml` or `.json` spec (the fields of `POST /services`): create
+    /// it, or, when its team has a service of that name, deploy the file as a new version (a
+    /// rolling update; the same spec again changes nothing).
+    Deploy {
+        /// The service spec (name, team, command, resources, replicas, scaling…).
+        file: PathBuf,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List services: state, ready of desired replicas, version, cost, endpoint.
+    List {
+        /// Only this team's services (developers always see only their own).
+        #[arg(long)]
+        team: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show one service: state, endpoint, desired replicas and why, each replica, traffic,
+    /// cost.
+    Get {
+        /// The service's name (or id).
+        name: String,
+        /// The service's team, where several teams have one of that name.
+        #[arg(long)]
+        team: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// A service's events, oldest first: every scaling and placement decision, with its reason.
+    Events {
+        /// The service's name (or id).
+        name: String,
+        /// The service's team, where several teams have one of that name.
+        #[arg(long)]
+        team: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Delete a service: its replicas drain (finishing their requests), then stop.
+    Delete {
+        /// The service's name (or id).
+        name: String,
+        /// The service's team, where several teams have one of that name.
+        #[arg(long)]
+        team: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -738,6 +795,23 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
             };
             done(cli::spend(&connect(&client)?, &query, csv).await)
         }
+        Command::Service { command } => match command {
+            ServiceCommand::Deploy { file, client } => {
+                done(cli::service_deploy(&connect(&client)?, &file).await)
+            }
+            ServiceCommand::List { team, client } => {
+                done(cli::service_list(&connect(&client)?, team).await)
+            }
+            ServiceCommand::Get { name, team, client } => {
+                done(cli::service_get(&connect(&client)?, &name, team.as_deref()).await)
+            }
+            ServiceCommand::Events { name, team, client } => {
+                done(cli::service_events(&connect(&client)?, &name, team.as_deref()).await)
+            }
+            ServiceCommand::Delete { name, team, client } => {
+                done(cli::service_delete(&connect(&client)?, &name, team.as_deref()).await)
+            }
+        },
         Command::Simulate(sim) => {
             switchyard_broker::simulate::run(&sim)?;
             eprintln!(
