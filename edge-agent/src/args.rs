@@ -123,6 +123,20 @@ pub struct AgentArgs {
     )]
     pub pass_env: Vec<String>,
 
+    /// The address at which the gateway reaches this machine's service replicas (an IP address
+    /// or a host name, no port): each replica listens on the port the agent gives it in
+    /// `$PORT`, and heartbeats report it as HOST:PORT. Set it to an address the gateway can
+    /// reach when the gateway runs on another machine (the replica must then listen on
+    /// 0.0.0.0, not 127.0.0.1).
+    #[arg(
+        long,
+        env = "SWITCHYARD_ADVERTISE_HOST",
+        value_name = "HOST",
+        default_value = "127.0.0.1",
+        value_parser = parse_host
+    )]
+    pub advertise_host: String,
+
     /// Shut down in an orderly way (drain, as on SIGTERM) when stdin reaches end of file: the
     /// process that started the agent holds the other end of a pipe, so the agent ends when
     /// that process dies, however it dies (`switchyard up` uses it).
@@ -153,6 +167,7 @@ impl AgentArgs {
             job_uids: None,
             work_dir: None,
             pass_env: Vec::new(),
+            advertise_host: "127.0.0.1".to_string(),
             exit_on_stdin_eof: false,
         }
     }
@@ -197,6 +212,30 @@ impl FromStr for UidRange {
         }
         Ok(UidRange { start, end })
     }
+}
+
+/// An `--advertise-host`: an IP address (v4, or v6 without brackets) or a DNS name; no scheme,
+/// port or path, since the gateway adds the replica's port.
+fn parse_host(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(s.to_string());
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    let name = s.strip_suffix('.').unwrap_or(s);
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!(
+            "invalid host `{s}`: expected an IP address or a host name such as 10.0.0.5 or \
+             gpu-7.internal, without a port"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 /// An environment variable's name for `--pass-env`: not empty, no `=` or NUL.
@@ -472,6 +511,41 @@ mod tests {
         for bad in ["A=B", "", "SWITCHYARD_ENROL_TOKEN"] {
             assert!(
                 parse(&["--broker", "http://b", "--pass-env", bad]).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_advertised_host_defaults_to_loopback_and_takes_no_port() {
+        let a = parse(&["--broker", "http://b"]).unwrap();
+        assert_eq!(a.advertise_host, "127.0.0.1");
+        assert_eq!(
+            AgentArgs::new("http://b".parse().unwrap()).advertise_host,
+            "127.0.0.1"
+        );
+        for good in [
+            "10.0.0.5",
+            "fd00::7",
+            "gpu-7.internal",
+            "node1",
+            "gpu-7.internal.",
+        ] {
+            let a = parse(&["--broker", "http://b", "--advertise-host", good]).unwrap();
+            assert_eq!(a.advertise_host, good);
+        }
+        for bad in [
+            "",
+            "10.0.0.5:8080",
+            "http://gpu-7",
+            "gpu_7",
+            "-gpu",
+            "a..b",
+            "[fd00::7]",
+            "gpu 7",
+        ] {
+            assert!(
+                parse(&["--broker", "http://b", "--advertise-host", bad]).is_err(),
                 "{bad}"
             );
         }
