@@ -9,6 +9,10 @@
 //! leases — and is reported on an immediate heartbeat, then on every later one; the broker
 //! answers with the attempts to stop, which get SIGTERM (their checkpoint signal) and grace.
 //!
+//! Service replicas ([`crate::serving`]) are reported in every heartbeat's `serving`; when that
+//! report changes (a replica appears, becomes ready or not ready, is stopped, or ends), a
+//! heartbeat goes at once rather than at the next tick, so that the gateway learns of it.
+//!
 //! Self-fencing ([`crate::fence`]): every answered heartbeat renews the lease from when it was
 //! sent; a fence task stops every job before the broker may requeue it, and no lease is taken
 //! while the lease is not renewed.
@@ -22,6 +26,7 @@ use crate::interruption::Watcher;
 use crate::inventory::{self, GpuProbe};
 use crate::outbox::{EventSink, Outbox};
 use crate::runner::{self, RunOptions};
+use crate::serving::Serving;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -92,6 +97,8 @@ pub async fn serve(
             drain: drain_tx,
             notice: notice_rx,
             watching,
+            serving_changes: enrolled.run.serving.subscribe(),
+            serving: enrolled.run.serving.clone(),
         };
         let period = enrolled.heartbeat;
         async move {
@@ -259,6 +266,13 @@ async fn drained(drain: &mut watch::Receiver<bool>) {
     }
 }
 
+/// Resolves at the next change; never when the sender is gone (the agent is ending anyway).
+async fn changed(rx: &mut watch::Receiver<u64>) {
+    if rx.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// The heartbeat side: reports inventory and running attempts, applies stops and drain.
 struct HeartbeatLoop {
     /// Renewed by every answered heartbeat.
@@ -272,6 +286,10 @@ struct HeartbeatLoop {
     notice: watch::Receiver<Option<InterruptionNotice>>,
     /// Whether a watcher may still publish a notice.
     watching: bool,
+    /// The service replicas, reported in `serving`.
+    serving: Arc<Serving>,
+    /// Changes when what `serving` reports does.
+    serving_changes: watch::Receiver<u64>,
 }
 
 impl HeartbeatLoop {
@@ -292,14 +310,20 @@ impl HeartbeatLoop {
                     self.set_drain(true);
                     ticker.reset();
                 }
+                () = changed(&mut self.serving_changes) => {
+                    // A replica became ready (or not, or went away): the gateway must know now.
+                    ticker.reset();
+                }
             }
             self.refresh_inventory().await;
             let interruption = self.notice.borrow().clone();
+            // Changes from here on are not in this beat: they bring another.
+            self.serving_changes.borrow_and_update();
             let beat = Heartbeat {
                 inventory: self.last_inventory.clone(),
                 running: self.attempts.running(),
                 interruption,
-                serving: Vec::new(),
+                serving: self.serving.reports(),
             };
             // The broker records the heartbeat when it hears it, after this: counting the
             // lease from here keeps the agent's deadline before the broker's.

@@ -13,7 +13,8 @@
 //!   cwd and `HOME`; removed when the attempt ends. The root is 0711: job uids can reach their
 //!   own directory but cannot list the others.
 //! - **Environment.** Cleared, then [`job_env`]: a fixed `PATH`, `HOME`, `LANG`, `TZ`, the
-//!   `--pass-env` variables, the job's own `env`, and the four variables the agent decides.
+//!   `--pass-env` variables, the job's own `env`, and the four variables the agent decides (five
+//!   for a service replica: its `PORT`).
 //!
 //! An agent that is not root cannot change uids: its jobs run as its own user, in their own
 //! directory and clean environment, and it reports `isolation: false`.
@@ -211,11 +212,13 @@ impl Drop for JobSpace {
 
 /// A job's environment: the fixed base, the `--pass-env` variables, the job's own `env`, then
 /// the variables the agent decides (job and attempt ids, GPUs, trace context), which the job
-/// cannot override — nor set when the agent leaves one out (no trace context).
+/// cannot override — nor set when the agent leaves one out (no trace context). A service
+/// replica also gets `PORT`, the port the agent chose for it, which its `env` cannot override.
 pub fn job_env(
     lease: &Lease,
     home: &Path,
     pass_env: &[(OsString, OsString)],
+    port: Option<u16>,
 ) -> BTreeMap<OsString, OsString> {
     let mut env: BTreeMap<OsString, OsString> = [
         ("PATH", OsString::from(JOB_PATH)),
@@ -253,6 +256,10 @@ pub fn job_env(
         if let Some(value) = value {
             env.insert(name.into(), value.into());
         }
+    }
+    // A service replica listens where the agent says; a batch job's own `PORT` is its own.
+    if let Some(port) = port {
+        env.insert("PORT".into(), port.to_string().into());
     }
     env
 }

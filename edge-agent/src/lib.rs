@@ -11,7 +11,7 @@
 //! (heartbeat, work, shutdown), `attempts` (what runs), `runner` and `group` (processes),
 //! `isolation` (each job's uid, directory and clean environment), `logs` (output → chunks),
 //! `outbox` (ordered delivery), `backoff`, `interruption` (the cloud's spot interruption
-//! notice).
+//! notice), `serving` (service replicas: their `$PORT`, readiness probes and reports).
 //! The agent never touches the database and depends only on `protocol` and `core`.
 
 pub mod agent;
@@ -30,6 +30,7 @@ pub mod isolation;
 pub mod logs;
 pub mod outbox;
 pub mod runner;
+pub mod serving;
 /// Logging and tracing set-up: shared with the broker, in `switchyard-support`.
 pub use switchyard_support::telemetry;
 
@@ -199,6 +200,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         run: RunOptions {
             default_grace: Duration::from_secs(args.grace_s),
             sandbox,
+            serving: Arc::new(serving::Serving::new(args.advertise_host.clone())?),
         },
         interruption,
         lease,

@@ -4,12 +4,16 @@
 //! `Finished`, and stops the whole group on request: SIGTERM, the grace period, SIGKILL. It
 //! reports through the outbox channel and never talks to the broker. The job's argv is the
 //! user's and may hold secrets: it is logged at DEBUG only.
+//!
+//! A service replica (a lease with `serve`) also gets a port in `$PORT` and a readiness probe
+//! for as long as its process lives ([`crate::serving`]).
 
 use crate::attempts::{StopReason, StopSignal};
 use crate::group::{self, Termination};
 use crate::isolation::{JobSpace, Sandbox, job_env};
 use crate::logs::{self, COALESCE_WINDOW};
 use crate::outbox::EventSink;
+use crate::serving::{Reservation, Serving};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
@@ -30,6 +34,8 @@ pub struct RunOptions {
     pub default_grace: Duration,
     /// Where and as whom jobs run.
     pub sandbox: Arc<Sandbox>,
+    /// The agent's service replicas: their ports, probes and reports.
+    pub serving: Arc<Serving>,
 }
 
 /// The longest grace period the agent grants: a day. The lease comes from the network, and a
@@ -61,7 +67,7 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
     };
     let launch = tracing::info_span!("job.launch", job.id = %attempt.job_id, attempt.id = %attempt.attempt_id);
     crate::telemetry::set_parent(&launch, lease.traceparent.as_deref());
-    let Some((child, space)) = launch_attempt(&lease, &report, &mut stop, &opts.sandbox)
+    let Some(launched) = launch_attempt(&lease, &report, &mut stop, &opts)
         .instrument(launch)
         .await
     else {
@@ -71,19 +77,27 @@ pub async fn run_attempt(lease: Lease, sink: EventSink, mut stop: StopSignal, op
         tracing::info_span!("job.run", job.id = %attempt.job_id, attempt.id = %attempt.attempt_id);
     crate::telemetry::set_parent(&span, lease.traceparent.as_deref());
     let grace = grace_of(&lease, &opts);
-    supervise(child, space, &lease, &report, &sink, stop, grace)
+    supervise(launched, &lease, &report, &sink, stop, grace)
         .instrument(span)
         .await;
 }
 
-/// Spawns the lease's process in a space of its own, unless a stop came first; either way
-/// reports what kept it from starting. The child and its space when it started.
+/// A started attempt: what its runner holds until the process ends.
+struct Launched {
+    child: Child,
+    space: JobSpace,
+    /// A service replica's port and probe.
+    replica: Option<Reservation>,
+}
+
+/// Spawns the lease's process in a space of its own (a service replica with its port),
+/// unless a stop came first; either way reports what kept it from starting.
 async fn launch_attempt(
     lease: &Lease,
     report: &Reporter<'_>,
     stop: &mut StopSignal,
-    sandbox: &Sandbox,
-) -> Option<(Child, JobSpace)> {
+    opts: &RunOptions,
+) -> Option<Launched> {
     tracing::info!(gpus = ?lease.gpus, "lease taken");
     let stopped_early = *stop.borrow_and_update();
     if let Some(reason) = stopped_early {
@@ -95,17 +109,39 @@ async fn launch_attempt(
         }
         return None;
     }
-    // A space whose process could not start is dropped: its directory goes, its uid is free.
-    let started = sandbox
-        .enter(&lease.attempt)
-        .and_then(|space| spawn(lease, &space, sandbox).map(|child| (child, space)));
+    let sandbox = &opts.sandbox;
+    // A space whose process could not start is dropped: its directory goes, its uid is free;
+    // so is a replica's port. The port is chosen last, just before the spawn, so that the
+    // window in which another program may take it is as short as the agent can make it.
+    let started = sandbox.enter(&lease.attempt).and_then(|space| {
+        let replica = match &lease.serve {
+            Some(_) => Some(opts.serving.reserve(&lease.attempt).map_err(|e| {
+                format!("failed to start the service replica: no free port for it: {e}")
+            })?),
+            None => None,
+        };
+        let port = replica.as_ref().map(Reservation::port);
+        spawn(lease, &space, sandbox, port).map(|child| (child, space, replica))
+    });
     match started {
-        Ok((child, space)) => {
+        Ok((child, space, mut replica)) => {
             let pid = child.id().unwrap_or_default();
             tracing::info!(pid, uid = ?space.uid(), "job started");
             // The argv is the user's and may hold secrets: never at INFO.
             tracing::debug!(pid, command = ?lease.command, "job command");
-            Some((child, space))
+            if let (Some(replica), Some(serve)) = (&mut replica, &lease.serve) {
+                tracing::info!(
+                    port = replica.port(),
+                    probe = serve.readiness.as_ref().map(|r| r.path.as_str()),
+                    "service replica started"
+                );
+                replica.started(serve.readiness.as_ref());
+            }
+            Some(Launched {
+                child,
+                space,
+                replica,
+            })
         }
         Err(reason) => {
             tracing::warn!(error = %reason, "job could not be started");
@@ -119,14 +155,18 @@ async fn launch_attempt(
 /// Watches a started attempt to its end (or stops it on request) and reports its output and
 /// how it ended.
 async fn supervise(
-    mut child: Child,
-    space: JobSpace,
+    launched: Launched,
     lease: &Lease,
     report: &Reporter<'_>,
     sink: &EventSink,
     mut stop: StopSignal,
     grace: Duration,
 ) {
+    let Launched {
+        mut child,
+        space,
+        mut replica,
+    } = launched;
     let attempt = &lease.attempt;
     // The id is known until the child is reaped, which has not happened yet.
     let pid = child.id().unwrap_or_default();
@@ -168,6 +208,8 @@ async fn supervise(
     let started = Instant::now();
     let (status, stopped) = tokio::select! {
         status = child.wait() => {
+            // A replica whose process ended is no longer reported.
+            replica = None;
             // The job is over when its leader is; anything it left in its group would hold
             // GPUs the broker now counts as free (a fence meanwhile shortens their grace).
             let _ = stop_group(pid, grace, &mut stop).await;
@@ -179,10 +221,15 @@ async fn supervise(
                 _ => grace,
             };
             tracing::info!(?reason, grace_ms = grace.as_millis() as u64, "stopping job");
+            // SIGTERM: a replica takes no new requests from now on.
+            if let Some(replica) = &replica {
+                replica.stopping();
+            }
             let (status, how) = tokio::join!(wait_for(&mut child), stop_group(pid, grace, &mut stop));
             (status, Some((reason, how)))
         }
     };
+    drop(replica);
 
     // Whatever still runs as the job's uid (out of its group, say) must not outlive it: it
     // would hold the GPUs the broker now counts as free, and see the next job with that uid.
@@ -303,14 +350,19 @@ fn stop_message(reason: StopReason, how: &str) -> String {
 /// The lease's argv as a new process group with piped output, in its space: its directory,
 /// a clean environment (nothing of the agent's: its token, the operator's credentials) and,
 /// when isolated, its uid and gid (std drops the supplementary groups when root sets a uid).
-fn spawn(lease: &Lease, space: &JobSpace, sandbox: &Sandbox) -> Result<Child, String> {
+fn spawn(
+    lease: &Lease,
+    space: &JobSpace,
+    sandbox: &Sandbox,
+    port: Option<u16>,
+) -> Result<Child, String> {
     let Some((program, args)) = lease.command.split_first() else {
         return Err("failed to start the job: its command is empty".to_string());
     };
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()
-        .envs(job_env(lease, space.dir(), sandbox.pass_env()))
+        .envs(job_env(lease, space.dir(), sandbox.pass_env(), port))
         .current_dir(space.dir());
     if let Some(uid) = space.uid() {
         cmd.uid(uid).gid(uid);
@@ -401,9 +453,11 @@ mod tests {
     #[test]
     fn a_huge_grace_from_the_broker_is_capped() {
         let (_dir, sandbox) = sandbox();
+        let serving = Arc::new(Serving::new("127.0.0.1").unwrap());
         let opts = RunOptions {
             default_grace: Duration::from_secs(30),
             sandbox: sandbox.clone(),
+            serving: serving.clone(),
         };
         for grace_s in [u64::MAX, u64::MAX / 1000, 86_401] {
             let grace = grace_of(&lease(grace_s), &opts);
@@ -419,6 +473,7 @@ mod tests {
         let huge_default = RunOptions {
             default_grace: Duration::MAX,
             sandbox,
+            serving,
         };
         assert_eq!(grace_of(&lease(0), &huge_default), MAX_GRACE);
     }
@@ -431,7 +486,7 @@ mod tests {
         l.command = vec!["sh".into(), "-c".into(), "trap '' TERM; sleep 300".into()];
         let (_dir, sandbox) = sandbox();
         let space = sandbox.enter(&l.attempt).unwrap();
-        let mut child = spawn(&l, &space, &sandbox).unwrap();
+        let mut child = spawn(&l, &space, &sandbox, None).unwrap();
         let pid = child.id().unwrap();
         // Let the shell set its trap before the first SIGTERM.
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -15,6 +15,7 @@ use switchyard_agent::isolation::{JOB_PATH, Sandbox, processes_of};
 use switchyard_agent::logs::MAX_CHUNK_BYTES;
 use switchyard_agent::outbox::EventSink;
 use switchyard_agent::runner::{RunOptions, run_attempt};
+use switchyard_agent::serving::Serving;
 use switchyard_protocol::agent::{AgentEvent, AttemptRef, Lease, Stream};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
@@ -47,6 +48,11 @@ struct Attempt {
     _work: Option<tempfile::TempDir>,
 }
 
+/// The agent's table of service replicas (none of these leases is one).
+fn serving() -> Arc<Serving> {
+    Arc::new(Serving::new("127.0.0.1").unwrap())
+}
+
 /// A sandbox without uids (jobs run as the test's user) in a fresh work root.
 fn plain_sandbox(pass_env: Vec<(OsString, OsString)>) -> (tempfile::TempDir, Arc<Sandbox>) {
     let dir = tempfile::tempdir().unwrap();
@@ -72,6 +78,7 @@ impl Attempt {
         let opts = RunOptions {
             default_grace: Duration::from_secs(10),
             sandbox,
+            serving: serving(),
         };
         tokio::spawn(run_attempt(lease, sink, stop, opts));
         Attempt {
@@ -370,6 +377,7 @@ async fn a_lease_not_started_when_the_agent_shuts_down_is_drained_too() {
     let opts = RunOptions {
         default_grace: Duration::from_secs(1),
         sandbox,
+        serving: serving(),
     };
     run_attempt(l, sink, stop, opts).await;
     let mut seen = Vec::new();

@@ -36,7 +36,7 @@ fn root() -> bool {
 
 #[test]
 fn a_job_env_is_the_fixed_base_and_the_jobs_own() {
-    let env = job_env(&lease(), Path::new("/w/2"), &[]);
+    let env = job_env(&lease(), Path::new("/w/2"), &[], None);
     assert_eq!(
         as_strings(&env),
         [
@@ -75,7 +75,7 @@ fn the_job_overrides_the_base_and_pass_env_but_never_the_agents_variables() {
             OsString::from("http://proxy:3128"),
         ),
     ];
-    let env = as_strings(&job_env(&l, Path::new("/w/2"), &pass));
+    let env = as_strings(&job_env(&l, Path::new("/w/2"), &pass, None));
     let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     assert_eq!(get("PATH"), Some("/opt/bin"));
     assert_eq!(get("FOO"), Some("bar"));
@@ -88,8 +88,21 @@ fn the_job_overrides_the_base_and_pass_env_but_never_the_agents_variables() {
     );
     assert_eq!(get("TRACEPARENT"), None, "no trace context: none forged");
     l.traceparent = Some("00-abc-def-01".into());
-    let env = as_strings(&job_env(&l, Path::new("/w/2"), &pass));
+    let env = as_strings(&job_env(&l, Path::new("/w/2"), &pass, None));
     assert!(env.contains(&("TRACEPARENT".into(), "00-abc-def-01".into())));
+}
+
+#[test]
+fn a_replica_gets_the_agents_port_and_a_batch_job_keeps_its_own() {
+    let mut l = lease();
+    l.env.insert("PORT".into(), "1234".into());
+    let env = as_strings(&job_env(&l, Path::new("/w/2"), &[], Some(41000)));
+    assert!(env.contains(&("PORT".into(), "41000".into())), "{env:?}");
+    assert!(!env.contains(&("PORT".into(), "1234".into())));
+    let env = as_strings(&job_env(&l, Path::new("/w/2"), &[], None));
+    assert!(env.contains(&("PORT".into(), "1234".into())), "{env:?}");
+    let env = as_strings(&job_env(&lease(), Path::new("/w/2"), &[], None));
+    assert!(env.iter().all(|(k, _)| k != "PORT"), "{env:?}");
 }
 
 #[test]
