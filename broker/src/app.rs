@@ -25,6 +25,8 @@ pub struct Running {
     pub burst: JoinHandle<()>,
     /// The ledger's accrual loop.
     pub ledger: JoinHandle<()>,
+    /// The services reconciler.
+    pub services: JoinHandle<()>,
     /// The leader election.
     pub election: JoinHandle<()>,
     /// Writes buffered heartbeats.
@@ -41,6 +43,7 @@ impl Running {
         self.scheduler.abort();
         self.burst.abort();
         self.ledger.abort();
+        self.services.abort();
         self.heartbeat_writer.abort();
         // The one writer of heartbeats (heartbeats.rs) is gone before the last write here.
         for _ in 0..100 {
@@ -113,6 +116,8 @@ impl App {
             agents,
             providers,
             burst: Arc::new(Notify::new()),
+            services: Arc::new(Notify::new()),
+            traffic: Default::default(),
             metrics: crate::http::metrics::Metrics::default(),
             leadership,
             heartbeats: Default::default(),
@@ -123,12 +128,14 @@ impl App {
         let scheduler = tokio::spawn(worker.run(app.clone()));
         let burst = tokio::spawn(crate::control::burst::run(app.clone()));
         let ledger = tokio::spawn(crate::control::ledger::run(app.clone()));
+        let services = tokio::spawn(crate::control::services::run(app.clone()));
         let heartbeat_writer = tokio::spawn(crate::control::heartbeats::run(app.clone()));
         Ok(Running {
             app,
             scheduler,
             burst,
             ledger,
+            services,
             election,
             heartbeat_writer,
             created_admin_token,

@@ -22,6 +22,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod gateway;
 pub mod http;
 pub mod rules;
 pub mod simulate;

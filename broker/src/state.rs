@@ -31,6 +31,10 @@ pub struct AppInner {
     pub providers: ProviderSet,
     /// Wakes the burst controller when the scheduler asked for launches.
     pub burst: Arc<Notify>,
+    /// Wakes the services reconciler when a service was deployed, changed or deleted.
+    pub services: Arc<Notify>,
+    /// What the services gateway saw (`gateway/traffic.rs`).
+    pub traffic: Arc<crate::gateway::traffic::Traffic>,
     /// Counters and histograms for `/metrics`.
     pub metrics: crate::http::metrics::Metrics,
     /// Whether this replica leads (runs the scheduler, burst controller and ledger).

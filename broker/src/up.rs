@@ -46,6 +46,8 @@ pub fn up_config(opts: &UpOptions) -> Config {
     };
     Config {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], opts.port)),
+        // The services gateway on the next port (8081 next to the default 8080).
+        gateway_listen: std::net::SocketAddr::from(([127, 0, 0, 1], opts.port.saturating_add(1))),
         retire_nodes_at_start: true,
         data_dir: opts.data_dir.clone(),
         database_url: opts.database_url.clone(),
@@ -102,6 +104,14 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
             config.listen
         )
     })?;
+    let gateway_listener = TcpListener::bind(config.gateway_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "binding the services gateway on {} (is another broker running? try --port)",
+                config.gateway_listen
+            )
+        })?;
     let url = config.public_url();
     let agent_program = std::env::current_exe().context("locating the switchyard binary")?;
     let log_dir = opts.data_dir.join("agents");
@@ -129,6 +139,14 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     let mut server = tokio::spawn(server::serve(app.clone(), listener, async move {
         let _ = rx.wait_for(|stop| *stop).await;
     }));
+    let mut rx = shutdown_rx.clone();
+    let gateway = tokio::spawn(crate::gateway::serve(
+        app.clone(),
+        gateway_listener,
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        },
+    ));
 
     let pool = PoolId(ONPREM_POOL.into());
     for i in 1..=opts.agents {
@@ -147,6 +165,10 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     println!("Switchyard is up: {url}");
     println!("  console      {url}/");
     println!("  OpenAPI      {url}/openapi.json");
+    println!(
+        "  gateway      http://{}/svc/TEAM/NAME/ (services)",
+        config.gateway_listen
+    );
     println!(
         "  admin token  {} (written at first start)",
         token_path.display()
@@ -180,6 +202,10 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     match tokio::time::timeout(Duration::from_secs(10), server).await {
         Ok(res) => res.context("server task")??,
         Err(_) => tracing::warn!("server did not stop within 10 s"),
+    }
+    match tokio::time::timeout(Duration::from_secs(10), gateway).await {
+        Ok(res) => res.context("gateway task")??,
+        Err(_) => tracing::warn!("the gateway did not stop within 10 s"),
     }
     Ok(())
 }

@@ -32,6 +32,9 @@ ALTER TABLE jobs ADD COLUMN service_id UUID REFERENCES services(id);
 ALTER TABLE jobs ADD COLUMN service_version BIGINT;
 -- The replica's `Lease::serve` (readiness probe), as JSON, fixed for its spec version.
 ALTER TABLE jobs ADD COLUMN serve_json TEXT;
+-- When the reconciler began draining the replica: the gateway sends it nothing new from
+-- then on, and its job is cancelled once its requests in flight are done.
+ALTER TABLE jobs ADD COLUMN drain_at TIMESTAMPTZ;
 CREATE INDEX jobs_service ON jobs (service_id) WHERE service_id IS NOT NULL;
 
 -- Where a running replica listens (the agent's report) and whether its readiness probe passes.

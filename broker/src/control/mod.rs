@@ -1,7 +1,7 @@
 //! The loops that act over time, on the leader (the bus and heartbeat batching on every
 //! replica): the scheduler (plan, commit, explain), the burst controller (launch, boot timeout,
-//! idle release, orphan reaping), the ledger's accrual, leader election, the heartbeat writer,
-//! and the notes replicas send each other.
+//! idle release, orphan reaping), the ledger's accrual, the services reconciler (replicas),
+//! leader election, the heartbeat writer, and the notes replicas send each other.
 
 pub mod burst;
 pub mod bus;
@@ -9,3 +9,4 @@ pub mod heartbeats;
 pub mod leader;
 pub mod ledger;
 pub mod scheduler;
+pub mod services;

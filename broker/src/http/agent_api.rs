@@ -231,6 +231,9 @@ async fn heartbeat(
             check_text("interruption.at", at, MAX_TEXT)?;
         }
     }
+    for r in &hb.serving {
+        check_text("serving.host", &r.host, MAX_TEXT)?;
+    }
     let now = app.clock.now();
     app.telemetry.record(&node.id, &hb.inventory, now);
     let mut stop = if node.healthy {
@@ -261,6 +264,16 @@ async fn heartbeat(
         }
         beat.stop
     };
+    if !hb.serving.is_empty()
+        && !app
+            .store
+            .record_serving(&node.id, &hb.serving, now)
+            .await?
+            .is_empty()
+    {
+        // A replica became ready or stopped being: the reconciler may now replace old ones.
+        app.services.notify_one();
+    }
     if let Some(notice) = &hb.interruption {
         for s in interrupted(&app, &node, notice).await? {
             if !stop.contains(&s) {

@@ -10,5 +10,6 @@ pub mod convert;
 pub mod lease;
 pub mod policy;
 pub mod rates;
+pub mod replicas;
 pub mod service;
 pub mod what_if;

@@ -540,7 +540,7 @@ pub fn replica_state(r: &ServiceReplicaRow) -> Option<ReplicaState> {
     Some(match r.job_state {
         JobState::Cancelled => return None,
         JobState::Succeeded | JobState::Failed => ReplicaState::Failed,
-        _ if r.cancel_requested => ReplicaState::Draining,
+        _ if r.cancel_requested || r.drain_at.is_some() => ReplicaState::Draining,
         _ if attempt.is_some_and(|a| a.state == AttemptState::Preempting) => ReplicaState::Draining,
         JobState::Running if attempt.is_some_and(|a| a.ready) => ReplicaState::Ready,
         _ => ReplicaState::Starting,
@@ -847,6 +847,7 @@ mod tests {
             service_version: version,
             job_state: state,
             cancel_requested: cancel,
+            drain_at: None,
             finished_at: None,
             reason: None,
             attempt: (state == JobState::Running).then(|| crate::store::ReplicaAttemptRow {

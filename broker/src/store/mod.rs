@@ -22,7 +22,7 @@ mod stretches;
 
 pub use postgres::WRITE_LOCK_KEY;
 pub use records::*;
-pub use sql::{DbId, DbTime, policy_target, role_name};
+pub use sql::{DbId, DbTime, RouteRow, RoutedService, policy_target, role_name};
 
 use sql::{Db, Tx};
 use std::sync::Arc;
@@ -197,6 +197,14 @@ pub fn heartbeat_stops(
         }
     }
     stop
+}
+
+/// A service replica whose readiness its agent reported changed ([`Store::record_serving`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadinessChange {
+    pub service: Uuid,
+    pub job: JobId,
+    pub ready: bool,
 }
 
 /// What [`Store::interrupt_node`] did.

@@ -606,6 +606,8 @@ pub struct ServiceReplicaRow {
     pub job_state: JobState,
     /// Drained (or cancelled by a user): the agent stops it, and it ends `cancelled`.
     pub cancel_requested: bool,
+    /// When the reconciler began draining it (no new requests; cancelled once idle).
+    pub drain_at: Option<Timestamp>,
     /// When the job ended, if it has.
     pub finished_at: Option<Timestamp>,
     /// Why it failed or was cancelled, when it did.

@@ -114,6 +114,7 @@ pub async fn create(
         ServiceInsert::Inserted(record) => {
             tracing::info!(service.id = %record.id, team = %record.team, name = %record.name,
                 desired, "service deployed");
+            app.services.notify_one();
             answer(&app, StatusCode::CREATED, &record).await
         }
         ServiceInsert::NameTaken { existing } => Err(ApiError::Conflict(format!(
@@ -295,6 +296,7 @@ pub async fn update(
         ServiceUpdate::Updated(record) => {
             tracing::info!(service.id = %record.id, version = record.spec_version,
                 "service updated");
+            app.services.notify_one();
             answer(&app, StatusCode::OK, &record).await
         }
         ServiceUpdate::NotFound => Err(ApiError::NotFound(format!("service {id}"))),
@@ -327,6 +329,7 @@ pub async fn delete(
     match app.store.delete_service(record.id, app.clock.now()).await? {
         ServiceDelete::Deleted(record) => {
             tracing::info!(service.id = %record.id, "service deleted");
+            app.services.notify_one();
             let view = view_of(&app, &record).await?;
             Ok((StatusCode::ACCEPTED, Json(view)).into_response())
         }

@@ -19,6 +19,7 @@
 mod access;
 mod catalog;
 mod events;
+mod gateway;
 mod instances;
 mod jobs;
 mod ledger;
@@ -30,6 +31,7 @@ mod services;
 mod spend;
 mod types;
 
+pub use gateway::{RouteRow, RoutedService};
 pub(crate) use rows::*;
 pub use rows::{policy_target, role_name};
 pub use types::{DbId, DbTime};

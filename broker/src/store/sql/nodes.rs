@@ -2,6 +2,7 @@
 //! agent of a node is told to run or stop.
 
 use super::*;
+use switchyard_protocol::agent::ReplicaReport;
 
 impl Store {
     pub async fn register_node(
@@ -267,6 +268,71 @@ impl Store {
             .collect()
     }
 
+    /// Where the node's service replicas listen and whether they pass their readiness probe,
+    /// as its agent reports them in heartbeats. Only a live attempt (assigned or running) of a
+    /// replica job that this node holds at that epoch is written, and only what changed: a
+    /// read first, the write lock only when something did. A change of readiness is a
+    /// service event. Returns the replicas whose readiness changed.
+    pub async fn record_serving(
+        &self,
+        node: &NodeId,
+        reports: &[ReplicaReport],
+        now: Timestamp,
+    ) -> StoreResult<Vec<ReadinessChange>> {
+        let mut changed = Vec::new();
+        for report in reports {
+            let Some(current) = serving_row(&self.db, node, report).await? else {
+                continue;
+            };
+            if current.0 == Some(report.host.clone())
+                && current.1 == Some(i64::from(report.port))
+                && current.2 == report.ready
+            {
+                continue;
+            }
+            let mut tx = self.write_tx().await?;
+            // Again under the lock: the attempt may have ended meanwhile.
+            let Some((_, _, was_ready, service)) = serving_row(&mut tx, node, report).await? else {
+                continue;
+            };
+            query("UPDATE attempts SET serve_host = $1, serve_port = $2, ready = $3 WHERE id = $4")
+                .bind(&report.host)
+                .bind(i64::from(report.port))
+                .bind(report.ready)
+                .bind(report.attempt.attempt_id)
+                .execute(&mut tx)
+                .await?;
+            if was_ready != report.ready {
+                let (kind, how) = if report.ready {
+                    ("replica_ready", "ready")
+                } else {
+                    ("replica_not_ready", "not ready: its readiness probe fails")
+                };
+                let message = format!(
+                    "replica {} on {node} at {}:{} is {how}",
+                    report.attempt.job_id, report.host, report.port
+                );
+                query(
+                    "INSERT INTO service_events (service_id, at, kind, message) \
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(service)
+                .bind(now)
+                .bind(kind)
+                .bind(message)
+                .execute(&mut tx)
+                .await?;
+                changed.push(ReadinessChange {
+                    service,
+                    job: JobId(report.attempt.job_id),
+                    ready: report.ready,
+                });
+            }
+            tx.commit().await?;
+        }
+        Ok(changed)
+    }
+
     /// Live attempts on the node whose job was cancelled: the agent must stop them.
     pub async fn stops_for_node(&self, node: &NodeId) -> StoreResult<Vec<AttemptRef>> {
         let rows = query(
@@ -324,3 +390,36 @@ impl Store {
 const NODE_LIVE_ATTEMPTS: &str = "SELECT a.id, a.job_id, a.epoch, a.state, \
      j.cancel_requested FROM attempts a JOIN jobs j ON j.id = a.job_id \
      WHERE a.node_id = $1 AND a.state IN ('assigned', 'running', 'preempting')";
+
+/// A replica's serving columns (host, port, ready) and its service, when the report names a
+/// live attempt of a replica job on `node` at its epoch.
+async fn serving_row<'c>(
+    ex: impl Into<Ex<'c>>,
+    node: &NodeId,
+    report: &ReplicaReport,
+) -> StoreResult<Option<(Option<String>, Option<i64>, bool, Uuid)>> {
+    let Ok(epoch) = i64::try_from(report.attempt.epoch) else {
+        return Ok(None);
+    };
+    let row = query(
+        "SELECT a.serve_host, a.serve_port, a.ready, j.service_id FROM attempts a \
+         JOIN jobs j ON j.id = a.job_id \
+         WHERE a.id = $1 AND a.job_id = $2 AND a.node_id = $3 AND a.epoch = $4 \
+         AND a.state IN ('assigned', 'running') AND j.service_id IS NOT NULL",
+    )
+    .bind(report.attempt.attempt_id)
+    .bind(report.attempt.job_id)
+    .bind(node.as_str())
+    .bind(epoch)
+    .fetch_optional(ex)
+    .await?;
+    row.map(|r| {
+        Ok((
+            r.get("serve_host")?,
+            r.get("serve_port")?,
+            r.get("ready")?,
+            r.uuid("service_id")?,
+        ))
+    })
+    .transpose()
+}

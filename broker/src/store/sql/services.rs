@@ -77,6 +77,7 @@ fn replica_from_row(r: &Row) -> StoreResult<ServiceReplicaRow> {
             .ok_or_else(|| corrupt(format!("replica {job} has no service version")))?,
         job_state: parse_state(&r.get::<String>("state")?)?,
         cancel_requested: r.get("cancel_requested")?,
+        drain_at: r.time_opt("drain_at")?,
         finished_at: r.time_opt("finished_at")?,
         reason: r.get("reason")?,
         attempt,
@@ -376,7 +377,7 @@ impl Store {
         finished_after: Timestamp,
     ) -> StoreResult<Vec<ServiceReplicaRow>> {
         let rows = query(AssertSqlSafe(format!(
-            "SELECT j.id, j.service_version, j.state, j.cancel_requested, j.finished_at, \
+            "SELECT j.id, j.service_version, j.state, j.cancel_requested, j.drain_at, j.finished_at, \
              j.reason, a.id AS a_id, a.state AS a_state, a.node_id AS a_node, \
              a.pool_id AS a_pool, p.region_id AS a_region, a.market AS a_market, \
              a.serve_host AS a_serve_host, a.serve_port AS a_serve_port, a.ready AS a_ready \
@@ -390,5 +391,22 @@ impl Store {
         .fetch_all(&self.db)
         .await?;
         rows.iter().map(replica_from_row).collect()
+    }
+
+    /// Begins draining a replica: from now on the gateway sends it nothing new (its job is
+    /// cancelled later, once what it has in flight is done). Returns false when it already
+    /// was, or its job has ended.
+    pub async fn drain_replica(&self, job: JobId, now: Timestamp) -> StoreResult<bool> {
+        let mut tx = self.leader_tx().await?;
+        let done = query(AssertSqlSafe(format!(
+            "UPDATE jobs SET drain_at = $1 WHERE id = $2 AND service_id IS NOT NULL \
+             AND drain_at IS NULL AND state NOT IN {TERMINAL}"
+        )))
+        .bind(now)
+        .bind(job)
+        .execute(&mut tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() == 1)
     }
 }

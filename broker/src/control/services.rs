@@ -1,0 +1,227 @@
+//! The services reconciler: keeps each service's replicas as the rules say (leader only,
+//! level-triggered like the burst controller). Each pass, for every service, live or deleted
+//! and still draining:
+//!
+//! 1. the desired count — `replicas.min` or the schedule's minimum (`rules/service.rs`), kept
+//!    on the service with its reason and a `scaled` event when it changes;
+//! 2. what to start and stop (`rules/replicas.rs`: missing replicas started, extras drained,
+//!    old versions replaced only as new ones are ready, everything drained on delete);
+//! 3. carried out: a replica is a job of kind `service` (`NewJob::replica`), placed, leased,
+//!    preempted and charged like any job. A replica is stopped in two steps, so that no
+//!    request fails: first it drains (`jobs.drain_at`: the gateway sends it nothing new, within
+//!    its route refresh), then, once the gateway has nothing in flight on it ([`DRAIN_SETTLE`]
+//!    after the drain began at the earliest, [`DRAIN_TIMEOUT`] at the latest), its job is
+//!    cancelled and its agent stops it with the checkpoint signal and the grace period. A
+//!    replica that never served (not ready, nothing in flight) is cancelled at once.
+//!
+//! Every start and stop is a service event with its reason.
+
+use std::time::Duration;
+use switchyard_core::{JobId, JobState};
+use switchyard_protocol::api::ServiceSpec;
+use uuid::Uuid;
+
+use crate::control::scheduler::SchedulerEvent;
+use crate::rules::replicas::{self, Seen};
+use crate::rules::{convert, service};
+use crate::state::App;
+use crate::store::{
+    CancelOutcome, NewJob, ReplicaOf, ServiceRecord, ServiceReplicaRow, StoreError,
+};
+
+/// How often the reconciler looks when nothing wakes it.
+const EVERY: Duration = Duration::from_secs(1);
+/// How long a draining replica is left before it may be stopped: the gateway's routes are
+/// refreshed twice in that time, so nothing new is on its way to it.
+pub const DRAIN_SETTLE: Duration = Duration::from_millis(1500);
+/// The longest a draining replica's requests in flight are waited for.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub async fn run(app: App) {
+    let mut moves = app.clock.moves();
+    loop {
+        if !app.leadership.is_leader() {
+            app.leadership.until_leader().await;
+        }
+        match reconcile(&app).await {
+            Ok(()) => {}
+            Err(e @ StoreError::Fenced { .. }) => {
+                app.leadership.step_down(app.store.as_ref(), &e.to_string());
+            }
+            Err(e) => tracing::error!(error = %e, "services reconcile failed"),
+        }
+        tokio::select! {
+            _ = app.services.notified() => {}
+            _ = tokio::time::sleep(EVERY) => {}
+            () = moves.next() => {}
+        }
+    }
+}
+
+/// One pass over every service.
+pub async fn reconcile(app: &App) -> Result<(), StoreError> {
+    for record in app.store.services(None).await? {
+        if let Err(e) = reconcile_one(app, &record).await {
+            if matches!(e, StoreError::Fenced { .. }) {
+                return Err(e);
+            }
+            tracing::error!(error = %e, service.id = %record.id, "reconciling a service failed");
+        }
+    }
+    Ok(())
+}
+
+async fn reconcile_one(app: &App, record: &ServiceRecord) -> Result<(), StoreError> {
+    let now = app.clock.now();
+    let spec: ServiceSpec = serde_json::from_str(&record.spec_json)
+        .map_err(|e| StoreError::Corrupt(format!("service {} spec: {e}", record.id)))?;
+    let deleted = record.deleted_at.is_some();
+    let desired = if deleted {
+        0
+    } else {
+        let (n, reason) = service::initial_desired(&spec, now);
+        if n != record.desired_replicas || reason != record.desired_reason {
+            app.store
+                .set_service_desired(record.id, n, &reason, now)
+                .await?;
+        }
+        n
+    };
+    let replicas = app.store.service_replicas(record.id, now).await?;
+    let live: Vec<Seen> = replicas.iter().filter_map(seen).collect();
+    let decision = replicas::decide(record.spec_version, desired, deleted, &live);
+    if decision.start > 0 {
+        start_replicas(app, record, &spec, decision.start).await?;
+    }
+    for (job, why) in decision.stop {
+        let never_served = replicas
+            .iter()
+            .find(|r| r.job == job)
+            .is_some_and(|r| !r.attempt.as_ref().is_some_and(|a| a.ready))
+            && app.traffic.in_flight(job) == 0;
+        if never_served {
+            stop_replica(app, record.id, job, why).await?;
+        } else if app.store.drain_replica(job, now).await? {
+            let message = format!("draining replica {job}: {why}; it gets no new requests");
+            app.store
+                .append_service_event(record.id, "replica_draining", &message, None, now)
+                .await?;
+        }
+    }
+    // Draining replicas whose requests are done (or took too long) stop now.
+    for r in &replicas {
+        let Some(since) = r
+            .drain_at
+            .filter(|_| !r.cancel_requested && seen(r).is_some())
+        else {
+            continue;
+        };
+        let waited =
+            Duration::from_millis(u64::try_from(now.millis() - since.millis()).unwrap_or(0));
+        let idle = app.traffic.in_flight(r.job) == 0;
+        if waited >= DRAIN_TIMEOUT {
+            stop_replica(
+                app,
+                record.id,
+                r.job,
+                "its requests in flight did not end in time",
+            )
+            .await?;
+        } else if waited >= DRAIN_SETTLE && idle {
+            stop_replica(app, record.id, r.job, "drained: nothing in flight").await?;
+        }
+    }
+    Ok(())
+}
+
+/// A replica the rule weighs: its job has not ended.
+fn seen(r: &ServiceReplicaRow) -> Option<Seen> {
+    if matches!(
+        r.job_state,
+        JobState::Succeeded | JobState::Failed | JobState::Cancelled
+    ) {
+        return None;
+    }
+    Some(Seen {
+        job: r.job,
+        version: r.service_version,
+        ready: r.job_state == JobState::Running && r.attempt.as_ref().is_some_and(|a| a.ready),
+        stopping: r.cancel_requested || r.drain_at.is_some(),
+    })
+}
+
+async fn start_replicas(
+    app: &App,
+    record: &ServiceRecord,
+    spec: &ServiceSpec,
+    count: u32,
+) -> Result<(), StoreError> {
+    let now = app.clock.now();
+    let wire = service::replica_job_spec(spec);
+    // Validated when the service was deployed; a spec the job rules refuse now (a rule that
+    // changed since) starts nothing and says why.
+    let core = match convert::job_spec(&wire, now) {
+        Ok(core) => core,
+        Err(e) => {
+            let message = format!("cannot start replicas: {e}");
+            app.store
+                .append_service_event(record.id, "replica_refused", &message, None, now)
+                .await?;
+            return Ok(());
+        }
+    };
+    let spec_json = serde_json::to_string(&wire)
+        .map_err(|e| StoreError::Corrupt(format!("replica spec: {e}")))?;
+    let mut started = Vec::new();
+    for _ in 0..count {
+        let job = NewJob {
+            id: JobId(Uuid::now_v7()),
+            spec: core.clone(),
+            spec_json: spec_json.clone(),
+            submitted_at: now,
+            trace_parent: None,
+            replica: Some(ReplicaOf {
+                service: record.id,
+                version: record.spec_version,
+                serve: service::serve_spec(spec),
+            }),
+        };
+        app.store.insert_job(&job).await?;
+        if let Some(job) = app.store.job(job.id).await? {
+            started.push(job.id);
+            app.scheduler
+                .send(SchedulerEvent::JobSubmitted(Box::new(job)));
+        }
+    }
+    let ids: Vec<String> = started.iter().map(|j| j.to_string()).collect();
+    let message = format!(
+        "started {} replica{} of version {} ({})",
+        started.len(),
+        if started.len() == 1 { "" } else { "s" },
+        record.spec_version,
+        ids.join(", ")
+    );
+    app.store
+        .append_service_event(record.id, "replica_started", &message, None, now)
+        .await?;
+    Ok(())
+}
+
+async fn stop_replica(
+    app: &App,
+    service: Uuid,
+    job: JobId,
+    why: &'static str,
+) -> Result<(), StoreError> {
+    let now = app.clock.now();
+    match app.store.cancel_job(job, now).await? {
+        CancelOutcome::Cancelled => app.scheduler.send(SchedulerEvent::JobRemoved(job)),
+        CancelOutcome::Stopping { node } => app.agents.wake(&node),
+        CancelOutcome::NotFound | CancelOutcome::AlreadyFinished(_) => return Ok(()),
+    }
+    let message = format!("stopping replica {job}: {why}");
+    app.store
+        .append_service_event(service, "replica_drained", &message, None, now)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! How many replicas of a service to start and which to stop, given the replicas it has: the
+//! rule the services reconciler (`control/services.rs`) carries out. Pure.
+//!
+//! - A deleted service stops every replica.
+//! - Replicas of the current spec version are brought to the desired count: the missing ones
+//!   are started; extra ones are stopped, those not ready first, then the newest.
+//! - A rolling update: replicas of an older version keep serving until enough of the new
+//!   version are ready. Old ones are stopped only as far as the new version's ready replicas
+//!   cover the desired count, so the service never has fewer ready replicas than it had (or
+//!   than desired) because of the update. Old ones not ready go first.
+//! - Job ids are UUIDv7, in the order the jobs were created: "newest" and "oldest" are by id.
+//! - A replica already being stopped (its job's cancel requested) counts for nothing: it
+//!   finishes its in-flight work and ends.
+
+use switchyard_core::JobId;
+
+/// A live replica (its job not finished) as the reconciler sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Seen {
+    pub job: JobId,
+    pub version: i64,
+    /// Its readiness probe passes (reported by its agent).
+    pub ready: bool,
+    /// Already being stopped.
+    pub stopping: bool,
+}
+
+/// What to do now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decision {
+    /// Replicas of the current version to start.
+    pub start: u32,
+    /// Replicas to stop, each with why.
+    pub stop: Vec<(JobId, &'static str)>,
+}
+
+pub const WHY_DELETED: &str = "the service was deleted";
+pub const WHY_SCALE_DOWN: &str = "scaled down";
+pub const WHY_REPLACED: &str = "replaced by the new spec version";
+
+pub fn decide(version: i64, desired: u32, deleted: bool, live: &[Seen]) -> Decision {
+    let active = live.iter().filter(|r| !r.stopping);
+    if deleted {
+        return Decision {
+            start: 0,
+            stop: active.map(|r| (r.job, WHY_DELETED)).collect(),
+        };
+    }
+    let (mut current, mut old): (Vec<&Seen>, Vec<&Seen>) =
+        active.partition(|r| r.version == version);
+    let desired_n = desired as usize;
+    let mut decision = Decision::default();
+    if current.len() < desired_n {
+        decision.start = u32::try_from(desired_n - current.len()).unwrap_or(u32::MAX);
+    } else if current.len() > desired_n {
+        // Not ready first, then the newest.
+        current.sort_by(|a, b| a.ready.cmp(&b.ready).then(b.job.0.cmp(&a.job.0)));
+        let extra = current.len() - desired_n;
+        decision
+            .stop
+            .extend(current.drain(..extra).map(|r| (r.job, WHY_SCALE_DOWN)));
+    }
+    let current_ready = current.iter().filter(|r| r.ready).count();
+    let keep_old = desired_n.saturating_sub(current_ready).min(old.len());
+    // Old ones not ready go first, then the oldest.
+    old.sort_by(|a, b| a.ready.cmp(&b.ready).then(a.job.0.cmp(&b.job.0)));
+    let stop_old = old.len() - keep_old;
+    decision
+        .stop
+        .extend(old.iter().take(stop_old).map(|r| (r.job, WHY_REPLACED)));
+    decision
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    /// Replica `n`, created at `created` (its id orders by that, as UUIDv7 ids do).
+    fn r(n: u128, version: i64, ready: bool, created: u128) -> Seen {
+        Seen {
+            job: JobId(Uuid::from_u128((created << 16) | n)),
+            version,
+            ready,
+            stopping: false,
+        }
+    }
+
+    fn stopped(d: &Decision) -> Vec<u128> {
+        d.stop.iter().map(|(j, _)| j.0.as_u128() & 0xffff).collect()
+    }
+
+    #[test]
+    fn missing_replicas_are_started() {
+        assert_eq!(decide(1, 3, false, &[]).start, 3);
+        let d = decide(1, 3, false, &[r(1, 1, true, 0)]);
+        assert_eq!((d.start, d.stop.len()), (2, 0));
+    }
+
+    #[test]
+    fn a_scale_down_stops_the_not_ready_then_the_newest() {
+        let live = [
+            r(1, 1, true, 10),
+            r(2, 1, false, 5),
+            r(3, 1, true, 30),
+            r(4, 1, true, 20),
+        ];
+        let d = decide(1, 2, false, &live);
+        assert_eq!(d.start, 0);
+        assert_eq!(stopped(&d), [2, 3]);
+        assert!(d.stop.iter().all(|(_, why)| *why == WHY_SCALE_DOWN));
+    }
+
+    #[test]
+    fn replicas_being_stopped_count_for_nothing() {
+        let mut going = r(1, 1, true, 0);
+        going.stopping = true;
+        let d = decide(1, 1, false, &[going]);
+        assert_eq!((d.start, d.stop.len()), (1, 0));
+    }
+
+    #[test]
+    fn a_rolling_update_keeps_old_replicas_until_new_ones_are_ready() {
+        // Two old replicas serving; the new version just deployed.
+        let old = [r(1, 1, true, 0), r(2, 1, true, 1)];
+        let d = decide(2, 2, false, &old);
+        assert_eq!((d.start, stopped(&d)), (2, vec![]));
+        // One new replica ready: one old one goes, the oldest.
+        let live = [
+            old[0].clone(),
+            old[1].clone(),
+            r(3, 2, true, 5),
+            r(4, 2, false, 6),
+        ];
+        let d = decide(2, 2, false, &live);
+        assert_eq!((d.start, stopped(&d)), (0, vec![1]));
+        assert_eq!(d.stop[0].1, WHY_REPLACED);
+        // Both new ones ready: every old one goes.
+        let live = [
+            old[0].clone(),
+            old[1].clone(),
+            r(3, 2, true, 5),
+            r(4, 2, true, 6),
+        ];
+        assert_eq!(stopped(&decide(2, 2, false, &live)), [1, 2]);
+    }
+
+    #[test]
+    fn an_old_replica_that_is_not_ready_goes_first_in_an_update() {
+        let live = [r(1, 1, true, 0), r(2, 1, false, 1), r(3, 2, true, 5)];
+        assert_eq!(stopped(&decide(2, 2, false, &live)), [2]);
+    }
+
+    #[test]
+    fn a_deleted_service_stops_everything_and_starts_nothing() {
+        let mut going = r(3, 1, true, 0);
+        going.stopping = true;
+        let d = decide(2, 4, true, &[r(1, 1, true, 0), r(2, 2, false, 1), going]);
+        assert_eq!((d.start, stopped(&d)), (0, vec![1, 2]));
+        assert!(d.stop.iter().all(|(_, why)| *why == WHY_DELETED));
+    }
+
+    #[test]
+    fn zero_desired_stops_every_current_replica() {
+        let d = decide(1, 0, false, &[r(1, 1, true, 0), r(2, 1, true, 1)]);
+        assert_eq!((d.start, stopped(&d)), (0, vec![2, 1]));
+    }
+}
