@@ -376,8 +376,13 @@ impl Config {
                     p.region
                 );
             }
-            if p.gpus_per_node == 0 {
-                bail!("pool {}: gpus_per_node must be positive", p.id);
+            if p.gpus_per_node == 0 || p.gpus_per_node > switchyard_core::MAX_GPUS_PER_NODE {
+                bail!(
+                    "pool {}: gpus_per_node must be 1 to {}, not {}",
+                    p.id,
+                    switchyard_core::MAX_GPUS_PER_NODE,
+                    p.gpus_per_node
+                );
             }
         }
         Ok(())

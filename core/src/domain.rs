@@ -3,6 +3,7 @@
 //! These are the broker's and the simulator's shared vocabulary. Wire shapes live in
 //! `switchyard-protocol`; storage shapes live in the broker. Nothing here knows about either.
 
+pub use crate::gpu_set::{GpuSet, MAX_GPUS_PER_NODE};
 use crate::money::Money;
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -169,8 +170,9 @@ pub struct Node {
     pub id: NodeId,
     pub pool: PoolId,
     pub gpus_total: u32,
-    /// GPUs not held by any attempt.
-    pub gpus_free: u32,
+    /// The GPUs (by index) not held by any attempt: the planner gives a job the lowest of
+    /// them. A node has at most [`MAX_GPUS_PER_NODE`] GPUs.
+    pub free_gpus: GpuSet,
     /// Healthy and heartbeating: only such nodes receive work.
     pub healthy: bool,
     /// Draining nodes finish what they run and take nothing new.
@@ -181,6 +183,13 @@ pub struct Node {
     /// they pay its spot price.
     #[serde(default)]
     pub market: Market,
+}
+
+impl Node {
+    /// How many GPUs are free.
+    pub fn gpus_free(&self) -> u32 {
+        self.free_gpus.len()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -370,7 +379,8 @@ pub struct RunningAttempt {
     pub job: JobId,
     pub attempt: AttemptId,
     pub node: NodeId,
-    pub gpus: u32,
+    /// The GPUs (by index) of `node` it holds: a job that preempts it may take them.
+    pub gpus: GpuSet,
     pub priority: Priority,
     pub started_at: Timestamp,
     /// `started_at + estimated runtime`; `Timestamp::MAX` for services, which run until

@@ -6,6 +6,7 @@
 
 pub mod domain;
 pub mod gpu_model;
+pub mod gpu_set;
 pub mod money;
 pub mod placement;
 pub mod sim;

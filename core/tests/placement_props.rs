@@ -165,6 +165,17 @@ prop_compose! {
     }
 }
 
+/// Every GPU index a node may have.
+fn all_gpus() -> GpuSet {
+    GpuSet::first(MAX_GPUS_PER_NODE).expect("64")
+}
+
+/// The top `free` of a node's `total` GPUs (the lowest are held).
+fn top_gpus(total: u32, free: u32) -> GpuSet {
+    let all = GpuSet::first(total.max(free)).expect("at most 64 GPUs");
+    all.difference(all.lowest(total.saturating_sub(free)))
+}
+
 fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
     (
         prop::collection::vec((0i64..20, 1u32..200, 0u32..100), REGIONS.len() - 1),
@@ -204,7 +215,10 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                                 id: NodeId::new(format!("n{i:02}")),
                                 pool: pool.id.clone(),
                                 gpus_total: pool.gpus_per_node,
-                                gpus_free: free.index(pool.gpus_per_node as usize + 1) as u32,
+                                free_gpus: top_gpus(
+                                    pool.gpus_per_node,
+                                    free.index(pool.gpus_per_node as usize + 1) as u32,
+                                ),
                                 healthy,
                                 draining,
                                 last_heartbeat: NOW,
@@ -213,18 +227,29 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                         })
                         .collect()
                 };
+                // Each attempt holds GPUs no other attempt and no free GPU of its node is: the
+                // lowest left (past the node's total if its attempts add up to more).
+                let mut held: HashMap<NodeId, GpuSet> =
+                    nodes.iter().map(|n| (n.id.clone(), n.free_gpus)).collect();
                 let running = attempts
                     .into_iter()
                     .enumerate()
-                    .map(|(i, (node, gpus, end, low, started))| RunningAttempt {
-                        job: JobId(Uuid::from_u128(1_000 + i as u128)),
-                        attempt: AttemptId(Uuid::from_u128(1_000 + i as u128)),
+                    .map(|(i, (node, gpus, end, low, started))| {
                         // An attempt on a node the snapshot lacks is possible and ignored.
-                        node: if nodes.is_empty() {
+                        let node = if nodes.is_empty() {
                             NodeId::new("gone")
                         } else {
                             node.get(&nodes).id.clone()
-                        },
+                        };
+                        let taken = held.entry(node.clone()).or_default();
+                        let gpus = all_gpus().difference(*taken).lowest(gpus);
+                        *taken = taken.union(gpus);
+                        (i, node, gpus, end, low, started)
+                    })
+                    .map(|(i, node, gpus, end, low, started)| RunningAttempt {
+                        job: JobId(Uuid::from_u128(1_000 + i as u128)),
+                        attempt: AttemptId(Uuid::from_u128(1_000 + i as u128)),
+                        node,
                         gpus,
                         priority: if low { Priority::Low } else { Priority::Normal },
                         started_at: NOW.plus_secs(-started),
@@ -330,7 +355,7 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
     // Preemptions: only low work, only for urgent jobs, each victim once.
     let attempts: HashMap<AttemptId, &RunningAttempt> =
         snap.running.iter().map(|a| (a.attempt, a)).collect();
-    let mut freed: HashMap<&NodeId, u32> = HashMap::new();
+    let mut freed: HashMap<&NodeId, GpuSet> = HashMap::new();
     let mut victims = BTreeSet::new();
     for p in &plan.preemptions {
         let a = attempts
@@ -341,7 +366,8 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
         prop_assert!(victims.insert(p.attempt), "preempted twice");
         let job = jobs[&p.for_job];
         prop_assert!(job.spec.priority >= Priority::High);
-        *freed.entry(&a.node).or_default() += a.gpus;
+        let f = freed.entry(&a.node).or_default();
+        *f = f.union(a.gpus);
     }
 
     // Budgets: what the plan commits (assignments and launches, each job once) never exceeds
@@ -366,7 +392,9 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
         }
     }
 
-    let mut used: HashMap<&NodeId, u32> = HashMap::new();
+    // GPUs: each assignment's are as many as its job asks for, free on the node or freed by
+    // the plan's preemptions there, and no other assignment's.
+    let mut used: HashMap<&NodeId, GpuSet> = HashMap::new();
     for a in &plan.assignments {
         let job = jobs
             .get(&a.job)
@@ -379,7 +407,25 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
             .ok_or_else(|| TestCaseError::fail("unknown pool"))?;
         prop_assert_eq!(&node.pool, &a.pool);
         prop_assert!(node.healthy && !node.draining, "unusable node {}", node.id);
-        prop_assert_eq!(a.gpus, job.spec.resources.gpus);
+        prop_assert_eq!(a.gpus.len(), job.spec.resources.gpus);
+        let room = node
+            .free_gpus
+            .union(freed.get(&a.node).copied().unwrap_or_default());
+        prop_assert!(
+            a.gpus.is_subset(room),
+            "{:?} on {} not free: {:?}",
+            a.gpus,
+            node.id,
+            room
+        );
+        let taken = used.entry(&a.node).or_default();
+        prop_assert!(
+            a.gpus.is_disjoint(*taken),
+            "{:?} on {} given twice",
+            a.gpus,
+            node.id
+        );
+        *taken = taken.union(a.gpus);
         allowed(pool, &job.spec)?;
         let policies = covering(&job.spec);
         // A spot node takes only jobs that allow spot; an on-demand node is paid on demand.
@@ -404,14 +450,9 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
             }
         }
         if let Some(max) = job.spec.max_price_per_hour {
-            let price = gpu_price(pool, a.market).saturating_mul(i64::from(a.gpus.max(1)));
+            let price = gpu_price(pool, a.market).saturating_mul(i64::from(a.gpus.len().max(1)));
             prop_assert!(price <= max, "{} over the job's {}", price, max);
         }
-        *used.entry(&a.node).or_default() += a.gpus;
-    }
-    for (node, gpus) in used {
-        let room = nodes[node].gpus_free + freed.get(node).copied().unwrap_or(0);
-        prop_assert!(gpus <= room, "node {} over capacity: {}", node, gpus);
     }
     // Gangs: one assignment per node, ranks 0..n, distinct nodes, one pool; or none.
     let mut gangs: BTreeMap<JobId, Vec<&Assignment>> = BTreeMap::new();
@@ -542,7 +583,7 @@ proptest! {
                     && p.windows.is_empty()
             });
             hard_constraint(pool, &spec).is_none() && latency_ok && price_ok && policy_ok
-                && snap.nodes.iter().any(|n| n.pool == pool.id && n.healthy && !n.draining && n.gpus_free >= spec.resources.gpus && n.market == Market::OnDemand)
+                && snap.nodes.iter().any(|n| n.pool == pool.id && n.healthy && !n.draining && n.gpus_free() >= spec.resources.gpus && n.market == Market::OnDemand)
         });
         prop_assume!(fits);
         let p = plan(&snap, NOW);
@@ -621,7 +662,7 @@ proptest! {
             id: NodeId::new("n1"),
             pool: pool.id.clone(),
             gpus_total: total,
-            gpus_free: total - held,
+            free_gpus: top_gpus(total, total - held),
             healthy: true,
             draining: false,
             last_heartbeat: NOW,
@@ -630,17 +671,20 @@ proptest! {
         // Running work that adds up to what is held (the last attempt takes the rest).
         let mut left = held;
         let mut running = Vec::new();
+        let mut taken = node.free_gpus;
         for (i, &(g, end)) in busy.iter().enumerate() {
             let g = if i + 1 == busy.len() { left } else { g.min(left) };
             if g == 0 {
                 continue;
             }
             left -= g;
+            let gpus = all_gpus().difference(taken).lowest(g);
+            taken = taken.union(gpus);
             running.push(RunningAttempt {
                 job: JobId(Uuid::from_u128(1_000 + i as u128)),
                 attempt: AttemptId(Uuid::from_u128(1_000 + i as u128)),
                 node: node.id.clone(),
-                gpus: g,
+                gpus,
                 priority: Priority::Normal,
                 started_at: NOW,
                 expected_end: NOW.plus_secs(end),
@@ -679,7 +723,7 @@ proptest! {
             .iter()
             .map(|a| {
                 let end = a.expected_end.millis() - NOW.millis();
-                (0, if end <= 0 { 60_000 } else { end }, a.gpus)
+                (0, if end <= 0 { 60_000 } else { end }, a.gpus.len())
             })
             .collect();
         for j in &queued {

@@ -185,6 +185,13 @@ fn entry_from_row(raw: Row, row: u64) -> Result<CatalogueEntry, CatalogueError> 
     if raw.gpu_count == 0 {
         return Err(invalid("gpu_count is 0".into()));
     }
+    if raw.gpu_count > switchyard_core::MAX_GPUS_PER_NODE {
+        return Err(invalid(format!(
+            "gpu_count {} is more than a node may have ({})",
+            raw.gpu_count,
+            switchyard_core::MAX_GPUS_PER_NODE
+        )));
+    }
     let price = |column: &str, dollars: f64| {
         Money::from_dollars(dollars)
             .filter(|m| *m > Money::ZERO)
@@ -401,6 +408,11 @@ mod tests {
         let cases: &[(&str, u64, &str)] = &[
             ("aws,us-east-1,x,A10G,1,22,4,16,abc,\n", 3, "invalid"),
             ("aws,us-east-1,x,A10G,0,22,4,16,1.0,\n", 3, "gpu_count is 0"),
+            (
+                "aws,us-east-1,x,A10G,65,22,4,16,1.0,\n",
+                3,
+                "gpu_count 65 is more than a node may have (64)",
+            ),
             (
                 "aws,us-east-1,x,A10G,1,22,4,16,0,\n",
                 3,

@@ -1,7 +1,8 @@
 //! The scheduler loop: owns the in-memory mirror of what is waiting, what runs where and which
 //! GPUs are busy; on each event or tick it builds a [`Snapshot`], calls the pure
-//! [`switchyard_core::plan`], commits the plan's assignments in one transaction and wakes the
-//! agents concerned.
+//! [`switchyard_core::plan`], commits the plan's assignments (each with the GPU indexes the
+//! planner picked from the snapshot's free ones) in one transaction and wakes the agents
+//! concerned.
 //!
 //! The mirror is rebuilt from the database at start and whenever a commit finds it stale (a
 //! compare-and-swap on job versions failed), so a stale plan is re-planned, never half-applied.
@@ -11,8 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use switchyard_core::{
-    AttemptId, Explanation, JobId, Market, Node, NodeId, Plan, PlanCache, Pool, Priority,
-    QueuedJob, Region, RunningAttempt, Snapshot, Timestamp, plan_shared_cached,
+    AttemptId, Explanation, GpuSet, JobId, MAX_GPUS_PER_NODE, Market, Node, NodeId, Plan,
+    PlanCache, Pool, Priority, QueuedJob, Region, RunningAttempt, Snapshot, Timestamp,
+    plan_shared_cached,
 };
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -128,6 +130,25 @@ struct NodeState {
     last_heartbeat: Timestamp,
     /// The market of the instance the node runs on (on-prem: on demand).
     market: Market,
+}
+
+impl NodeState {
+    /// Its GPUs no live attempt holds: what the planner picks from. (An agent registers at
+    /// most [`MAX_GPUS_PER_NODE`] GPUs: the agent API refuses a larger inventory.)
+    fn free_gpus(&self) -> GpuSet {
+        let all = GpuSet::first(self.gpus_total.min(MAX_GPUS_PER_NODE)).unwrap_or_default();
+        all.difference(gpu_set(&self.busy))
+    }
+}
+
+/// GPU indexes as a set. Attempts hold indexes the planner picked, all below
+/// [`MAX_GPUS_PER_NODE`].
+fn gpu_set<'a>(indexes: impl IntoIterator<Item = &'a u32>) -> GpuSet {
+    let mut set = GpuSet::EMPTY;
+    for &g in indexes {
+        set.insert(g);
+    }
+    set
 }
 
 /// The scheduler's mirror of the world.
@@ -266,7 +287,7 @@ impl State {
                     id: id.clone(),
                     pool: n.pool.clone(),
                     gpus_total: n.gpus_total,
-                    gpus_free: n.gpus_total.saturating_sub(n.busy.len() as u32),
+                    free_gpus: n.free_gpus(),
                     healthy: n.healthy,
                     draining: n.draining,
                     last_heartbeat: n.last_heartbeat,
@@ -295,7 +316,7 @@ impl State {
                         job: a.job,
                         attempt: a.id,
                         node: a.node.clone(),
-                        gpus: a.gpus.len() as u32,
+                        gpus: gpu_set(&a.gpus),
                         priority,
                         started_at: a.created_at,
                         expected_end,
@@ -514,7 +535,6 @@ impl Worker {
             .observe_plan(started.elapsed().as_secs_f64(), queued);
 
         let mut commits = Vec::with_capacity(plan.assignments.len());
-        let mut taken: HashMap<NodeId, BTreeSet<u32>> = HashMap::new();
         // A job whose assignment depends on victims stopping stays queued: the victims are
         // told to stop now and hold their GPUs until their agents report the end; the job is
         // placed in a later round, once the GPUs are free.
@@ -528,21 +548,8 @@ impl Worker {
             let Some(pending) = state.pending.get(&a.job) else {
                 continue;
             };
-            // GPU indexes: the node's lowest free ones not already given this round.
-            let node = match state.nodes.get(&a.node) {
-                Some(n) => n,
-                None => continue,
-            };
-            let round = taken.entry(a.node.clone()).or_default();
-            let gpus: Vec<u32> = (0..node.gpus_total)
-                .filter(|g| !node.busy.contains(g) && !round.contains(g))
-                .take(a.gpus as usize)
-                .collect();
-            if gpus.len() != a.gpus as usize {
-                tracing::error!(job.id = %a.job, node.id = %a.node, "plan over capacity; skipping");
-                continue;
-            }
-            round.extend(gpus.iter().copied());
+            // The GPU indexes are the planner's: free in the snapshot and given to no other
+            // assignment of the plan.
             let runtime = pending.job.spec.runtime_s();
             let expected_end = match pending.job.spec.kind {
                 switchyard_core::JobKind::Service => Timestamp::MAX,
@@ -553,7 +560,7 @@ impl Worker {
                 switchyard_core::Money::ZERO,
                 |pool| {
                     let onprem = rates.onprem_rate(&pending.job.spec, pool);
-                    crate::control::ledger::attempt_rate(pool, a.market, a.gpus, onprem)
+                    crate::control::ledger::attempt_rate(pool, a.market, a.gpus.len(), onprem)
                 },
             );
             commits.push(NewAttempt {
@@ -562,7 +569,7 @@ impl Worker {
                 job_version: pending.version,
                 node: a.node.clone(),
                 pool: a.pool.clone(),
-                gpus,
+                gpus: a.gpus.to_vec(),
                 market: a.market,
                 estimated_cost: a.estimated_cost,
                 hourly_rate,
@@ -628,6 +635,10 @@ impl Worker {
                 continue;
             };
             if let Some(node) = state.nodes.get_mut(&c.node) {
+                debug_assert!(
+                    c.gpus.iter().all(|g| !node.busy.contains(g)),
+                    "the plan gave busy GPUs"
+                );
                 node.busy.extend(c.gpus.iter().copied());
             }
             if pending.first_placement {

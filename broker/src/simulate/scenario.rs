@@ -255,6 +255,15 @@ impl Scenario {
         if let Some(o) = self.onprem.iter().find(|o| o.gpus_per_node == 0) {
             bail!("onprem {}: gpus_per_node must be at least 1", o.name);
         }
+        let most = switchyard_core::MAX_GPUS_PER_NODE;
+        if let Some(o) = self.onprem.iter().find(|o| o.gpus_per_node > most) {
+            bail!(
+                "onprem {}: gpus_per_node must be at most {most} (a node's GPU indexes run 0 to {}), not {}",
+                o.name,
+                most - 1,
+                o.gpus_per_node
+            );
+        }
         // Prices and rates are 0 or more: a negative one would pay the scheduler to use it.
         let bad = |x: f64| !(x.is_finite() && x >= 0.0);
         if let Some(o) = self.onprem.iter().find(|o| bad(o.usd_per_gpu_hour)) {

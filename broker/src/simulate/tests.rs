@@ -125,6 +125,11 @@ fn negative_prices_and_rates_are_rejected_naming_the_field() {
             onprem.replace("gpus_per_node = 8", "gpus_per_node = 0"),
             "gpus_per_node",
         ),
+        // GPU indexes run 0 to 63.
+        (
+            onprem.replace("gpus_per_node = 8", "gpus_per_node = 65"),
+            "gpus_per_node must be at most 64",
+        ),
     ];
     for (text, field) in cases {
         let err = Scenario::from_toml(&text).expect_err(&text);

@@ -108,13 +108,13 @@ pub fn fleet(seed: u64, jobs: usize, pools: usize, nodes: usize) -> Snapshot {
             let pool = &pools[rng.below(pools.len() as u64) as usize];
             let id = NodeId::new(format!("node-{i:05}"));
             let busy = rng.below(u64::from(pool.gpus_per_node) + 1) as u32;
-            for _ in 0..busy {
+            for g in 0..busy {
                 let n = running.len() as u128;
                 running.push(RunningAttempt {
                     job: JobId(Uuid::from_u128(1 << 64 | n)),
                     attempt: AttemptId(Uuid::from_u128(1 << 64 | n)),
                     node: id.clone(),
-                    gpus: 1,
+                    gpus: GpuSet::from_indexes([g]).expect("at most 64 GPUs"),
                     priority: Priority::Normal,
                     started_at: NOW,
                     expected_end: if rng.chance(5) {
@@ -128,7 +128,10 @@ pub fn fleet(seed: u64, jobs: usize, pools: usize, nodes: usize) -> Snapshot {
                 id,
                 pool: pool.id.clone(),
                 gpus_total: pool.gpus_per_node,
-                gpus_free: pool.gpus_per_node - busy,
+                // GPUs `busy..` (the attempts above hold `0..busy`).
+                free_gpus: GpuSet::first(pool.gpus_per_node)
+                    .expect("at most 64 GPUs")
+                    .difference(GpuSet::first(busy).expect("at most 64 GPUs")),
                 healthy: !rng.chance(3),
                 draining: rng.chance(2),
                 last_heartbeat: NOW,

@@ -210,7 +210,7 @@ fn free_gpus(round: &Round) -> Vec<Vec<(usize, u32)>> {
             info.nodes
                 .iter()
                 .filter(|&&n| index.usable(n))
-                .map(|&n| (n, index.nodes[n].gpus_free))
+                .map(|&n| (n, index.nodes[n].gpus_free()))
                 .collect()
         })
         .collect()

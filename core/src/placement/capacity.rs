@@ -7,10 +7,11 @@
 //! over the nodes gives the earliest one and is updated one node at a time as the round takes
 //! capacity. A job that waits reserves what it waits for ([`Capacity::reserve`]), so the jobs
 //! after it in the queue see the wait they will really have, not the same release. This module
-//! decides nothing: it answers "what fits where, and when", and records what the planner took.
+//! decides nothing: it answers "what fits where, and when", and records what the planner took,
+//! down to the GPU indexes (an assignment takes the node's lowest free ones).
 
 use super::index::{Index, PoolMask};
-use crate::domain::Market;
+use crate::domain::{GpuSet, Market};
 use crate::time::Timestamp;
 
 /// The markets whose nodes a job may take in a pool (see
@@ -139,6 +140,8 @@ type WaitKey = (u32, u32, usize);
 pub(crate) struct Capacity {
     /// GPUs free per node now, after this round's assignments.
     free: Vec<u32>,
+    /// Which GPUs those are, by index (`free` counts them): an assignment takes the lowest.
+    free_set: Vec<GpuSet>,
     /// Of those, the GPUs no waiting job of this round counts on: what wait estimates start
     /// from. Jobs that wait reserve the capacity they expect (see [`Capacity::reserve`]), so
     /// the jobs behind them in the queue do not all count on the same release.
@@ -187,11 +190,12 @@ impl Capacity {
     /// has: a planner that plans round after round keeps one and allocates little per round.
     pub(crate) fn rebuild(&mut self, index: &Index) {
         let (pools, nodes) = (index.pools.len(), index.nodes.len());
-        refill(&mut self.free, index.nodes.iter().map(|n| n.gpus_free));
+        refill(&mut self.free, index.nodes.iter().map(|n| n.gpus_free()));
+        refill(&mut self.free_set, index.nodes.iter().map(|n| n.free_gpus));
         self.wait_free.clone_from(&self.free);
         refill(
             &mut self.ceiling,
-            index.nodes.iter().map(|n| n.gpus_total.max(n.gpus_free)),
+            index.nodes.iter().map(|n| n.gpus_total.max(n.gpus_free())),
         );
         self.fit.truncate(pools);
         self.fit.iter_mut().for_each(|f| f.0.clear());
@@ -209,7 +213,7 @@ impl Capacity {
         self.releases.resize_with(nodes, Vec::new);
         for &(node, attempt) in &index.running {
             if let Some(end) = release_time(index, attempt.expected_end) {
-                self.releases[node].push((end, attempt.gpus));
+                self.releases[node].push((end, attempt.gpus.len()));
             }
         }
         for r in &mut self.releases {
@@ -271,7 +275,7 @@ impl Capacity {
                 if changed.binary_search(&node).is_ok()
                     && let Some(end) = release_time(index, attempt.expected_end)
                 {
-                    self.releases[node].push((end, attempt.gpus));
+                    self.releases[node].push((end, attempt.gpus.len()));
                 }
             }
         }
@@ -279,11 +283,12 @@ impl Capacity {
         for &node in &changed {
             self.releases[node].sort_unstable();
             let pool = index.node_pool[node];
-            let start = index.nodes[node].gpus_free;
+            let start = index.nodes[node].gpus_free();
             if self.fit[pool].remove((self.free[node], node)) {
                 self.fit[pool].insert((start, node));
             }
             self.free[node] = start;
+            self.free_set[node] = index.nodes[node].free_gpus;
             self.wait_free[node] = start;
             pools.push(pool);
         }
@@ -400,7 +405,7 @@ impl Capacity {
                 continue;
             }
             victims.push(a);
-            have = have.saturating_add(index.running[a].1.gpus);
+            have = have.saturating_add(index.running[a].1.gpus.len());
             if have >= gpus {
                 return Some(victims);
             }
@@ -408,9 +413,10 @@ impl Capacity {
         None
     }
 
-    /// Stops `victims` on `node` and gives `gpus` to a job expected to release them at `until`.
-    /// The job takes the free GPUs first; what the victims free beyond its need comes back
-    /// after the grace period, at `grace_end`.
+    /// Stops `victims` on `node` and gives `gpus` to a job expected to release them at `until`;
+    /// returns the GPUs it takes. The job takes the free GPUs first, then the lowest of the
+    /// victims'; what the victims free beyond its need comes back after the grace period, at
+    /// `grace_end`.
     pub(crate) fn preempt(
         &mut self,
         index: &Index,
@@ -419,23 +425,26 @@ impl Capacity {
         gpus: u32,
         grace_end: Timestamp,
         until: Option<Timestamp>,
-    ) {
+    ) -> GpuSet {
         let mut freed = 0u32;
+        let mut held = GpuSet::EMPTY;
         for &a in victims {
             self.preempted[a] = true;
             let attempt = index.running[a].1;
-            freed = freed.saturating_add(attempt.gpus);
+            freed = freed.saturating_add(attempt.gpus.len());
+            held = held.union(attempt.gpus);
             let end = release_time(index, attempt.expected_end);
             if let Some(end) = end {
                 let r = &mut self.releases[node];
-                if let Some(pos) = r.iter().position(|&e| e == (end, attempt.gpus)) {
+                if let Some(pos) = r.iter().position(|&e| e == (end, attempt.gpus.len())) {
                     r.remove(pos);
                 }
             }
         }
         let from_free = self.free[node].min(gpus);
         let leftover = freed.saturating_sub(gpus - from_free);
-        self.assign(index, node, from_free, until);
+        let taken = self.assign(index, node, from_free, until);
+        let taken = taken.union(held.difference(taken).lowest(gpus - from_free));
         if gpus > from_free
             && let Some(at) = until
         {
@@ -445,6 +454,7 @@ impl Capacity {
             self.add_release(node, grace_end, leftover);
         }
         self.touch(index, node);
+        taken
     }
 
     fn add_release(&mut self, node: usize, at: Timestamp, gpus: u32) {
@@ -706,15 +716,17 @@ impl Capacity {
     }
 
     /// Takes `gpus` on `node` for a job expected to release them at `until` (`None`: never, a
-    /// service).
+    /// service); returns which: the node's lowest free GPUs (all of them, if fewer).
     pub(crate) fn assign(
         &mut self,
         index: &Index,
         node: usize,
         gpus: u32,
         until: Option<Timestamp>,
-    ) {
+    ) -> GpuSet {
         let pool = index.node_pool[node];
+        let taken = self.free_set[node].lowest(gpus);
+        self.free_set[node] = self.free_set[node].difference(taken);
         let before = self.free[node];
         let after = before.saturating_sub(gpus);
         if self.fit[pool].remove((before, node)) {
@@ -734,6 +746,7 @@ impl Capacity {
             self.add_release(node, at, gpus - owed);
         }
         self.touch(index, node);
+        taken
     }
 
     /// Reserves `gpus` on `node` for a job that waits for them (a single-node job whose best

@@ -685,17 +685,15 @@ impl<'a> Round<'a> {
                 };
             }
         };
-        if s.kind == CandidateKind::Preempt {
+        let preempt_gpus = (s.kind == CandidateKind::Preempt).then(|| {
             let grace_end = self.index.now.plus_secs(PREEMPTION_GRACE_S);
-            self.capacity
-                .preempt(&self.index, nodes[0], victims, ctx.gpus, grace_end, until);
             for &a in victims {
                 let (node, attempt) = self.index.running[a];
                 self.plan.preemptions.push(Preemption {
                     attempt: attempt.attempt,
                     job: attempt.job,
                     node: self.index.nodes[node].id.clone(),
-                    gpus: attempt.gpus,
+                    gpus: attempt.gpus.len(),
                     for_job: job.id,
                     reason: format!(
                         "a {} job would miss its deadline without these GPUs",
@@ -703,18 +701,22 @@ impl<'a> Round<'a> {
                     ),
                 });
             }
-        } else {
-            for &node in &nodes {
-                self.capacity.assign(&self.index, node, ctx.gpus, until);
-            }
-        }
+            self.capacity
+                .preempt(&self.index, nodes[0], victims, ctx.gpus, grace_end, until)
+        });
         self.budgets.spend(&ctx.policy, winner.cost());
         for (rank, &node) in nodes.iter().enumerate() {
+            // The GPUs: the node's lowest free ones, marked taken for the rest of the round.
+            let gpus = match preempt_gpus {
+                Some(gpus) => gpus,
+                None => self.capacity.assign(&self.index, node, ctx.gpus, until),
+            };
+            debug_assert_eq!(gpus.len(), ctx.gpus, "an assignment over capacity");
             self.plan.assignments.push(Assignment {
                 job: job.id,
                 pool: pool.id.clone(),
                 node: self.index.nodes[node].id.clone(),
-                gpus: ctx.gpus,
+                gpus,
                 // Each node's (a gang's may have been bought in different markets), as priced.
                 market: JobCtx::node_market(&self.index, s.pool, node),
                 estimated_cost: winner.cost(),

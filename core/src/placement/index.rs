@@ -409,8 +409,8 @@ impl<'a> Index<'a> {
                 .map(|&n| nodes[n])
                 .filter(|n| usable(n))
                 .fold((0u64, 0u64), |(f, t), n| {
-                    let total = n.gpus_total.max(n.gpus_free);
-                    (f + u64::from(n.gpus_free), t + u64::from(total))
+                    let total = n.gpus_total.max(n.gpus_free());
+                    (f + u64::from(n.gpus_free()), t + u64::from(total))
                 });
             info.protected =
                 total > 0 && free * u64::from(super::estimate::PROTECTED_BELOW_ONE_IN) < total;

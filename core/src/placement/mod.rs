@@ -152,7 +152,10 @@ pub struct Assignment {
     pub job: JobId,
     pub pool: PoolId,
     pub node: NodeId,
-    pub gpus: u32,
+    /// The node's GPUs the job takes, by index: as many as it asks for, free on the node
+    /// (or held by the attempts this plan preempts for it), and in no other assignment of
+    /// the plan. The planner picks the lowest free ones.
+    pub gpus: GpuSet,
     pub market: Market,
     /// Estimated cost of the whole run at this placement.
     pub estimated_cost: Money,

@@ -32,7 +32,7 @@ pub(crate) fn best_preemption(
             .filter(|&&node| markets.allows(index.nodes[node].market))
             .filter_map(|&node| {
                 let victims = capacity.preemption_on(index, node, job.gpus)?;
-                let taken: u32 = victims.iter().map(|&a| index.running[a].1.gpus).sum();
+                let taken: u32 = victims.iter().map(|&a| index.running[a].1.gpus.len()).sum();
                 Some((taken, node, victims))
             })
             .min_by_key(|(taken, node, _)| (*taken, *node));

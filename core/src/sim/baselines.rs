@@ -23,7 +23,7 @@
 //! results never depend on input order.
 
 use super::{Action, Decisions, Scheduler, View};
-use crate::domain::{Market, QueuedJob, SpotRule};
+use crate::domain::{GpuSet, Market, QueuedJob, SpotRule};
 use crate::money::Money;
 use crate::placement::hard_constraint;
 use std::collections::HashMap;
@@ -85,7 +85,8 @@ impl Scheduler for FifoBurst {
 struct Free {
     node: usize,
     pool: usize,
-    gpus_free: u32,
+    /// Its free GPUs, by index.
+    free: GpuSet,
     /// Bought on spot: only jobs that allow spot run there.
     spot: bool,
     /// Price per GPU-hour on the node's market: the tie-breaker between nodes that fit.
@@ -110,14 +111,14 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
             continue;
         };
         pool_size[pool] += 1;
-        if !n.healthy || n.draining || n.gpus_free == 0 {
+        if !n.healthy || n.draining || n.free_gpus.is_empty() {
             continue;
         }
         let p = &snap.pools[pool];
         let free = Free {
             node,
             pool,
-            gpus_free: n.gpus_free,
+            free: n.free_gpus,
             spot: n.market == Market::Spot,
             gpu_price: p.price_per_gpu_hour(n.market),
         };
@@ -137,10 +138,11 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
         };
         let taken = take_best_fit(&mut onprem, job.spec.resources.gpus, ok)
             .or_else(|| take_best_fit(&mut cloud, job.spec.resources.gpus, ok));
-        if let Some(node) = taken {
+        if let Some((node, gpus)) = taken {
             actions.push(Action::Assign {
                 job: job.id,
                 node: snap.nodes[node].id.clone(),
+                gpus,
             });
             continue;
         }
@@ -162,14 +164,20 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
     }
 }
 
-/// Takes `gpus` on the best-fitting node of `free` that `ok` allows; returns the node.
-fn take_best_fit(free: &mut [Free], gpus: u32, ok: impl Fn(&Free) -> bool) -> Option<usize> {
+/// Takes `gpus` on the best-fitting node of `free` that `ok` allows (its lowest free GPUs);
+/// returns the node and the GPUs.
+fn take_best_fit(
+    free: &mut [Free],
+    gpus: u32,
+    ok: impl Fn(&Free) -> bool,
+) -> Option<(usize, GpuSet)> {
     let best = free
         .iter_mut()
-        .filter(|f| f.gpus_free >= gpus && ok(f))
-        .min_by_key(|f| (f.gpus_free - gpus, f.gpu_price, f.node))?;
-    best.gpus_free -= gpus;
-    Some(best.node)
+        .filter(|f| f.free.len() >= gpus && ok(f))
+        .min_by_key(|f| (f.free.len() - gpus, f.gpu_price, f.node))?;
+    let taken = best.free.lowest(gpus);
+    best.free = best.free.difference(taken);
+    Some((best.node, taken))
 }
 
 /// The cheapest launchable pool for the job with quota left: node price × runtime plus egress;

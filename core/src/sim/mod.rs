@@ -44,6 +44,8 @@ use std::collections::BTreeMap;
 /// One pool of the simulated world.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimPool {
+    /// Its nodes have `gpus_per_node` GPUs, at most [`MAX_GPUS_PER_NODE`] (a pool that claims
+    /// more has nodes of that many: build worlds from validated pools).
     pub pool: Pool,
     /// Nodes that exist from the start (on-prem). Ignored for launchable pools.
     pub fixed_nodes: u32,
@@ -124,8 +126,13 @@ impl View<'_> {
 /// A scheduler's decision; invalid ones (a full node, an unknown job) are counted and ignored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Start a queued job on a ready node with the GPUs free.
-    Assign { job: JobId, node: NodeId },
+    /// Start a queued job on a ready node, on the GPUs `gpus` (as many as it asks for, all
+    /// free).
+    Assign {
+        job: JobId,
+        node: NodeId,
+        gpus: GpuSet,
+    },
     /// Launch a node in a cloud pool for a job (which stays queued until assigned).
     Launch {
         pool: PoolId,

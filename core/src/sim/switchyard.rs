@@ -76,6 +76,7 @@ impl Scheduler for Switchyard {
         actions.extend(plan.assignments.iter().map(|a| Action::Assign {
             job: a.job,
             node: a.node.clone(),
+            gpus: a.gpus,
         }));
         self.committed.clear();
         self.committed

@@ -17,8 +17,8 @@ use switchyard_broker::http::error::ApiError;
 use switchyard_broker::http::json;
 use switchyard_broker::store::JobRecord;
 use switchyard_core::{
-    self as core, JobId, JobState, Market, Money, Node, NodeId, Pool, PoolId, QueuedJob, Region,
-    RegionId, Snapshot, TeamPolicy, Timestamp,
+    self as core, GpuSet, JobId, JobState, Market, Money, Node, NodeId, Pool, PoolId, QueuedJob,
+    Region, RegionId, Snapshot, TeamPolicy, Timestamp,
 };
 use switchyard_protocol::api as wire;
 
@@ -112,7 +112,8 @@ fn world() -> (Vec<Region>, Vec<Pool>, Vec<Node>) {
             id: NodeId("dc1-a".into()),
             pool: PoolId("onprem-h100".into()),
             gpus_total: 4,
-            gpus_free: 3,
+            // GPU 0 busy.
+            free_gpus: GpuSet::from_indexes([1, 2, 3]).expect("< 64"),
             healthy: true,
             draining: false,
             last_heartbeat: NOW,
@@ -123,7 +124,7 @@ fn world() -> (Vec<Region>, Vec<Pool>, Vec<Node>) {
             id: NodeId("gcp-l4-s1".into()),
             pool: PoolId("gcp-l4".into()),
             gpus_total: 1,
-            gpus_free: 1,
+            free_gpus: GpuSet::first(1).expect("< 64"),
             healthy: true,
             draining: false,
             last_heartbeat: NOW,
@@ -318,10 +319,15 @@ fuzz_target!(|data: &[u8]| {
                     .into_iter()
                     .any(|p| p.spot == core::SpotRule::Never);
             assert!(!never && a.market == Market::Spot, "{a:?}");
-            assert!(a.gpus == core_spec.resources.gpus && a.gpus <= 1, "{a:?}");
+            assert!(
+                a.gpus.len() == core_spec.resources.gpus && a.gpus.to_vec() == [0],
+                "{a:?}"
+            );
         } else {
             assert_eq!(a.node, NodeId("dc1-a".into()));
-            assert!(a.gpus == core_spec.resources.gpus && a.gpus <= 3, "{a:?}");
+            // The free GPUs, lowest first: never GPU 0, which is busy.
+            let free = GpuSet::from_indexes([1, 2, 3]).expect("< 64");
+            assert!(a.gpus.len() == core_spec.resources.gpus && a.gpus == free.lowest(a.gpus.len()), "{a:?}");
         }
     }
     let explanation = plan

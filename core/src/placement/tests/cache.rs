@@ -58,7 +58,7 @@ fn apply(snapshot: &mut Snapshot, change: &Change) {
         Change::FreeGpus(n, free) => {
             if let Some(n) = pick(n, snapshot.nodes.len()) {
                 let node = &mut snapshot.nodes[n];
-                node.gpus_free = free.min(node.gpus_total);
+                node.free_gpus = super::top_gpus(node.gpus_total, free.min(node.gpus_total));
             }
         }
         Change::NodeLeaves(n) => {
@@ -73,7 +73,7 @@ fn apply(snapshot: &mut Snapshot, change: &Change) {
                     id: NodeId::new(format!("{}/joined-{suffix}", pool.id)),
                     pool: pool.id.clone(),
                     gpus_total: pool.gpus_per_node,
-                    gpus_free: pool.gpus_per_node,
+                    free_gpus: GpuSet::first(pool.gpus_per_node).expect("at most 64 GPUs"),
                     healthy: true,
                     draining: false,
                     last_heartbeat: NOW,

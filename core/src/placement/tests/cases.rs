@@ -308,8 +308,8 @@ fn assignments_carry_their_estimates() {
             .with(half_hour),
     );
     let a = &p.assignments[0];
-    let placed = (a.node.as_str(), a.pool.as_str(), a.gpus, a.market);
-    assert_eq!(placed, ("d1", DGX, 2, Market::OnDemand));
+    let placed = (a.node.as_str(), a.pool.as_str(), a.gpus.to_vec(), a.market);
+    assert_eq!(placed, ("d1", DGX, vec![0, 1], Market::OnDemand));
     // 2 GPUs × $2/GPU-h × half an hour.
     assert_eq!(a.estimated_cost, usd(2.0));
     assert_eq!(a.estimated_finish, NOW.plus_secs(1800));
@@ -376,4 +376,55 @@ fn spot_nodes_take_only_jobs_that_allow_spot() {
     check(spot_a1().node(P5, "a2", 8).job(8).gang(2).no_burst(), &hold(&[("needs a new node but bursting is disabled", 1), (NO_CAPACITY, 1)]));
     // Preemption for an urgent job: not on a spot node it may not take.
     check(spot_a1().node(P5, "a2", 0).low("a1", 8, 60, 7200).low("a2", 8, 60, 7200).job(8).priority(Priority::Critical).deadline_in(5400).no_burst(), "assign a2 on_demand");
+}
+
+/// Every job's GPUs in job order, `jN node {indexes}`, or `jN -` when it is not assigned now.
+fn gpus_of(world: W) -> String {
+    let p = plan_of(world.clone());
+    world
+        .snap
+        .queued
+        .iter()
+        .map(|j| {
+            let placed: Vec<String> = p
+                .assignments
+                .iter()
+                .filter(|a| a.job == j.id)
+                .map(|a| format!(" {} {:?}", a.node, a.gpus))
+                .collect();
+            match placed.is_empty() {
+                true => format!("{} -", j.spec.name),
+                false => format!("{}{}", j.spec.name, placed.concat()),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+#[rustfmt::skip]
+#[test]
+fn the_planner_picks_the_gpus_lowest_free_first_and_never_twice() {
+    // On-prem node d1 (8 GPUs), no bursting.
+    let d1 = |free: u32| w().onprem("dgx", 16.0).node(DGX, "d1", free).no_burst();
+    check_gpus(d1(8).job(2), "j1 d1 {0, 1}");
+    // Two jobs on one node get disjoint GPUs.
+    check_gpus(d1(8).job(2).job(3).job(3), "j1 d1 {0, 1} | j2 d1 {2, 3, 4} | j3 d1 {5, 6, 7}");
+    check_gpus(d1(4).busy("d1", 4, 3600).job(1).job(2), "j1 d1 {4} | j2 d1 {5, 6}");
+    // GPUs 0 and 2 busy: a 2-GPU job gets 1 and 3.
+    check_gpus(d1(8).free_gpus("d1", &[1, 3, 4, 5, 6, 7]).job(2), "j1 d1 {1, 3}");
+    check_gpus(d1(8).free_gpus("d1", &[1, 3, 4, 5, 6, 7]).job(1).job(1).job(4), "j1 d1 {1} | j2 d1 {3} | j3 d1 {4, 5, 6, 7}");
+    // More GPUs than free is not placed there: it waits, or goes where they are.
+    check_gpus(d1(2).busy("d1", 6, 3600).job(3), "j1 -");
+    check_gpus(d1(8).job(6).job(3), "j1 d1 {0, 1, 2, 3, 4, 5} | j2 -");
+    check_gpus(d1(2).busy("d1", 6, 3600).node(DGX, "d2", 8).job(3).job(2), "j1 d2 {0, 1, 2} | j2 d1 {6, 7}");
+    // A gang: each node's own lowest free GPUs.
+    check_gpus(d1(8).node(DGX, "d2", 4).busy("d2", 4, 3600).job(4).gang(2), "j1 d2 {4, 5, 6, 7} d1 {0, 1, 2, 3}");
+    // Preempting: the free GPUs, then the lowest of the victims'; the rest stays theirs.
+    check_gpus(d1(4).low("d1", 2, 1000, 36_000).low("d1", 2, 100, 36_000).job(6).priority(Priority::Critical).deadline_in(7200).job(2), "j1 d1 {2, 3, 4, 5, 6, 7} | j2 -");
+    check_gpus(d1(4).low("d1", 4, 100, 36_000).job(5).priority(Priority::Critical).deadline_in(7200), "j1 d1 {0, 4, 5, 6, 7}");
+}
+
+#[track_caller]
+fn check_gpus(world: W, expect: &str) {
+    assert_eq!(gpus_of(world), expect);
 }

@@ -96,13 +96,15 @@ impl W {
         self.snap.burst_enabled = false;
         self
     }
+    /// A node with `free` GPUs free: its highest (the lowest are held, as the planner gives
+    /// them out lowest first).
     fn node(mut self, pool: &str, id: &str, free: u32) -> W {
         let total = self.pool_mut(pool).gpus_per_node;
         self.snap.nodes.push(Node {
             id: NodeId::new(id),
             pool: PoolId::new(pool),
             gpus_total: total,
-            gpus_free: free,
+            free_gpus: top_gpus(total, free),
             healthy: true,
             draining: false,
             last_heartbeat: NOW,
@@ -113,6 +115,11 @@ impl W {
     /// Marks `id` a spot node.
     fn spot_node(mut self, id: &str) -> W {
         self.node_mut(id).market = Market::Spot;
+        self
+    }
+    /// Makes exactly `free` (indexes) the GPUs free on `id`.
+    fn free_gpus(mut self, id: &str, free: &[u32]) -> W {
+        self.node_mut(id).free_gpus = GpuSet::from_indexes(free.iter().copied()).expect("< 64");
         self
     }
     fn node_mut(&mut self, id: &str) -> &mut Node {
@@ -135,13 +142,25 @@ impl W {
     fn service_on(self, node: &str, gpus: u32) -> W {
         self.attempt(node, gpus, Timestamp::MAX)
     }
+    /// Work holding `gpus` of `node`'s GPUs: the lowest neither free nor held already.
     fn attempt(mut self, node: &str, gpus: u32, expected_end: Timestamp) -> W {
         let n = self.snap.running.len() as u128 + 1000;
+        let id = NodeId::new(node);
+        let free = self.snap.nodes.iter().find(|n| n.id == id);
+        let taken = self
+            .snap
+            .running
+            .iter()
+            .filter(|a| a.node == id)
+            .fold(free.map_or(GpuSet::EMPTY, |n| n.free_gpus), |t, a| {
+                t.union(a.gpus)
+            });
+        let all = GpuSet::first(MAX_GPUS_PER_NODE).expect("64");
         self.snap.running.push(RunningAttempt {
             job: JobId(Uuid::from_u128(n)),
             attempt: AttemptId(Uuid::from_u128(n)),
-            node: NodeId::new(node),
-            gpus,
+            node: id,
+            gpus: all.difference(taken).lowest(gpus),
             priority: Priority::Normal,
             started_at: NOW,
             expected_end,
@@ -253,6 +272,12 @@ impl W {
         a.started_at = NOW.plus_secs(-ago_s);
         self
     }
+}
+
+/// The top `free` of a node's `total` GPUs (`0..free` when `free` is more than `total`).
+fn top_gpus(total: u32, free: u32) -> GpuSet {
+    let all = GpuSet::first(total.max(free)).expect("at most 64 GPUs");
+    all.difference(all.lowest(total.saturating_sub(free)))
 }
 
 fn outcome(e: &Explanation) -> String {

@@ -129,7 +129,7 @@ fn gang_assignments_have_ranks_and_launches_one_per_node() {
     let placed: Vec<(&str, u32, u32)> = p
         .assignments
         .iter()
-        .map(|a| (a.node.as_str(), a.rank, a.gpus))
+        .map(|a| (a.node.as_str(), a.rank, a.gpus.len()))
         .collect();
     assert_eq!(placed, [("d0", 0, 4), ("d2", 1, 4)]);
     // Two nodes × 4 GPUs × $2/GPU-h.

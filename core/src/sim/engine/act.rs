@@ -1,7 +1,7 @@
 //! Applying a scheduler's actions to the world: assignments, launches (with their spot
 //! interruption drawn at launch) and preemptions, each checked first (an assignment needs a
-//! ready node with the GPUs free, and spot allowed if the node is spot); an invalid action
-//! changes nothing.
+//! ready node with the GPUs it names free, as many as the job asks for, and spot allowed if
+//! the node is spot); an invalid action changes nothing.
 
 use super::{Engine, Event, JobState, job_index};
 use crate::domain::{Market, SpotRule};
@@ -11,7 +11,7 @@ impl Engine<'_> {
     /// Applies one action; false when it is invalid and ignored.
     pub(super) fn act(&mut self, action: Action, now: i64) -> bool {
         match action {
-            Action::Assign { job, node } => {
+            Action::Assign { job, node, gpus } => {
                 let (Some(j), Some(&n)) =
                     (job_index(job, self.jobs.len()), self.node_by_id.get(&node))
                 else {
@@ -24,12 +24,13 @@ impl Engine<'_> {
                 if self.jobs[j].state != JobState::Queued
                     || !nr.ready
                     || nr.released
-                    || nr.gpus_free < spec.resources.gpus
+                    || gpus.len() != spec.resources.gpus
+                    || !gpus.is_subset(nr.free)
                     || never_spot
                 {
                     return false;
                 }
-                self.start(j, n, now);
+                self.start(j, n, gpus, now);
                 true
             }
             Action::Launch {

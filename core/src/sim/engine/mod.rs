@@ -32,6 +32,8 @@ enum JobState {
     Queued,
     Running {
         node: usize,
+        /// The node's GPUs it holds.
+        gpus: GpuSet,
         start_ms: i64,
         work_start_ms: i64,
     },
@@ -58,7 +60,8 @@ struct NodeRec {
     launched_ms: i64,
     ready: bool,
     released: bool,
-    gpus_free: u32,
+    /// Its GPUs no job holds, by index.
+    free: GpuSet,
     on_node: Vec<usize>,
     busy_since_ms: i64,
     busy_ms: i64,
@@ -302,6 +305,8 @@ impl<'w> Engine<'w> {
 
     fn add_node(&mut self, pool: usize, market: Market, now: i64) -> usize {
         let p = &self.world.pools[pool].pool;
+        let gpus = p.gpus_per_node.min(MAX_GPUS_PER_NODE);
+        let all = GpuSet::first(gpus).unwrap_or_default();
         let idx = self.nodes.len();
         let id = NodeId::new(format!("{}#{:06}", p.id, idx));
         self.nodes.push(NodeRec {
@@ -311,7 +316,7 @@ impl<'w> Engine<'w> {
             launched_ms: now,
             ready: false,
             released: false,
-            gpus_free: p.gpus_per_node,
+            free: all,
             on_node: Vec::new(),
             busy_since_ms: 0,
             busy_ms: 0,
@@ -323,8 +328,8 @@ impl<'w> Engine<'w> {
         self.snap.nodes.push(Node {
             id: id.clone(),
             pool: p.id.clone(),
-            gpus_total: p.gpus_per_node,
-            gpus_free: p.gpus_per_node,
+            gpus_total: gpus,
+            free_gpus: all,
             healthy: false,
             draining: false,
             last_heartbeat: Timestamp(now),
@@ -382,10 +387,10 @@ impl<'w> Engine<'w> {
         }
     }
 
-    fn start(&mut self, j: usize, n: usize, now: i64) {
+    /// Starts job `j` on GPUs `gpus` of node `n` (free, as many as it asks for: see `act`).
+    fn start(&mut self, j: usize, n: usize, gpus: GpuSet, now: i64) {
         self.dequeue(j);
         let job = &self.jobs_in[j];
-        let gpus = job.spec.resources.gpus;
         let pool = &self.world.pools[self.nodes[n].pool].pool;
         let mut transfer_s = 0;
         if let Some(d) = job.spec.data.as_ref().filter(|d| d.region != pool.region) {
@@ -411,6 +416,7 @@ impl<'w> Engine<'w> {
         let end_ms = work_start_ms + rec.remaining_s * 1000;
         rec.state = JobState::Running {
             node: n,
+            gpus,
             start_ms: now,
             work_start_ms,
         };
@@ -418,7 +424,7 @@ impl<'w> Engine<'w> {
         rec.first_pool.get_or_insert(self.nodes[n].pool);
         let (id, epoch) = (rec.id, rec.epoch);
         let nr = &mut self.nodes[n];
-        nr.gpus_free -= gpus;
+        nr.free = nr.free.difference(gpus);
         if nr.on_node.is_empty() {
             nr.busy_since_ms = now;
             nr.idle_epoch += 1;
@@ -434,7 +440,7 @@ impl<'w> Engine<'w> {
         }
         let node_id = self.nodes[n].id.clone();
         if let Some(pos) = self.node_at[n] {
-            self.snap.nodes[pos].gpus_free = self.nodes[n].gpus_free;
+            self.snap.nodes[pos].free_gpus = self.nodes[n].free;
         }
         self.running_at[j] = Some(self.snap.running.len());
         self.running_idx.push(j);
@@ -454,6 +460,7 @@ impl<'w> Engine<'w> {
     fn stop(&mut self, j: usize, now: i64, completed: bool) {
         let JobState::Running {
             node,
+            gpus: held,
             start_ms,
             work_start_ms,
         } = self.jobs[j].state
@@ -462,7 +469,7 @@ impl<'w> Engine<'w> {
         };
         let gpus = self.jobs_in[j].spec.resources.gpus;
         let nr = &mut self.nodes[node];
-        nr.gpus_free += gpus;
+        nr.free = nr.free.union(held);
         nr.on_node.retain(|&x| x != j);
         let pool = &self.world.pools[nr.pool].pool;
         if nr.on_node.is_empty() {
@@ -470,7 +477,7 @@ impl<'w> Engine<'w> {
             nr.idle_epoch += 1;
         }
         if let Some(pos) = self.node_at[node] {
-            self.snap.nodes[pos].gpus_free = self.nodes[node].gpus_free;
+            self.snap.nodes[pos].free_gpus = self.nodes[node].free;
         }
         let ran_s = (now - start_ms + 999) / 1000;
         self.jobs[j].cost += pool
