@@ -18,9 +18,10 @@ pub struct Config {
     pub retire_nodes_at_start: bool,
     /// The URL agents and the CLI use to reach this broker; defaults to `http://{listen}`.
     pub public_url: Option<String>,
-    /// Where the services gateway listens (`up` and `serve` run one in-process): a service's
-    /// `endpoint` is `http://{gateway_listen}/svc/TEAM/NAME/`. `SWITCHYARD_GATEWAY_LISTEN`.
-    pub gateway_listen: SocketAddr,
+    /// Where the services gateway listens, in-process: a service's `endpoint` is
+    /// `http://{gateway_listen}/svc/TEAM/NAME/`. `up` always runs one (on its API port + 1);
+    /// `serve` runs one when this is set (e.g. `"0.0.0.0:8081"`). `SWITCHYARD_GATEWAY_LISTEN`.
+    pub gateway_listen: Option<SocketAddr>,
     /// Holds the SQLite file and `admin.token`.
     pub data_dir: PathBuf,
     /// `sqlite://…` (defaults to `{data_dir}/switchyard.db`) or `postgres://…` (the
@@ -199,7 +200,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             retire_nodes_at_start: false,
             public_url: None,
-            gateway_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            gateway_listen: None,
             data_dir: PathBuf::from(".switchyard"),
             database_url: None,
             heartbeat_interval_s: 5,
@@ -272,7 +273,11 @@ impl Config {
         match name {
             "LISTEN" => set(&mut self.listen, &value)?,
             "PUBLIC_URL" => self.public_url = Some(value),
-            "GATEWAY_LISTEN" => set(&mut self.gateway_listen, &value)?,
+            "GATEWAY_LISTEN" => {
+                let mut addr = SocketAddr::from(([127, 0, 0, 1], 0));
+                set(&mut addr, &value)?;
+                self.gateway_listen = Some(addr);
+            }
             "DATA_DIR" => self.data_dir = PathBuf::from(value),
             "DATABASE_URL" => self.database_url = Some(value),
             "HEARTBEAT_INTERVAL_S" => set(&mut self.heartbeat_interval_s, &value)?,

@@ -886,8 +886,33 @@ async fn serve(
         );
     }
     eprintln!("switchyard listening on {}", cfg.public_url());
+    let (stop_gateway, stopped) = tokio::sync::oneshot::channel::<()>();
+    let gateway = match cfg.gateway_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the services gateway on {addr}"))?;
+            eprintln!("services gateway on http://{addr}/svc/TEAM/NAME/");
+            Some(tokio::spawn(switchyard_broker::gateway::serve(
+                running.app.clone(),
+                listener,
+                async move {
+                    let _ = stopped.await;
+                },
+            )))
+        }
+        None => None,
+    };
     let served = server::serve(running.app.clone(), listener, server::shutdown_signal()).await;
     running.stop().await;
+    let _ = stop_gateway.send(());
+    if let Some(gateway) = gateway {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), gateway).await {
+            Ok(Ok(Err(e))) => eprintln!("the services gateway failed: {e:#}"),
+            Ok(_) => {}
+            Err(_) => eprintln!("the services gateway did not stop within 10 s"),
+        }
+    }
     served
 }
 

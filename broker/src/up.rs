@@ -47,7 +47,10 @@ pub fn up_config(opts: &UpOptions) -> Config {
     Config {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], opts.port)),
         // The services gateway on the next port (8081 next to the default 8080).
-        gateway_listen: std::net::SocketAddr::from(([127, 0, 0, 1], opts.port.saturating_add(1))),
+        gateway_listen: Some(std::net::SocketAddr::from((
+            [127, 0, 0, 1],
+            opts.port.saturating_add(1),
+        ))),
         retire_nodes_at_start: true,
         data_dir: opts.data_dir.clone(),
         database_url: opts.database_url.clone(),
@@ -104,14 +107,14 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
             config.listen
         )
     })?;
-    let gateway_listener = TcpListener::bind(config.gateway_listen)
-        .await
-        .with_context(|| {
-            format!(
-                "binding the services gateway on {} (is another broker running? try --port)",
-                config.gateway_listen
-            )
-        })?;
+    let gateway_listen = config
+        .gateway_listen
+        .context("up runs a services gateway: gateway_listen is set")?;
+    let gateway_listener = TcpListener::bind(gateway_listen).await.with_context(|| {
+        format!(
+            "binding the services gateway on {gateway_listen} (is another broker running? try --port)"
+        )
+    })?;
     let url = config.public_url();
     let agent_program = std::env::current_exe().context("locating the switchyard binary")?;
     let log_dir = opts.data_dir.join("agents");
@@ -165,10 +168,7 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     println!("Switchyard is up: {url}");
     println!("  console      {url}/");
     println!("  OpenAPI      {url}/openapi.json");
-    println!(
-        "  gateway      http://{}/svc/TEAM/NAME/ (services)",
-        config.gateway_listen
-    );
+    println!("  gateway      http://{gateway_listen}/svc/TEAM/NAME/ (services)");
     println!(
         "  admin token  {} (written at first start)",
         token_path.display()

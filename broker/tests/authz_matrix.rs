@@ -64,6 +64,12 @@ const MATRIX: &[(&str, &str, [Want; 8])] = &[
     ("GET",   "/api/v1/spend",                         [SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  BLIND]),
     ("GET",   "/api/v1/budgets",                       [SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  BLIND]),
     ("GET",   "/metrics",                              [OK,    OK,    OK,    OK,    OK,    OK,    FORB,  FORB ]),
+    ("POST",  "/api/v1/services",                      [NEW,   NEW,   FORB,  FORB,  FORB,  FORB,  NEW,   FORB ]),
+    ("GET",   "/api/v1/services",                      [SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  BLIND]),
+    ("GET",   "/api/v1/services/{id}",                 [OK,    OK,    OK,    OK,    OK,    OK,    OK,    GONE ]),
+    ("PUT",   "/api/v1/services/{id}",                 [OK,    OK,    FORB,  FORB,  FORB,  FORB,  OK,    GONE ]),
+    ("DELETE","/api/v1/services/{id}",                 [ACC,   ACC,   FORB,  FORB,  FORB,  FORB,  ACC,   GONE ]),
+    ("GET",   "/api/v1/services/{id}/events",          [OK,    OK,    OK,    OK,    OK,    OK,    OK,    GONE ]),
 ];
 
 fn method(name: &str) -> Method {

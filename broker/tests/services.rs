@@ -117,7 +117,8 @@ async fn a_service_is_deployed_read_listed_updated_and_deleted() {
     assert_eq!(v["team"], "ml");
     assert_eq!(v["project"], "assistant");
     assert_eq!(v["spec_version"], 1);
-    assert_eq!(v["endpoint"], "http://127.0.0.1:8081/svc/ml/chat/");
+    // This broker runs no gateway (`gateway_listen` unset): no endpoint to call.
+    assert_eq!(v["endpoint"], "");
     assert_eq!(v["state"], "deploying", "no replica is ready yet: {v}");
     // 1 by replicas.min, or 2 by the schedule on a Shanghai working day.
     let desired = v["desired_replicas"].as_u64().unwrap();
@@ -967,7 +968,7 @@ async fn the_store_reads_replicas_desired_counts_events_and_cost() {
         (a.serve_host.as_deref(), a.serve_port, a.ready),
         (Some("127.0.0.1"), Some(41000), true)
     );
-    let view = switchyard_broker::rules::service::service_view(&read, &rows, "gw:1").unwrap();
+    let view = switchyard_broker::rules::service::service_view(&read, &rows, Some("gw:1")).unwrap();
     assert_eq!(view.state, switchyard_protocol::api::ServiceState::Ready);
     assert_eq!(view.endpoint, "http://gw:1/svc/ml/chat/");
     assert_eq!(view.replicas.len(), 2);

@@ -552,7 +552,7 @@ pub fn replica_state(r: &ServiceReplicaRow) -> Option<ReplicaState> {
 pub fn service_view(
     record: &ServiceRecord,
     replicas: &[ServiceReplicaRow],
-    gateway: &str,
+    gateway: Option<&str>,
 ) -> Result<ServiceView, ApiError> {
     let spec: ServiceSpec = serde_json::from_str(&record.spec_json).map_err(|e| {
         ApiError::Internal(format!(
@@ -598,7 +598,10 @@ pub fn service_view(
         team: record.team.clone(),
         project: record.project.clone(),
         state,
-        endpoint: format!("http://{gateway}/svc/{}/{}/", record.team, record.name),
+        // Empty when this broker runs no gateway (`gateway_listen` unset).
+        endpoint: gateway.map_or_else(String::new, |g| {
+            format!("http://{g}/svc/{}/{}/", record.team, record.name)
+        }),
         spec_version: record.spec_version,
         desired_replicas: record.desired_replicas,
         desired_reason: record.desired_reason.clone(),
@@ -881,7 +884,7 @@ mod tests {
             cost: core::Money(1_500_000),
         };
         let state = |rs: &[ServiceReplicaRow], r: &ServiceRecord| {
-            service_view(r, rs, "127.0.0.1:8081").unwrap().state
+            service_view(r, rs, Some("127.0.0.1:8081")).unwrap().state
         };
         let old_ready = replica(1, JobState::Running, true, false);
         let new_ready = replica(2, JobState::Running, true, false);
@@ -912,7 +915,7 @@ mod tests {
         };
         assert_eq!(state(&two, &deleted), ServiceState::Stopped);
 
-        let v = service_view(&record, &two, "127.0.0.1:8081").unwrap();
+        let v = service_view(&record, &two, Some("127.0.0.1:8081")).unwrap();
         assert_eq!(v.cost_usd, 1.5);
         assert_eq!(v.replicas[0].region.as_deref(), Some("onprem:dc"));
         assert_eq!(v.replicas[0].market.as_deref(), Some("on_demand"));

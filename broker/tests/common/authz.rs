@@ -163,6 +163,31 @@ pub async fn fresh_job(app: &TestApp, scope: Scope) -> String {
     r.body["id"].as_str().unwrap().to_string()
 }
 
+/// A service spec of `team` with a name no other cell uses; no replicas (`min` 0), so that the
+/// matrix's services take no GPU from its jobs.
+pub fn service_spec(team: &str) -> Value {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    json!({
+        "name": format!("svc-{n}"), "team": team, "command": ["sleep", "3600"],
+        "resources": {"gpus": 1}, "replicas": {"min": 0, "max": 1}
+    })
+}
+
+/// A new service of the scope's team, made by the admin; its id.
+pub async fn fresh_service(app: &TestApp, scope: Scope) -> String {
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/services",
+            Some(&app.admin),
+            Some(service_spec(scope.team())),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    r.body["id"].as_str().unwrap().to_string()
+}
+
 /// Pool ids contain `/`: as a path segment it is sent as `%2F`.
 pub fn pool_segment() -> String {
     POOL.replace('/', "%2F")
@@ -244,6 +269,34 @@ pub async fn request_for(
         ("GET", "/api/v1/spend") => (format!("{path}?group_by=team&team={team}"), None),
         ("GET", "/api/v1/budgets") => (path.into(), None),
         ("GET", "/metrics") => (path.into(), None),
+        ("POST", "/api/v1/services") => (path.into(), Some(service_spec(team))),
+        ("GET", "/api/v1/services") => {
+            fresh_service(app, scope).await;
+            (format!("{path}?team={team}"), None)
+        }
+        ("GET", "/api/v1/services/{id}") | ("DELETE", "/api/v1/services/{id}") => {
+            let id = fresh_service(app, scope).await;
+            (format!("/api/v1/services/{id}"), None)
+        }
+        ("PUT", "/api/v1/services/{id}") => {
+            let id = fresh_service(app, scope).await;
+            let mut spec = service_spec(team);
+            let current = app
+                .call(
+                    Method::GET,
+                    &format!("/api/v1/services/{id}"),
+                    Some(&app.admin),
+                    None,
+                )
+                .await;
+            spec["name"] = current.body["name"].clone();
+            spec["env"] = json!({"VERSION": "2"});
+            (format!("/api/v1/services/{id}"), Some(spec))
+        }
+        ("GET", "/api/v1/services/{id}/events") => {
+            let id = fresh_service(app, scope).await;
+            (format!("/api/v1/services/{id}/events"), None)
+        }
         _ => panic!(
             "no request recipe for {method} {path}: add one to request_for in tests/common/authz.rs"
         ),
@@ -257,6 +310,7 @@ pub fn shows_team(path: &str, body: &Value, team: &str) -> bool {
         "/api/v1/policies" => (&body["policies"], "team"),
         "/api/v1/budgets" => (&body["budgets"], "team"),
         "/api/v1/spend" => (&body["rows"], "team"),
+        "/api/v1/services" => (&body["services"], "team"),
         _ => panic!("{path} is not a list route the matrix knows"),
     };
     items

@@ -54,7 +54,8 @@ async fn validate(app: &App, spec: &ServiceSpec, now: Timestamp) -> Result<Strin
 async fn view_of(app: &App, record: &ServiceRecord) -> Result<ServiceView, ApiError> {
     let since = Timestamp(app.clock.now().millis() - ENDED_SHOWN_MS);
     let replicas = app.store.service_replicas(record.id, since).await?;
-    service::service_view(record, &replicas, &app.config.gateway_listen.to_string())
+    let gateway = app.config.gateway_listen.map(|a| a.to_string());
+    service::service_view(record, &replicas, gateway.as_deref())
 }
 
 /// The view, with the spec version as its `ETag`.
