@@ -127,6 +127,18 @@ impl ApiError {
     }
 }
 
+/// A query string that does not parse (an unknown key, a value of the wrong type): 400
+/// `invalid_query` with serde's words, for every route that takes one.
+impl From<axum::extract::rejection::QueryRejection> for ApiError {
+    fn from(e: axum::extract::rejection::QueryRejection) -> ApiError {
+        ApiError::BadRequest {
+            code: "invalid_query",
+            field: None,
+            message: e.body_text(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();

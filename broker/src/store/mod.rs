@@ -22,14 +22,32 @@ mod stretches;
 
 pub use postgres::WRITE_LOCK_KEY;
 pub use records::*;
-pub use sql::{DbId, DbTime, RouteRow, RoutedService, policy_target, role_name};
+pub use sql::{DbId, DbTime, RouteRow, RoutedService};
 
 use sql::{Db, Tx};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use switchyard_core::{AttemptId, JobId, JobState, Money, NodeId, PoolId, Priority, Timestamp};
 use switchyard_protocol::agent::AttemptRef;
+use switchyard_protocol::api::Role;
 use uuid::Uuid;
+
+pub fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Admin => "admin",
+        Role::Finance => "finance",
+        Role::Infra => "infra",
+        Role::Developer => "developer",
+    }
+}
+
+/// The audit target of a policy: `policy:TEAM` or `policy:TEAM/PROJECT`.
+pub fn policy_target(team: &str, project: Option<&str>) -> String {
+    match project {
+        Some(p) => format!("policy:{team}/{p}"),
+        None => format!("policy:{team}"),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

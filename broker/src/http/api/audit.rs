@@ -110,11 +110,7 @@ pub async fn list(
     params: Result<Query<AuditParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<AuditList>, ApiError> {
     caller.require(&[Role::Admin, Role::Finance, Role::Infra])?;
-    let Query(params) = params.map_err(|e| ApiError::BadRequest {
-        code: "invalid_query",
-        field: None,
-        message: e.body_text(),
-    })?;
+    let Query(params) = params?;
     let limit = params.limit.unwrap_or(100);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::invalid("limit", "must be between 1 and 500"));

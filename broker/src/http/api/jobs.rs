@@ -217,11 +217,7 @@ pub async fn list(
     caller: Caller,
     params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<JobList>, ApiError> {
-    let Query(params) = params.map_err(|e| ApiError::BadRequest {
-        code: "invalid_query",
-        field: None,
-        message: e.body_text(),
-    })?;
+    let Query(params) = params?;
     let limit = params.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::invalid("limit", "must be between 1 and 500"));
@@ -377,11 +373,7 @@ pub async fn logs(
     Path(id): Path<String>,
     params: Result<Query<LogParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<LogPage>, ApiError> {
-    let Query(params) = params.map_err(|e| ApiError::BadRequest {
-        code: "invalid_query",
-        field: None,
-        message: e.body_text(),
-    })?;
+    let Query(params) = params?;
     let limit = params.limit.unwrap_or(1000);
     if !(1..=10_000).contains(&limit) {
         return Err(ApiError::invalid("limit", "must be between 1 and 10000"));

@@ -34,11 +34,7 @@ pub struct ProjectParams {
 fn project_of(
     params: Result<Query<ProjectParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Option<String>, ApiError> {
-    let Query(params) = params.map_err(|e| ApiError::BadRequest {
-        code: "invalid_query",
-        field: None,
-        message: e.body_text(),
-    })?;
+    let Query(params) = params?;
     match params.project {
         None => Ok(None),
         Some(p) => {

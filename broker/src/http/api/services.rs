@@ -149,11 +149,7 @@ pub async fn list(
     caller: Caller,
     params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<ServiceList>, ApiError> {
-    let Query(params) = params.map_err(|e| ApiError::BadRequest {
-        code: "invalid_query",
-        field: None,
-        message: e.body_text(),
-    })?;
+    let Query(params) = params?;
     let team = match (caller.team_scope(), params.team) {
         // A developer asking for another team sees nothing, as if it had no services.
         (Some(own), Some(asked)) if own != asked => {
@@ -367,11 +363,7 @@ pub async fn events(
     Path(id): Path<String>,
     params: Result<Query<EventParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<ServiceEventList>, ApiError> {
-    let Query(params) = params.map_err(|e| ApiError::BadRequest {
-        code: "invalid_query",
-        field: None,
-        message: e.body_text(),
-    })?;
+    let Query(params) = params?;
     let limit = params.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit", "must be between 1 and 1000"));

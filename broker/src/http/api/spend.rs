@@ -70,11 +70,7 @@ pub async fn report(
     headers: HeaderMap,
     params: Result<Query<SpendParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(params) = params.map_err(|e| ApiError::BadRequest {
-        code: "invalid_query",
-        field: None,
-        message: e.body_text(),
-    })?;
+    let Query(params) = params?;
     let group_by = params.group_by.as_deref().unwrap_or("team");
     let group = SpendGroup::parse(group_by).ok_or_else(|| {
         ApiError::invalid(

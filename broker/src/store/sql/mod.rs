@@ -33,7 +33,6 @@ mod types;
 
 pub use gateway::{RouteRow, RoutedService};
 pub(crate) use rows::*;
-pub use rows::{policy_target, role_name};
 pub use types::{DbId, DbTime};
 
 // What the method files (`use super::*`) share.

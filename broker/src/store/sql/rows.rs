@@ -229,15 +229,6 @@ pub(crate) fn parse_market(s: &str) -> StoreResult<Market> {
     }
 }
 
-pub fn role_name(r: Role) -> &'static str {
-    match r {
-        Role::Admin => "admin",
-        Role::Finance => "finance",
-        Role::Infra => "infra",
-        Role::Developer => "developer",
-    }
-}
-
 pub(crate) fn parse_role(s: &str) -> StoreResult<Role> {
     Ok(match s {
         "admin" => Role::Admin,
@@ -294,13 +285,5 @@ pub(crate) fn rejected(reason: &str) -> EventResult {
     EventResult {
         status: EventStatus::Rejected,
         reason: Some(reason.to_string()),
-    }
-}
-
-/// The audit target of a policy: `policy:TEAM` or `policy:TEAM/PROJECT`.
-pub fn policy_target(team: &str, project: Option<&str>) -> String {
-    match project {
-        Some(p) => format!("policy:{team}/{p}"),
-        None => format!("policy:{team}"),
     }
 }
