@@ -228,6 +228,9 @@ fn work(answer: &WorkResponse) {
     let opts = RunOptions {
         default_grace: Duration::from_secs(30),
         sandbox: sandbox(),
+        serving: std::sync::Arc::new(
+            switchyard_agent::serving::Serving::new("127.0.0.1").expect("a loopback host"),
+        ),
     };
     let mut admitted = std::collections::BTreeSet::new();
     for lease in &answer.leases {
