@@ -199,6 +199,19 @@ async fn a_service_deploys_its_replicas_rolls_to_a_new_version_and_drains_on_del
     )
     .await;
     let fewest_ready = fewest_ready.get();
+    // The gateway's figures show in the service: the calls above, their latency, no errors.
+    let s = up.get(&format!("/api/v1/services/{id}")).await;
+    assert!(
+        s["traffic"]["requests"].as_u64().unwrap() > 10,
+        "{}",
+        s["traffic"]
+    );
+    assert_eq!(s["traffic"]["errors"], 0, "{}", s["traffic"]);
+    assert!(
+        s["traffic"]["p95_ms"].as_f64().is_some(),
+        "{}",
+        s["traffic"]
+    );
     let answers = caller.await.unwrap();
     let failed: Vec<_> = answers
         .iter()

@@ -12,9 +12,10 @@ use axum::http::header::{ETAG, IF_MATCH};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use switchyard_core::Timestamp;
+use switchyard_core::{JobId, Timestamp};
 use switchyard_protocol::api::{
     ErrorBody, Role, ServiceEventList, ServiceEventView, ServiceList, ServiceSpec, ServiceView,
+    TrafficView,
 };
 use utoipa::IntoParams;
 use uuid::Uuid;
@@ -55,7 +56,33 @@ async fn view_of(app: &App, record: &ServiceRecord) -> Result<ServiceView, ApiEr
     let since = Timestamp(app.clock.now().millis() - ENDED_SHOWN_MS);
     let replicas = app.store.service_replicas(record.id, since).await?;
     let gateway = app.config.gateway_listen.map(|a| a.to_string());
-    service::service_view(record, &replicas, gateway.as_deref())
+    let mut view = service::service_view(record, &replicas, gateway.as_deref())?;
+    // What this broker's gateway saw over the service's window.
+    let now = app.clock.now();
+    let window = view
+        .spec
+        .scaling
+        .as_ref()
+        .and_then(|s| s.window_s)
+        .unwrap_or(service::DEFAULT_WINDOW_S);
+    let w = app.traffic.service(record.id, now, window);
+    view.traffic = TrafficView {
+        window_s: window,
+        requests: w.requests,
+        errors: w.errors,
+        rps: w.rps,
+        p50_ms: w.p50_ms,
+        p95_ms: w.p95_ms,
+        p99_ms: w.p99_ms,
+    };
+    for r in &mut view.replicas {
+        let job = JobId(r.job_id);
+        let rw = app.traffic.replica(record.id, job, now, window);
+        r.rps = rw.rps;
+        r.p95_ms = rw.p95_ms;
+        r.in_flight = u32::try_from(app.traffic.in_flight(job)).unwrap_or(u32::MAX);
+    }
+    Ok(view)
 }
 
 /// The view, with the spec version as its `ETag`.
