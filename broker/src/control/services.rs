@@ -14,10 +14,13 @@
 //!    cancelled and its agent stops it with the checkpoint signal and the grace period. A
 //!    replica that never served (not ready, nothing in flight) is cancelled at once.
 //!
-//! Every start and stop is a service event with its reason.
+//! Every start and stop is a service event with its reason. A version whose replicas keep
+//! failing is restarted ever more slowly (`rules/replicas.rs`, `crash_backoff`), with a
+//! `replica_backoff` event per failure.
 
+use std::collections::HashMap;
 use std::time::Duration;
-use switchyard_core::{JobId, JobState};
+use switchyard_core::{JobId, JobState, Timestamp};
 use switchyard_protocol::api::ServiceSpec;
 use uuid::Uuid;
 
@@ -39,11 +42,12 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub async fn run(app: App) {
     let mut moves = app.clock.moves();
+    let mut backoffs = HashMap::new();
     loop {
         if !app.leadership.is_leader() {
             app.leadership.until_leader().await;
         }
-        match reconcile(&app).await {
+        match reconcile(&app, &mut backoffs).await {
             Ok(()) => {}
             Err(e @ StoreError::Fenced { .. }) => {
                 app.leadership.step_down(app.store.as_ref(), &e.to_string());
@@ -58,10 +62,14 @@ pub async fn run(app: App) {
     }
 }
 
-/// One pass over every service.
-pub async fn reconcile(app: &App) -> Result<(), StoreError> {
+/// One pass over every service. `backoffs` remembers, per service, the failure its last
+/// `replica_backoff` event was about.
+pub async fn reconcile(
+    app: &App,
+    backoffs: &mut HashMap<Uuid, Option<Timestamp>>,
+) -> Result<(), StoreError> {
     for record in app.store.services(None).await? {
-        if let Err(e) = reconcile_one(app, &record).await {
+        if let Err(e) = reconcile_one(app, &record, backoffs).await {
             if matches!(e, StoreError::Fenced { .. }) {
                 return Err(e);
             }
@@ -71,7 +79,11 @@ pub async fn reconcile(app: &App) -> Result<(), StoreError> {
     Ok(())
 }
 
-async fn reconcile_one(app: &App, record: &ServiceRecord) -> Result<(), StoreError> {
+async fn reconcile_one(
+    app: &App,
+    record: &ServiceRecord,
+    backoffs: &mut HashMap<Uuid, Option<Timestamp>>,
+) -> Result<(), StoreError> {
     let now = app.clock.now();
     let spec: ServiceSpec = serde_json::from_str(&record.spec_json)
         .map_err(|e| StoreError::Corrupt(format!("service {} spec: {e}", record.id)))?;
@@ -87,11 +99,35 @@ async fn reconcile_one(app: &App, record: &ServiceRecord) -> Result<(), StoreErr
         }
         n
     };
-    let replicas = app.store.service_replicas(record.id, now).await?;
+    let since = Timestamp(now.millis() - replicas::CRASH_WINDOW_MS);
+    let replicas = app.store.service_replicas(record.id, since).await?;
     let live: Vec<Seen> = replicas.iter().filter_map(seen).collect();
     let decision = replicas::decide(record.spec_version, desired, deleted, &live);
     if decision.start > 0 {
-        start_replicas(app, record, &spec, decision.start).await?;
+        let failed_at: Vec<Timestamp> = replicas
+            .iter()
+            .filter(|r| r.service_version == record.spec_version && r.job_state == JobState::Failed)
+            .filter_map(|r| r.finished_at)
+            .collect();
+        match replicas::crash_backoff(&failed_at, now) {
+            None => start_replicas(app, record, &spec, decision.start).await?,
+            Some(until) => {
+                // Said once per failure, not on every pass of the wait.
+                let last = failed_at.iter().max().copied();
+                if last.is_some() && backoffs.insert(record.id, last) != Some(last) {
+                    let message = format!(
+                        "{} replicas of version {} failed in the last 10 minutes; the next \
+                         starts at {}",
+                        failed_at.len(),
+                        record.spec_version,
+                        crate::clock::to_datetime(until).to_rfc3339()
+                    );
+                    app.store
+                        .append_service_event(record.id, "replica_backoff", &message, None, now)
+                        .await?;
+                }
+            }
+        }
     }
     for (job, why) in decision.stop {
         let never_served = replicas

@@ -12,7 +12,7 @@
 //! - A replica already being stopped (its job's cancel requested) counts for nothing: it
 //!   finishes its in-flight work and ends.
 
-use switchyard_core::JobId;
+use switchyard_core::{JobId, Timestamp};
 
 /// A live replica (its job not finished) as the reconciler sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,6 +32,37 @@ pub struct Decision {
     pub start: u32,
     /// Replicas to stop, each with why.
     pub stop: Vec<(JobId, &'static str)>,
+}
+
+/// Failed replicas of a version within [`CRASH_WINDOW_MS`] before starting new ones is held
+/// back: from the [`CRASH_FREE`]th failure on, the next start waits `5 s × 2^(n − 3)` after the
+/// last failure, at most [`CRASH_MAX_WAIT_MS`].
+pub const CRASH_FREE: usize = 3;
+pub const CRASH_WINDOW_MS: i64 = 10 * 60 * 1000;
+pub const CRASH_FIRST_WAIT_MS: i64 = 5_000;
+pub const CRASH_MAX_WAIT_MS: i64 = 5 * 60 * 1000;
+
+/// Until when starting replicas waits, given when the current version's replicas failed (ended
+/// on their own, `failed`) and the time now; `None`: start now. A version whose replicas keep
+/// crashing is restarted ever more slowly, not every second.
+pub fn crash_backoff(failed_at: &[Timestamp], now: Timestamp) -> Option<Timestamp> {
+    let recent: Vec<Timestamp> = failed_at
+        .iter()
+        .copied()
+        .filter(|t| now.millis() - t.millis() <= CRASH_WINDOW_MS)
+        .collect();
+    if recent.len() < CRASH_FREE {
+        return None;
+    }
+    let last = recent.iter().max()?;
+    let doublings = u32::try_from(recent.len() - CRASH_FREE)
+        .unwrap_or(u32::MAX)
+        .min(16);
+    let wait = CRASH_FIRST_WAIT_MS
+        .saturating_mul(1i64 << doublings)
+        .min(CRASH_MAX_WAIT_MS);
+    let until = Timestamp(last.millis().saturating_add(wait));
+    (until > now).then_some(until)
 }
 
 pub const WHY_DELETED: &str = "the service was deleted";
@@ -158,6 +189,25 @@ mod tests {
         let d = decide(2, 4, true, &[r(1, 1, true, 0), r(2, 2, false, 1), going]);
         assert_eq!((d.start, stopped(&d)), (0, vec![1, 2]));
         assert!(d.stop.iter().all(|(_, why)| *why == WHY_DELETED));
+    }
+
+    #[test]
+    fn crashing_replicas_are_restarted_ever_more_slowly() {
+        let t = |s: i64| Timestamp(s * 1000);
+        // Two failures: start at once.
+        assert_eq!(crash_backoff(&[t(0), t(10)], t(11)), None);
+        // The third: 5 s after it; the fourth: 10 s after it.
+        assert_eq!(crash_backoff(&[t(0), t(10), t(20)], t(21)), Some(t(25)));
+        assert_eq!(crash_backoff(&[t(0), t(10), t(20)], t(25)), None);
+        assert_eq!(
+            crash_backoff(&[t(0), t(10), t(20), t(30)], t(31)),
+            Some(t(40))
+        );
+        // Never more than 5 minutes.
+        let many: Vec<Timestamp> = (0..40).map(t).collect();
+        assert_eq!(crash_backoff(&many, t(40)), Some(t(39 + 300)));
+        // Failures older than 10 minutes are forgotten.
+        assert_eq!(crash_backoff(&[t(0), t(1), t(2)], t(700)), None);
     }
 
     #[test]
