@@ -113,6 +113,9 @@ enum Command {
         /// Port of the broker's API and console on 127.0.0.1.
         #[arg(long, default_value_t = 8080)]
         port: u16,
+        /// Port of the services gateway on 127.0.0.1 [default: --port + 1].
+        #[arg(long)]
+        gateway_port: Option<u16>,
         /// Directory for the database, the admin token and the agents' state.
         #[arg(long, default_value = ".switchyard")]
         data_dir: PathBuf,
@@ -635,6 +638,7 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
     match args.command {
         Command::Up {
             port,
+            gateway_port,
             data_dir,
             agents,
             boot_delay,
@@ -644,6 +648,7 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
         } => done(
             up::run(up::UpOptions {
                 port,
+                gateway_port,
                 data_dir,
                 agents,
                 boot_delay,

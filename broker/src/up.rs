@@ -25,6 +25,8 @@ pub const ONPREM_POOL: &str = "onprem:local-dc1/sim-h100x4";
 #[derive(Clone, Debug)]
 pub struct UpOptions {
     pub port: u16,
+    /// The services gateway's port; `None`: `port + 1`.
+    pub gateway_port: Option<u16>,
     pub data_dir: PathBuf,
     pub agents: u32,
     pub boot_delay: Duration,
@@ -49,7 +51,7 @@ pub fn up_config(opts: &UpOptions) -> Config {
         // The services gateway on the next port (8081 next to the default 8080).
         gateway_listen: Some(std::net::SocketAddr::from((
             [127, 0, 0, 1],
-            opts.port.saturating_add(1),
+            opts.gateway_port.unwrap_or(opts.port.saturating_add(1)),
         ))),
         retire_nodes_at_start: true,
         data_dir: opts.data_dir.clone(),

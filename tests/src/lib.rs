@@ -610,9 +610,12 @@ impl Up {
     pub async fn start(args: &[&str], onprem_gpus: u64) -> Up {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
+        // Its own free port too: the API's + 1 may be taken by another test's process.
+        let gateway_port = free_port();
         let data = dir.path().join("state");
         let mut cmd = Command::new(bin("switchyard"));
         cmd.args(["up", "--port", &port.to_string()])
+            .args(["--gateway-port", &gateway_port.to_string()])
             .args(args)
             .arg("--data-dir")
             .arg(&data);
