@@ -313,10 +313,14 @@ async fn acquire(
         }
         if !queued {
             let cap = (ready.len() * QUEUE_PER_REPLICA).max(QUEUE_MIN);
-            if queue.waiting.fetch_add(1, Ordering::SeqCst) >= cap {
+            let depth = queue.waiting.fetch_add(1, Ordering::SeqCst);
+            if depth >= cap {
                 queue.waiting.fetch_sub(1, Ordering::SeqCst);
                 return Err(busy("the service's queue is full"));
             }
+            gw.app
+                .traffic
+                .queued(queue.id, gw.app.clock.now(), depth + 1);
             queued = true;
         }
         // Requests that end, and new routes, wake the queue; look again at least every 100 ms

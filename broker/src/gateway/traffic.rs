@@ -35,6 +35,10 @@ struct Second {
     at: i64,
     requests: u64,
     errors: u64,
+    /// The sum of the latencies, in microseconds.
+    latency_us: u64,
+    /// The most requests that waited in the service's queue at once during the second.
+    queued: u64,
     hist: Box<[u32; BUCKETS]>,
 }
 
@@ -44,6 +48,8 @@ impl Second {
             at,
             requests: 0,
             errors: 0,
+            latency_us: 0,
+            queued: 0,
             hist: Box::new([0; BUCKETS]),
         }
     }
@@ -55,19 +61,31 @@ struct Series {
 }
 
 impl Series {
-    fn record(&mut self, at: i64, latency: Duration, error: bool) {
+    /// The second `at` (a late report for an earlier second lands in the latest one: close
+    /// enough), forgetting what is older than [`KEEP_S`].
+    fn second(&mut self, at: i64) -> &mut Second {
         if self.seconds.back().is_none_or(|s| s.at < at) {
             self.seconds.push_back(Second::new(at));
-        }
-        // A late report for an earlier second lands in the latest one: close enough.
-        if let Some(s) = self.seconds.back_mut() {
-            s.requests += 1;
-            s.errors += u64::from(error);
-            s.hist[bucket_of(latency)] += 1;
         }
         while self.seconds.front().is_some_and(|s| s.at <= at - KEEP_S) {
             self.seconds.pop_front();
         }
+        self.seconds
+            .back_mut()
+            .expect("a second was just pushed or is there")
+    }
+
+    fn record(&mut self, at: i64, latency: Duration, error: bool) {
+        let s = self.second(at);
+        s.requests += 1;
+        s.errors += u64::from(error);
+        s.latency_us += u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        s.hist[bucket_of(latency)] += 1;
+    }
+
+    fn queued(&mut self, at: i64, depth: u64) {
+        let s = self.second(at);
+        s.queued = s.queued.max(depth);
     }
 
     fn window(&self, now: i64, window_s: i64) -> Window {
@@ -76,6 +94,8 @@ impl Series {
             ..Window::default()
         };
         let mut hist = [0u64; BUCKETS];
+        let mut latency_us = 0u64;
+        let mut queued = 0u64;
         for s in self
             .seconds
             .iter()
@@ -83,6 +103,8 @@ impl Series {
         {
             w.requests += s.requests;
             w.errors += s.errors;
+            latency_us = latency_us.saturating_add(s.latency_us);
+            queued += s.queued;
             for (h, n) in hist.iter_mut().zip(s.hist.iter()) {
                 *h += u64::from(*n);
             }
@@ -106,6 +128,8 @@ impl Series {
         w.p95_ms = quantile(0.95);
         w.p99_ms = quantile(0.99);
         w.rps = w.requests as f64 / window_s.max(1) as f64;
+        w.mean_ms = (w.requests > 0).then(|| latency_us as f64 / 1000.0 / w.requests as f64);
+        w.queued_mean = queued as f64 / window_s.max(1) as f64;
         w
     }
 }
@@ -120,6 +144,10 @@ pub struct Window {
     pub p50_ms: Option<f64>,
     pub p95_ms: Option<f64>,
     pub p99_ms: Option<f64>,
+    /// The mean latency.
+    pub mean_ms: Option<f64>,
+    /// The queue's depth (its peak in each second), averaged over the window's seconds.
+    pub queued_mean: f64,
 }
 
 #[derive(Default)]
@@ -178,6 +206,14 @@ impl Traffic {
                 .or_default()
                 .record(at, latency, error);
         }
+    }
+
+    /// `depth` requests wait in the service's queue now.
+    pub fn queued(&self, service: Uuid, now: Timestamp, depth: usize) {
+        let at = now.millis().div_euclid(1000);
+        let mut services = self.services.lock().unwrap_or_else(|e| e.into_inner());
+        let s = services.entry(service).or_default();
+        s.all.queued(at, u64::try_from(depth).unwrap_or(u64::MAX));
     }
 
     /// The service's traffic over the last `window_s` seconds up to `now`.
