@@ -5,6 +5,7 @@
 //! from the store: `policy::check_submit_against_store`, `budget::statuses` and
 //! `budget::round_policies`.
 
+pub mod autoscale;
 pub mod budget;
 pub mod convert;
 pub mod lease;
