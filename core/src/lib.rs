@@ -9,6 +9,7 @@ pub mod gpu_model;
 pub mod gpu_set;
 pub mod money;
 pub mod placement;
+pub mod serving;
 pub mod sim;
 pub mod time;
 pub mod validate;
