@@ -2,8 +2,9 @@
 //! level-triggered like the burst controller). Each pass, for every service, live or deleted
 //! and still draining:
 //!
-//! 1. the desired count — `replicas.min` or the schedule's minimum (`rules/service.rs`), kept
-//!    on the service with its reason and a `scaled` event when it changes;
+//! 1. the desired count — the autoscaler's rule (`rules/autoscale.rs`) on what the gateways
+//!    measured (`App::traffic`), the schedule's minimum and the replica bounds — kept on the
+//!    service with its reason and a `scaled` event when it changes;
 //! 2. what to start and stop (`rules/replicas.rs`: missing replicas started, extras drained,
 //!    old versions replaced only as new ones are ready, everything drained on delete);
 //! 3. carried out: a replica is a job of kind `service` (`NewJob::replica`), placed, leased,
@@ -25,6 +26,7 @@ use switchyard_protocol::api::ServiceSpec;
 use uuid::Uuid;
 
 use crate::control::scheduler::SchedulerEvent;
+use crate::rules::autoscale::{self, Measured, Recommendation, Scaler, Targets};
 use crate::rules::replicas::{self, Seen};
 use crate::rules::{convert, service};
 use crate::state::App;
@@ -40,14 +42,25 @@ pub const DRAIN_SETTLE: Duration = Duration::from_millis(1500);
 /// The longest a draining replica's requests in flight are waited for.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// What the reconciler remembers between passes (in the leader's memory only: a new leader
+/// starts afresh, and waits one delay before it moves a count).
+#[derive(Default)]
+pub struct Memory {
+    /// Per service, the failure its last `replica_backoff` event was about.
+    backoffs: HashMap<Uuid, Option<Timestamp>>,
+    /// Per service, the autoscaler's recent recommendations.
+    scalers: HashMap<Uuid, Scaler>,
+}
+
 pub async fn run(app: App) {
     let mut moves = app.clock.moves();
-    let mut backoffs = HashMap::new();
+    let mut memory = Memory::default();
     loop {
         if !app.leadership.is_leader() {
             app.leadership.until_leader().await;
+            memory = Memory::default();
         }
-        match reconcile(&app, &mut backoffs).await {
+        match reconcile(&app, &mut memory).await {
             Ok(()) => {}
             Err(e @ StoreError::Fenced { .. }) => {
                 app.leadership.step_down(app.store.as_ref(), &e.to_string());
@@ -62,14 +75,16 @@ pub async fn run(app: App) {
     }
 }
 
-/// One pass over every service. `backoffs` remembers, per service, the failure its last
-/// `replica_backoff` event was about.
-pub async fn reconcile(
-    app: &App,
-    backoffs: &mut HashMap<Uuid, Option<Timestamp>>,
-) -> Result<(), StoreError> {
-    for record in app.store.services(None).await? {
-        if let Err(e) = reconcile_one(app, &record, backoffs).await {
+/// One pass over every service.
+pub async fn reconcile(app: &App, memory: &mut Memory) -> Result<(), StoreError> {
+    let records = app.store.services(None).await?;
+    memory.scalers.retain(|id, _| {
+        records
+            .iter()
+            .any(|r| r.id == *id && r.deleted_at.is_none())
+    });
+    for record in records {
+        if let Err(e) = reconcile_one(app, &record, memory).await {
             if matches!(e, StoreError::Fenced { .. }) {
                 return Err(e);
             }
@@ -82,26 +97,32 @@ pub async fn reconcile(
 async fn reconcile_one(
     app: &App,
     record: &ServiceRecord,
-    backoffs: &mut HashMap<Uuid, Option<Timestamp>>,
+    memory: &mut Memory,
 ) -> Result<(), StoreError> {
     let now = app.clock.now();
     let spec: ServiceSpec = serde_json::from_str(&record.spec_json)
         .map_err(|e| StoreError::Corrupt(format!("service {} spec: {e}", record.id)))?;
     let deleted = record.deleted_at.is_some();
-    let desired = if deleted {
-        0
-    } else {
-        let (n, reason) = service::initial_desired(&spec, now);
-        if n != record.desired_replicas || reason != record.desired_reason {
-            app.store
-                .set_service_desired(record.id, n, &reason, now)
-                .await?;
-        }
-        n
-    };
     let since = Timestamp(now.millis() - replicas::CRASH_WINDOW_MS);
     let replicas = app.store.service_replicas(record.id, since).await?;
     let live: Vec<Seen> = replicas.iter().filter_map(seen).collect();
+    let desired = if deleted {
+        0
+    } else {
+        let ready = live.iter().filter(|r| r.ready && !r.stopping).count();
+        let scaler = memory.scalers.entry(record.id).or_default();
+        let ready = u32::try_from(ready).unwrap_or(u32::MAX);
+        match scale(app, record, &spec, scaler, ready, now) {
+            Some(change) => {
+                app.store
+                    .set_service_desired(record.id, change.n, &change.reason, now)
+                    .await?;
+                change.n
+            }
+            None => record.desired_replicas,
+        }
+    };
+    let backoffs = &mut memory.backoffs;
     let decision = replicas::decide(record.spec_version, desired, deleted, &live);
     if decision.start > 0 {
         let failed_at: Vec<Timestamp> = replicas
@@ -168,6 +189,35 @@ async fn reconcile_one(
         }
     }
     Ok(())
+}
+
+/// The autoscaler's pass for one service: its rule on what the gateways measured; `Some`: a
+/// new desired count and why.
+fn scale(
+    app: &App,
+    record: &ServiceRecord,
+    spec: &ServiceSpec,
+    scaler: &mut Scaler,
+    ready: u32,
+    now: Timestamp,
+) -> Option<Recommendation> {
+    let t = Targets::of(spec);
+    let span = scaler.span_s(&t, ready, now);
+    let window = app.traffic.service(record.id, now, t.window_s);
+    let recent = app.traffic.service(record.id, now, span);
+    let measured = Measured {
+        rps: window.rps,
+        span_requests: recent.requests,
+        span_rps: recent.rps,
+        span_p95_ms: recent.p95_ms,
+        span_mean_ms: recent.mean_ms,
+        span_queued: recent.queued_mean,
+        ready,
+    };
+    let schedule = service::schedule_minimum(spec, now);
+    let schedule_min = schedule.as_ref().map_or(0, |(n, _)| *n);
+    let rec = autoscale::recommend(&t, &measured, schedule);
+    scaler.step(&t, rec, record.desired_replicas, schedule_min, now)
 }
 
 /// A replica the rule weighs: its job has not ended.

@@ -4,9 +4,11 @@
 //!
 //! **Signals** (each a replica count, with the reason in words):
 //! - *rate*: `⌈rps / target_rps_per_replica⌉`;
-//! - *load*: by Little's law the requests in service at once are `rps × mean latency`; with the
-//!   queue's mean depth, `⌈(in service + queued) / (max_concurrency_per_replica × 0.8)⌉` —
-//!   replicas kept at 80 % of their concurrency bound, so a burst finds room;
+//! - *load*: by Little's law the requests at the gateway at once — in service or waiting in
+//!   its queue — are `rps × mean latency` (latency counts from the request's arrival at the
+//!   gateway, so queueing is in it); `⌈that / (max_concurrency_per_replica × 0.8)⌉` — replicas
+//!   kept at 80 % of their concurrency bound, so a burst finds room. A queue that holds (its
+//!   mean depth) asks for at least enough replicas to serve it as well;
 //! - *latency*: p95 above `target_p95_latency_ms` asks for `ready × p95 / target` (at least one
 //!   more, at most twice as many), but only when the replicas are busy (requests queue, or they
 //!   run at least half their concurrency bound): when a replica alone is slower than the
@@ -150,21 +152,28 @@ pub fn recommend(t: &Targets, m: &Measured, schedule: Option<(u32, String)>) -> 
             format!("{:.1} req/s at a target of {per} per replica: {n}", m.rps),
         );
     }
-    let in_service = m.span_rps * m.span_mean_ms.unwrap_or(0.0) / 1000.0;
+    let in_system = m.span_rps * m.span_mean_ms.unwrap_or(0.0) / 1000.0;
+    // Served at once: what is at the gateway less what waits.
+    let in_service = (in_system - m.span_queued).max(0.0);
     if let Some(conc) = t.max_concurrency {
-        let n = ceil_u32((in_service + m.span_queued) / (conc * LOAD_TARGET));
-        let queued = if m.span_queued >= 0.05 {
-            format!(" + {:.1} queued", m.span_queued)
-        } else {
-            String::new()
-        };
+        let n = ceil_u32(in_system / (conc * LOAD_TARGET));
         consider(
             n,
             format!(
-                "{in_service:.1} requests in flight{queued} at {:.0} of {conc} per replica: {n}",
+                "{in_system:.1} requests at the gateway at {:.1} per replica: {n}",
                 conc * LOAD_TARGET
             ),
         );
+        if m.span_queued >= 0.5 {
+            let n = m.ready.saturating_add(ceil_u32(m.span_queued / conc));
+            consider(
+                n,
+                format!(
+                    "{:.1} requests queued on {} ready replicas of {conc} each: {n}",
+                    m.span_queued, m.ready
+                ),
+            );
+        }
     }
     if let (Some(target), Some(p95)) = (t.p95_ms, m.span_p95_ms)
         && m.span_requests >= MIN_REQUESTS
@@ -332,12 +341,12 @@ mod tests {
     }
 
     #[test]
-    fn the_load_signal_counts_the_queue() {
-        // 40 req/s × 0.5 s = 20 in service, + 12 queued = 32 over 6.4 per replica.
+    fn the_load_signal_counts_what_is_at_the_gateway_and_the_queue() {
+        // 40 req/s × 0.8 s = 32 at the gateway (12 of them queued), over 6.4 per replica.
         let m = Measured {
             rps: 0.0,
             span_rps: 40.0,
-            span_mean_ms: Some(500.0),
+            span_mean_ms: Some(800.0),
             span_queued: 12.0,
             span_requests: 400,
             span_p95_ms: Some(200.0),
@@ -346,8 +355,21 @@ mod tests {
         let mut t = targets();
         t.rps_per_replica = None;
         let r = recommend(&t, &m, None);
-        assert_eq!(r.n, 5);
-        assert!(r.reason.contains("12.0 queued"), "{}", r.reason);
+        assert_eq!(r.n, 5, "{}", r.reason);
+        assert!(
+            r.reason.contains("32.0 requests at the gateway"),
+            "{}",
+            r.reason
+        );
+        // A queue before its requests' latencies are known: one more replica per 8 queued.
+        let m = Measured {
+            span_queued: 20.0,
+            ready: 2,
+            ..Measured::default()
+        };
+        let r = recommend(&t, &m, None);
+        assert_eq!(r.n, 5, "{}", r.reason);
+        assert!(r.reason.contains("20.0 requests queued"), "{}", r.reason);
     }
 
     #[test]
