@@ -22,6 +22,10 @@ pub struct Config {
     /// `http://{gateway_listen}/svc/TEAM/NAME/`. `up` always runs one (on its API port + 1);
     /// `serve` runs one when this is set (e.g. `"0.0.0.0:8081"`). `SWITCHYARD_GATEWAY_LISTEN`.
     pub gateway_listen: Option<SocketAddr>,
+    /// The region the in-process gateway serves (`provider:code`): it prefers replicas there,
+    /// then in the regions nearest it by catalogue latency. `up`: its on-prem region.
+    /// `SWITCHYARD_GATEWAY_REGION`.
+    pub gateway_region: Option<String>,
     /// Holds the SQLite file and `admin.token`.
     pub data_dir: PathBuf,
     /// `sqlite://…` (defaults to `{data_dir}/switchyard.db`) or `postgres://…` (the
@@ -201,6 +205,7 @@ impl Default for Config {
             retire_nodes_at_start: false,
             public_url: None,
             gateway_listen: None,
+            gateway_region: None,
             data_dir: PathBuf::from(".switchyard"),
             database_url: None,
             heartbeat_interval_s: 5,
@@ -278,6 +283,7 @@ impl Config {
                 set(&mut addr, &value)?;
                 self.gateway_listen = Some(addr);
             }
+            "GATEWAY_REGION" => self.gateway_region = Some(value),
             "DATA_DIR" => self.data_dir = PathBuf::from(value),
             "DATABASE_URL" => self.database_url = Some(value),
             "HEARTBEAT_INTERVAL_S" => set(&mut self.heartbeat_interval_s, &value)?,

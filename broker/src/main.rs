@@ -159,6 +159,29 @@ enum Command {
         #[arg(long, value_name = "FILE", requires = "tls_cert")]
         tls_key: Option<PathBuf>,
     },
+    /// Run a services gateway on its own (one per region): routes and reports through the
+    /// broker's API, requests straight to the replicas.
+    Gateway {
+        /// The broker's URL.
+        #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+        broker: String,
+        /// The region this gateway serves (`provider:code`): it prefers replicas there, then
+        /// the nearest regions by catalogue latency.
+        #[arg(long, value_name = "REGION")]
+        region: Option<String>,
+        /// Where callers reach it.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
+        listen: std::net::SocketAddr,
+        /// A file holding an `admin` or `infra` API token [default: `SWITCHYARD_TOKEN`].
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// The token, from the environment only.
+        #[arg(long = "gateway-token", env = "SWITCHYARD_TOKEN", hide = true)]
+        token: Option<String>,
+        /// For an https broker with a private CA: trust the CA certificates of this PEM file.
+        #[arg(long, value_name = "FILE")]
+        ca_cert: Option<PathBuf>,
+    },
     /// Run an edge agent (the same as the `switchyard-agent` binary).
     Agent(switchyard_agent::AgentArgs),
     /// Submit a job from a .toml or .json spec; prints its id.
@@ -549,6 +572,7 @@ fn main() -> ExitCode {
         Command::Up { .. } => Some(("switchyard", "warn,switchyard_broker=info")),
         Command::Serve { .. } => Some(("switchyard", "info")),
         Command::Agent(_) => Some(("switchyard-agent", "info")),
+        Command::Gateway { .. } => Some(("switchyard-gateway", "info")),
         _ => None,
     }
     .map(|(service, filter)| switchyard_support::telemetry::init(service, args.json_logs, filter));
@@ -625,7 +649,11 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
     if before.any()
         && matches!(
             args.command,
-            Command::Up { .. } | Command::Serve { .. } | Command::Agent(_) | Command::Simulate(_)
+            Command::Up { .. }
+                | Command::Serve { .. }
+                | Command::Gateway { .. }
+                | Command::Agent(_)
+                | Command::Simulate(_)
         )
     {
         anyhow::bail!(
@@ -666,6 +694,14 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
             tls_cert,
             tls_key,
         } => done(serve(config, listen, data_dir, database_url, tls_cert, tls_key).await),
+        Command::Gateway {
+            broker,
+            region,
+            listen,
+            token_file,
+            token,
+            ca_cert,
+        } => done(gateway(broker, region, listen, token_file, token, ca_cert).await),
         Command::Agent(agent_args) => done(switchyard_agent::run(agent_args).await),
         Command::Submit { file, client } => done(cli::submit(&connect(&client)?, &file).await),
         Command::Jobs {
@@ -828,6 +864,42 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `switchyard gateway`: a services gateway on its own, until Ctrl-C or SIGTERM.
+async fn gateway(
+    broker: String,
+    region: Option<String>,
+    listen: std::net::SocketAddr,
+    token_file: Option<PathBuf>,
+    token: Option<String>,
+    ca_cert: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let token = match token_file {
+        Some(path) => std::fs::read_to_string(&path)
+            .with_context(|| format!("reading the token file {}", path.display()))?
+            .trim()
+            .to_string(),
+        None => token.context("no token: pass --token-file or set SWITCHYARD_TOKEN")?,
+    };
+    if token.is_empty() {
+        anyhow::bail!("the gateway's token is empty");
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding the services gateway on {listen}"))?;
+    eprintln!("services gateway on http://{listen}/svc/TEAM/NAME/ (broker {broker})");
+    switchyard_broker::gateway::standalone(
+        switchyard_broker::gateway::StandaloneOptions {
+            broker,
+            token,
+            region,
+            ca_cert,
+        },
+        listener,
+        server::shutdown_signal(),
+    )
+    .await
+}
+
 /// `switchyard serve`: the broker alone, from a config file, the environment and flags.
 async fn serve(
     config: Option<PathBuf>,
@@ -960,7 +1032,7 @@ mod tests {
 
     #[test]
     fn connection_options_are_shown_on_client_commands_only() {
-        let servers = ["up", "serve", "simulate", "agent"];
+        let servers = ["up", "serve", "simulate", "agent", "gateway"];
         for (path, cmd) in commands() {
             let shown: Vec<String> = cmd
                 .get_arguments()

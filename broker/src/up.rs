@@ -53,6 +53,8 @@ pub fn up_config(opts: &UpOptions) -> Config {
             [127, 0, 0, 1],
             opts.gateway_port.unwrap_or(opts.port.saturating_add(1)),
         ))),
+        // The gateway is where callers on this machine are: the on-prem region.
+        gateway_region: Some("onprem:local-dc1".into()),
         retire_nodes_at_start: true,
         data_dir: opts.data_dir.clone(),
         database_url: opts.database_url.clone(),

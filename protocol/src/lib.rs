@@ -4,5 +4,6 @@
 
 pub mod agent;
 pub mod api;
+pub mod gateway;
 
 pub use api::{ErrorBody, ErrorDetail};

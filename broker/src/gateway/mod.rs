@@ -1,49 +1,73 @@
-//! The services gateway: the data path of inference services. `up` and `serve` run one
-//! in-process on its own port (`gateway_listen`); a service's endpoint is
-//! `http://{gateway_listen}/svc/TEAM/NAME/`.
+//! The services gateway: the data path of inference services. `switchyard gateway` runs one
+//! as its own process, one per region ([`standalone`]); `up` and `serve` run one in-process on
+//! its own port (`gateway_listen`, [`serve`]). A service's endpoint is
+//! `http://GATEWAY/svc/TEAM/NAME/`. Both kinds are the same code; only their [`Source`]
+//! differs: the broker's store in-process, the broker's REST API (`/api/v1/gateway/…`) for
+//! the standalone one, which never touches the database.
 //!
-//! - **Routes** come from the store every [`REFRESH`] (`Store::gateway_routes`): each live
-//!   service's running replicas with the address their agent reported. A replica gets new
-//!   requests only while it is ready and not draining; one that is draining finishes what it
-//!   has.
-//! - **Routing:** the ready replica with the fewest requests in flight. A request whose
-//!   connection to a replica failed before anything was sent is tried once more on another.
-//!   Responses stream through (chunked, SSE) without buffering; request bodies are read first
-//!   (up to [`MAX_BODY`]) so that the retry can resend them.
+//! - **Routes** ([`GatewayRoutes`]) are read again every [`REFRESH`] (in-process) or
+//!   [`REFRESH_REMOTE`]: each live service's running replicas with the address their agent
+//!   reported and their region, the regions' catalogue latencies, and the hashes of the
+//!   tokens that may call services. When the broker cannot be reached, the gateway keeps
+//!   routing on the last routes it read. A replica gets new requests only while it is ready
+//!   and not draining; one that is draining finishes what it has.
+//! - **Routing:** nearest region first: among the ready replicas, those whose region is
+//!   nearest the gateway's (its own, then by catalogue latency); within them the one with
+//!   the fewest requests in flight; farther regions only when the nearer ones are all at the
+//!   concurrency bound. A request whose connection to a replica failed before anything was
+//!   sent is tried once more on another. Responses stream through (chunked, SSE) without
+//!   buffering; request bodies are read first (up to [`MAX_BODY`]) so that the retry can
+//!   resend them.
 //! - **Queueing:** at `scaling.max_concurrency_per_replica` on every ready replica, a request
 //!   waits (up to [`QUEUE_WAIT`]) in a bounded queue; when that is full, or nothing became
 //!   free in time, the answer is 503 with `Retry-After`.
-//! - **Auth:** a bearer token of the service's team, or an admin token; none for a `public`
-//!   service. The token is not passed on to the replica.
-//! - **Traffic:** every answer's latency (to its first byte) and whether it failed, per
-//!   service and replica, into [`traffic::Traffic`] (the service view and the autoscaler read
-//!   it).
+//! - **Auth:** a bearer token of the service's team, an admin token, or an invoke token of
+//!   this service; none for a `public` service. Checked against the routes' token hashes (a
+//!   revoked token stops working at the next refresh). The token is not passed on.
+//! - **Reports:** every answer's latency (to its first byte) and whether it failed, per
+//!   service and replica, go into the [`meter::Meter`]; every [`meter::REPORT_EVERY`] the
+//!   gateway reports them with each replica's requests in flight, and the brokers read the
+//!   reports into [`traffic::Traffic`] (the service view, the autoscaler, the reconciler).
+//! - **Traces:** each request is a span (`gateway request`: service, replica, status,
+//!   latency), exported when tracing is on, a child of the caller's `traceparent`; the
+//!   replica gets the span's own `traceparent`.
 //!
 //! It decides nothing about replicas: the reconciler (`control/services.rs`) does.
 
+pub mod meter;
 pub mod traffic;
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-use switchyard_core::JobId;
-use switchyard_protocol::api::{Role, ServiceSpec};
+use switchyard_core::{JobId, Timestamp};
+use switchyard_protocol::api::ServiceSpec;
+use switchyard_protocol::gateway::{
+    GatewayRegion, GatewayReplica, GatewayReport, GatewayRoutes, GatewayService, GrantScope,
+    TrafficSecond,
+};
+use switchyard_support::telemetry;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::clock::Clock;
 use crate::http::auth::hash_token;
 use crate::state::App;
+use crate::store::{Store, StoreError};
 
-/// How often the routes are read again.
+/// How often the in-process gateway reads the routes again.
 pub const REFRESH: Duration = Duration::from_millis(500);
+/// How often a standalone gateway asks the broker for the routes.
+pub const REFRESH_REMOTE: Duration = Duration::from_secs(1);
 /// The largest request body passed on.
 pub const MAX_BODY: usize = 16 * 1024 * 1024;
 /// How long a request waits in a service's queue for a free replica.
@@ -51,8 +75,10 @@ pub const QUEUE_WAIT: Duration = Duration::from_secs(30);
 /// Requests a service's queue holds per ready replica (at least [`QUEUE_MIN`]).
 pub const QUEUE_PER_REPLICA: usize = 32;
 pub const QUEUE_MIN: usize = 64;
-/// How long a token's check is remembered.
-const AUTH_TTL: Duration = Duration::from_secs(30);
+/// How late a replica's requests in flight may reach a broker's [`traffic::Traffic`] at
+/// most: a route refresh (the gateway learns of a drain), a report, a broker's read of the
+/// reports. The reconciler waits at least this long on a draining replica.
+pub const IN_FLIGHT_LAG: Duration = Duration::from_secs(4);
 
 /// A replica requests may go to.
 pub struct Upstream {
@@ -60,6 +86,10 @@ pub struct Upstream {
     pub address: String,
     pub ready: bool,
     pub draining: bool,
+    /// How far its region is from the gateway's: 0 for the same region (or a gateway that
+    /// knows no region), else the sum of both regions' catalogue latencies; `u32::MAX` for a
+    /// region the catalogue does not describe.
+    pub distance: u32,
     pub in_flight: AtomicUsize,
 }
 
@@ -76,69 +106,250 @@ pub struct Route {
     pub freed: Notify,
 }
 
-/// Who a token is: its role and team; `None` for an unknown or revoked one.
-type Caller = Option<(Role, Option<String>)>;
-
-/// The gateway's state: the routes and the remembered token checks.
-pub struct Gateway {
-    app: App,
-    routes: RwLock<HashMap<(String, String), Arc<Route>>>,
-    auth: Mutex<HashMap<String, (Instant, Caller)>>,
-    client: reqwest::Client,
+/// The routes and who may call them, replaced whole at each refresh.
+#[derive(Default)]
+struct Table {
+    routes: HashMap<(String, String), Arc<Route>>,
+    grants: HashMap<String, GrantScope>,
+    /// Whether routes were ever read (until then every service is unknown).
+    loaded: bool,
 }
 
-impl Gateway {
-    pub fn new(app: App) -> anyhow::Result<Arc<Gateway>> {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(2))
-            .pool_idle_timeout(switchyard_support::http::POOL_IDLE_TIMEOUT)
-            .build()?;
-        Ok(Arc::new(Gateway {
-            app,
-            routes: RwLock::default(),
-            auth: Mutex::default(),
-            client,
-        }))
+/// Where a gateway reads its routes and sends its reports.
+pub enum Source {
+    /// In-process (`up`, `serve`): this broker's store.
+    Store(App),
+    /// `switchyard gateway`: the broker's REST API, with an `admin` or `infra` token.
+    Http {
+        client: reqwest::Client,
+        /// The broker's URL, without a trailing `/`.
+        broker: String,
+        token: String,
+    },
+}
+
+impl Source {
+    async fn routes(&self) -> anyhow::Result<GatewayRoutes> {
+        match self {
+            Source::Store(app) => Ok(routes_from_store(&app.store).await?),
+            Source::Http {
+                client,
+                broker,
+                token,
+            } => {
+                let answer = client
+                    .get(format!("{broker}/api/v1/gateway/routes"))
+                    .bearer_auth(token)
+                    .send()
+                    .await?
+                    .error_for_status()?;
+                Ok(answer.json().await?)
+            }
+        }
     }
 
-    /// Reads the routes again, keeping each replica's in-flight count.
-    pub async fn refresh(&self) -> Result<(), crate::store::StoreError> {
-        let (services, rows) = self.app.store.gateway_routes().await?;
-        let old = self
-            .routes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut next = HashMap::new();
-        for s in services {
+    /// Delivers `rows`; `Ok` once the broker has committed them.
+    async fn report(&self, gateway: &str, rows: Vec<TrafficSecond>) -> anyhow::Result<()> {
+        match self {
+            Source::Store(app) => {
+                let now = app.clock.now();
+                store_report(&app.store, gateway, &rows, now).await?;
+                Ok(())
+            }
+            Source::Http {
+                client,
+                broker,
+                token,
+            } => {
+                let report = GatewayReport {
+                    gateway: gateway.to_string(),
+                    seconds: rows,
+                };
+                client
+                    .post(format!("{broker}/api/v1/gateway/reports"))
+                    .bearer_auth(token)
+                    .json(&report)
+                    .send()
+                    .await?
+                    .error_for_status()?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The routes as the store holds them: what `GET /gateway/routes` answers and what the
+/// in-process gateway reads.
+pub async fn routes_from_store(store: &Store) -> Result<GatewayRoutes, StoreError> {
+    let (services, rows) = store.gateway_routes().await?;
+    let regions = store.regions().await?;
+    let grants = store.gateway_grants().await?;
+    let services = services
+        .into_iter()
+        .map(|s| {
             let spec: Option<ServiceSpec> = serde_json::from_str(&s.spec_json).ok();
-            let key = (s.team.clone(), s.name.clone());
-            let previous = old.get(&key).filter(|r| r.id == s.service);
-            let upstreams = rows
-                .iter()
-                .filter(|r| r.service == s.service)
-                .map(|r| {
-                    let in_flight = previous
-                        .and_then(|p| p.upstreams.iter().find(|u| u.job == r.job))
-                        .map_or(0, |u| u.in_flight.load(Ordering::SeqCst));
-                    Arc::new(Upstream {
-                        job: r.job,
-                        address: r.address.clone(),
-                        ready: r.ready,
-                        draining: r.draining,
-                        in_flight: AtomicUsize::new(in_flight),
-                    })
-                })
-                .collect();
-            let route = Arc::new(Route {
+            GatewayService {
                 id: s.service,
-                team: s.team,
                 public: spec.as_ref().is_some_and(|s| s.public),
                 max_concurrency: spec
                     .as_ref()
                     .and_then(|s| s.scaling.as_ref())
                     .and_then(|s| s.max_concurrency_per_replica)
+                    .and_then(|n| u32::try_from(n).ok()),
+                replicas: rows
+                    .iter()
+                    .filter(|r| r.service == s.service)
+                    .map(|r| GatewayReplica {
+                        job: r.job.0,
+                        address: r.address.clone(),
+                        ready: r.ready,
+                        draining: r.draining,
+                        region: r.region.clone(),
+                    })
+                    .collect(),
+                team: s.team,
+                name: s.name,
+            }
+        })
+        .collect();
+    Ok(GatewayRoutes {
+        services,
+        regions: regions
+            .into_iter()
+            .map(|r| GatewayRegion {
+                id: r.id.to_string(),
+                latency_ms: r.latency_ms,
+            })
+            .collect(),
+        grants,
+    })
+}
+
+/// How long report rows are kept in the store.
+pub const REPORTS_KEPT_MS: i64 = traffic::KEEP_S * 1000;
+
+/// Stores a gateway's report rows (taken once each), forgetting rows older than
+/// [`REPORTS_KEPT_MS`]; returns how many were new.
+pub async fn store_report(
+    store: &Store,
+    gateway: &str,
+    rows: &[TrafficSecond],
+    now: Timestamp,
+) -> Result<u64, StoreError> {
+    store
+        .insert_gateway_report(
+            gateway,
+            rows,
+            now,
+            Timestamp(now.millis() - REPORTS_KEPT_MS),
+        )
+        .await
+}
+
+/// The gateway's state: its source, the routes, the meter.
+pub struct Gateway {
+    source: Source,
+    clock: Clock,
+    /// This process, in reports: its region, address and a random suffix.
+    id: String,
+    region: Option<String>,
+    table: RwLock<Table>,
+    client: reqwest::Client,
+    meter: meter::Meter,
+}
+
+impl Gateway {
+    pub fn new(
+        source: Source,
+        clock: Clock,
+        region: Option<String>,
+        listen: &str,
+    ) -> anyhow::Result<Arc<Gateway>> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(2))
+            .pool_idle_timeout(switchyard_support::http::POOL_IDLE_TIMEOUT)
+            .build()?;
+        let mut bytes = [0u8; 4];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+        let suffix = hex::encode(bytes);
+        let id = format!(
+            "{}/{listen}/{suffix}",
+            region.as_deref().unwrap_or("any-region")
+        );
+        Ok(Arc::new(Gateway {
+            source,
+            clock,
+            id,
+            region,
+            table: RwLock::default(),
+            client,
+            meter: meter::Meter::default(),
+        }))
+    }
+
+    /// The name this gateway reports under.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Reads the routes again; on failure the last ones stay.
+    pub async fn refresh(&self) -> anyhow::Result<()> {
+        let doc = self.source.routes().await?;
+        self.install(doc);
+        Ok(())
+    }
+
+    /// Replaces the routes with `doc`'s, keeping each replica's in-flight count.
+    fn install(&self, doc: GatewayRoutes) {
+        let latency: HashMap<&str, u32> = doc
+            .regions
+            .iter()
+            .map(|r| (r.id.as_str(), r.latency_ms))
+            .collect();
+        let own = self.region.as_deref();
+        let distance = |region: &str| -> u32 {
+            match own {
+                None => 0,
+                Some(own) if own == region => 0,
+                Some(own) => match (latency.get(own), latency.get(region)) {
+                    (Some(a), Some(b)) => a.saturating_add(*b),
+                    _ => u32::MAX,
+                },
+            }
+        };
+        let old = {
+            let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+            table.routes.clone()
+        };
+        let mut next = HashMap::new();
+        for s in doc.services {
+            let key = (s.team.clone(), s.name.clone());
+            let previous = old.get(&key).filter(|r| r.id == s.id);
+            let upstreams = s
+                .replicas
+                .iter()
+                .map(|r| {
+                    let job = JobId(r.job);
+                    let in_flight = previous
+                        .and_then(|p| p.upstreams.iter().find(|u| u.job == job))
+                        .map_or(0, |u| u.in_flight.load(Ordering::SeqCst));
+                    Arc::new(Upstream {
+                        job,
+                        address: r.address.clone(),
+                        ready: r.ready,
+                        draining: r.draining,
+                        distance: distance(&r.region),
+                        in_flight: AtomicUsize::new(in_flight),
+                    })
+                })
+                .collect();
+            let route = Arc::new(Route {
+                id: s.id,
+                team: s.team,
+                public: s.public,
+                max_concurrency: s
+                    .max_concurrency
                     .and_then(|n| usize::try_from(n).ok())
                     .filter(|n| *n > 0),
                 upstreams,
@@ -147,88 +358,186 @@ impl Gateway {
             });
             next.insert(key, route);
         }
-        *self.routes.write().unwrap_or_else(|e| e.into_inner()) = next;
+        let grants = doc
+            .grants
+            .into_iter()
+            .map(|g| (g.token_hash, g.scope))
+            .collect();
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Table {
+            routes: next,
+            grants,
+            loaded: true,
+        };
         // Waiters look again at the new routes (they hold the old ones).
         for route in old.values() {
             route.freed.notify_waiters();
         }
-        Ok(())
     }
 
     fn route(&self, team: &str, name: &str) -> Option<Arc<Route>> {
-        let routes = self.routes.read().unwrap_or_else(|e| e.into_inner());
-        routes.get(&(team.to_string(), name.to_string())).cloned()
+        let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+        table
+            .routes
+            .get(&(team.to_string(), name.to_string()))
+            .cloned()
     }
 
-    /// Whether the caller may call `route`: its team's token or an admin's.
-    async fn allowed(&self, route: &Route, headers: &HeaderMap) -> Result<(), Response> {
+    /// Whether routes were ever read.
+    pub fn loaded(&self) -> bool {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).loaded
+    }
+
+    /// Whether the caller may call `route`: its team's token, an admin's, or an invoke token
+    /// of this service.
+    fn allowed(&self, route: &Route, headers: &HeaderMap) -> Result<(), Response> {
         if route.public {
             return Ok(());
         }
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty());
-        let Some(token) = token else {
+        let Some(token) = crate::http::auth::bearer_of(headers) else {
             return Err(plain(
                 StatusCode::UNAUTHORIZED,
                 "a bearer token is required",
             ));
         };
         let hash = hash_token(token);
-        let cached = {
-            let auth = self.auth.lock().unwrap_or_else(|e| e.into_inner());
-            auth.get(&hash)
-                .filter(|(at, _)| at.elapsed() < AUTH_TTL)
-                .map(|(_, who)| who.clone())
-        };
-        let who = match cached {
-            Some(who) => who,
-            None => {
-                let who = match self.app.store.api_token_by_hash(&hash).await {
-                    Ok(Some(t)) if !t.revoked => Some((t.role, t.team)),
-                    Ok(_) => None,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "gateway token check failed");
-                        return Err(plain(StatusCode::SERVICE_UNAVAILABLE, "try again"));
-                    }
-                };
-                let mut auth = self.auth.lock().unwrap_or_else(|e| e.into_inner());
-                auth.retain(|_, (at, _)| at.elapsed() < AUTH_TTL);
-                auth.insert(hash, (Instant::now(), who.clone()));
-                who
-            }
-        };
-        match who {
+        let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+        match table.grants.get(&hash) {
             None => Err(plain(StatusCode::UNAUTHORIZED, "unknown or revoked token")),
-            Some((Role::Admin, _)) => Ok(()),
-            Some((_, Some(team))) if team == route.team => Ok(()),
+            Some(GrantScope::Admin) => Ok(()),
+            Some(GrantScope::Team { team }) if *team == route.team => Ok(()),
+            Some(GrantScope::Service { service }) if *service == route.id => Ok(()),
             Some(_) => Err(plain(
                 StatusCode::FORBIDDEN,
-                "this token's team may not call this service",
+                "this token may not call this service",
             )),
         }
     }
+
+    /// Each replica's requests in flight now, as (service, replica, count).
+    fn in_flight(&self) -> Vec<(Uuid, JobId, usize)> {
+        let table = self.table.read().unwrap_or_else(|e| e.into_inner());
+        table
+            .routes
+            .values()
+            .flat_map(|r| {
+                r.upstreams
+                    .iter()
+                    .map(|u| (r.id, u.job, u.in_flight.load(Ordering::SeqCst)))
+            })
+            .collect()
+    }
+
+    /// Closes the meter into a report and delivers every report not yet taken.
+    pub async fn report(&self) -> anyhow::Result<()> {
+        let rows = self.meter.close(self.clock.now(), &self.in_flight());
+        let Some(through) = rows.iter().map(|r| r.batch).max() else {
+            return Ok(());
+        };
+        self.source.report(&self.id, rows).await?;
+        self.meter.acknowledged(through);
+        Ok(())
+    }
 }
 
-/// Runs the gateway on `listener` until `shutdown` resolves: the routes' refresher and the
-/// HTTP server.
+/// The in-process gateway of `up` and `serve`: routes from this broker's store, in the region
+/// of `gateway_region`, on `listener` until `shutdown` resolves.
 pub async fn serve(
     app: App,
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let gateway = Gateway::new(app)?;
+    let listen = listener.local_addr()?.to_string();
+    let region = app.config.gateway_region.clone();
+    let clock = app.clock.clone();
+    let gateway = Gateway::new(Source::Store(app), clock, region, &listen)?;
+    run(gateway, listener, REFRESH, shutdown).await
+}
+
+/// What `switchyard gateway` is told.
+#[derive(Clone, Debug)]
+pub struct StandaloneOptions {
+    /// The broker's URL (`http://127.0.0.1:8080`).
+    pub broker: String,
+    /// An `admin` or `infra` API token.
+    pub token: String,
+    /// The region it serves (`provider:code`).
+    pub region: Option<String>,
+    /// For an https broker with a private CA.
+    pub ca_cert: Option<std::path::PathBuf>,
+}
+
+/// `switchyard gateway`: the gateway as its own process, routes and reports over the broker's
+/// REST API, on `listener` until `shutdown` resolves.
+pub async fn standalone(
+    opts: StandaloneOptions,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let mut builder = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(3))
+        .pool_idle_timeout(switchyard_support::http::POOL_IDLE_TIMEOUT);
+    if let Some(path) = &opts.ca_cert {
+        let pem =
+            std::fs::read(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        for cert in reqwest::Certificate::from_pem_bundle(&pem)? {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    let source = Source::Http {
+        client: builder.build()?,
+        broker: opts.broker.trim_end_matches('/').to_string(),
+        token: opts.token,
+    };
+    let listen = listener.local_addr()?.to_string();
+    let gateway = Gateway::new(source, Clock::system(), opts.region, &listen)?;
+    run(gateway, listener, REFRESH_REMOTE, shutdown).await
+}
+
+/// The refresher, the reporter and the HTTP server of `gateway`.
+pub async fn run(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    every: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let refresher = {
         let gateway = gateway.clone();
         tokio::spawn(async move {
+            let mut failing = false;
             loop {
-                if let Err(e) = gateway.refresh().await {
-                    tracing::warn!(error = %e, "gateway routes refresh failed");
+                match gateway.refresh().await {
+                    Ok(()) if failing => {
+                        tracing::info!("gateway routes read again");
+                        failing = false;
+                    }
+                    Ok(()) => {}
+                    // Once per outage: the last routes stay in use meanwhile.
+                    Err(e) if !failing => {
+                        tracing::warn!(error = %e, "gateway routes refresh failed; routing on the last ones");
+                        failing = true;
+                    }
+                    Err(_) => {}
                 }
-                tokio::time::sleep(REFRESH).await;
+                tokio::time::sleep(every).await;
+            }
+        })
+    };
+    let reporter = {
+        let gateway = gateway.clone();
+        tokio::spawn(async move {
+            let mut failing = false;
+            loop {
+                tokio::time::sleep(meter::REPORT_EVERY).await;
+                match gateway.report().await {
+                    Ok(()) => failing = false,
+                    Err(e) if !failing => {
+                        tracing::warn!(error = %e, unsent = gateway.meter.unsent(),
+                            "gateway report not delivered; it is kept for the next try");
+                        failing = true;
+                    }
+                    Err(_) => {}
+                }
             }
         })
     };
@@ -236,11 +545,16 @@ pub async fn serve(
         .route("/svc/{team}/{name}", any(proxy_root))
         .route("/svc/{team}/{name}/", any(proxy_root))
         .route("/svc/{team}/{name}/{*rest}", any(proxy))
-        .with_state(gateway);
+        .with_state(gateway.clone());
     let served = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await;
     refresher.abort();
+    reporter.abort();
+    // What the last second saw, once more.
+    if let Err(e) = gateway.report().await {
+        tracing::debug!(error = %e, "the last gateway report was not delivered");
+    }
     Ok(served?)
 }
 
@@ -271,9 +585,10 @@ fn busy(message: &str) -> Response {
     r
 }
 
-/// Takes a replica with room (the fewest in flight), waiting in the service's queue when every
-/// ready one is at its concurrency bound. Each look reads the latest routes (a refresh
-/// replaces them), so a replica that became ready while the request waited is seen.
+/// Takes a replica with room: in the nearest region that has one, the one with the fewest
+/// requests in flight; waits in the service's queue when every ready replica is at its
+/// concurrency bound. Each look reads the latest routes (a refresh replaces them), so a
+/// replica that became ready while the request waited is seen.
 async fn acquire(
     gw: &Gateway,
     queue: &Arc<Route>,
@@ -283,9 +598,10 @@ async fn acquire(
     let mut queued = false;
     let result = loop {
         let latest = gw
-            .routes
+            .table
             .read()
             .unwrap_or_else(|e| e.into_inner())
+            .routes
             .values()
             .find(|r| r.id == queue.id)
             .cloned();
@@ -295,15 +611,7 @@ async fn acquire(
             .iter()
             .filter(|u| u.ready && !u.draining && Some(u.job) != exclude)
             .collect();
-        let free = ready
-            .iter()
-            .filter(|u| {
-                route
-                    .max_concurrency
-                    .is_none_or(|max| u.in_flight.load(Ordering::SeqCst) < max)
-            })
-            .min_by_key(|u| u.in_flight.load(Ordering::SeqCst));
-        if let Some(u) = free {
+        if let Some(u) = pick(&ready, route.max_concurrency) {
             u.in_flight.fetch_add(1, Ordering::SeqCst);
             break Ok((Arc::clone(&route), Arc::clone(u)));
         }
@@ -318,9 +626,7 @@ async fn acquire(
                 queue.waiting.fetch_sub(1, Ordering::SeqCst);
                 return Err(busy("the service's queue is full"));
             }
-            gw.app
-                .traffic
-                .queued(queue.id, gw.app.clock.now(), depth + 1);
+            gw.meter.queued(queue.id, gw.clock.now(), depth + 1);
             queued = true;
         }
         // Requests that end, and new routes, wake the queue; look again at least every 100 ms
@@ -345,20 +651,27 @@ async fn acquire(
     result
 }
 
+/// The replica a request goes to among `ready`: the nearest region with one below `max` in
+/// flight, then the fewest in flight, then the first listed (`None`: all are at the bound).
+fn pick<'a>(ready: &[&'a Arc<Upstream>], max: Option<usize>) -> Option<&'a Arc<Upstream>> {
+    ready
+        .iter()
+        .copied()
+        .filter(|u| max.is_none_or(|max| u.in_flight.load(Ordering::SeqCst) < max))
+        .min_by_key(|u| (u.distance, u.in_flight.load(Ordering::SeqCst)))
+}
+
 /// Gives a replica's slot back when the response (or the failure) is done with it.
 struct Slot {
     upstream: Arc<Upstream>,
     route: Arc<Route>,
-    traffic: Arc<traffic::Traffic>,
 }
 
 impl Slot {
-    fn new(upstream: &Arc<Upstream>, route: &Arc<Route>, traffic: &Arc<traffic::Traffic>) -> Slot {
-        traffic.began(upstream.job);
+    fn new(upstream: &Arc<Upstream>, route: &Arc<Route>) -> Slot {
         Slot {
             upstream: Arc::clone(upstream),
             route: Arc::clone(route),
-            traffic: Arc::clone(traffic),
         }
     }
 }
@@ -366,7 +679,6 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.upstream.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.traffic.ended(self.upstream.job);
         self.route.freed.notify_one();
     }
 }
@@ -382,6 +694,8 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
 async fn forward(
     gw: Arc<Gateway>,
     team: String,
@@ -389,12 +703,56 @@ async fn forward(
     rest: String,
     request: Request,
 ) -> Response {
-    let started = Instant::now();
     let Some(route) = gw.route(&team, &name) else {
-        return plain(StatusCode::NOT_FOUND, &format!("no service {team}/{name}"));
+        let why = if gw.loaded() {
+            format!("no service {team}/{name}")
+        } else {
+            "the gateway has not read its routes from the broker yet".to_string()
+        };
+        let status = if gw.loaded() {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        return plain(status, &why);
     };
+    let span = tracing::info_span!(
+        "gateway request",
+        otel.kind = "server",
+        http.request.method = %request.method(),
+        service.id = %route.id,
+        service.name = %format!("{team}/{name}"),
+        replica = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        latency_ms = tracing::field::Empty,
+    );
+    telemetry::set_parent(
+        &span,
+        request
+            .headers()
+            .get(&TRACEPARENT)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let started = Instant::now();
+    let response = send(&gw, &route, rest, request, &span)
+        .instrument(span.clone())
+        .await;
+    span.record("http.response.status_code", response.status().as_u16());
+    span.record("latency_ms", started.elapsed().as_secs_f64() * 1000.0);
+    response
+}
+
+/// Passes the request on to a replica of `route` and streams its answer back.
+async fn send(
+    gw: &Arc<Gateway>,
+    route: &Arc<Route>,
+    rest: String,
+    request: Request,
+    span: &tracing::Span,
+) -> Response {
+    let started = Instant::now();
     let (parts, body) = request.into_parts();
-    if let Err(refused) = gw.allowed(&route, &parts.headers).await {
+    if let Err(refused) = gw.allowed(route, &parts.headers) {
         return refused;
     }
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
@@ -416,19 +774,26 @@ async fn forward(
     for h in HOP_BY_HOP {
         headers.remove(h);
     }
+    // The replica's work is a child of this request's span (when traces are exported; else
+    // the caller's own `traceparent` passes through as it came).
+    if let Some(tp) = telemetry::traceparent(span)
+        && let Ok(v) = HeaderValue::from_str(&tp)
+    {
+        headers.insert(TRACEPARENT, v);
+    }
     let mut exclude = None;
-    let now = || gw.app.clock.now();
+    let now = || gw.clock.now();
     for attempt in 0..2 {
-        let (current, upstream) = match acquire(&gw, &route, exclude).await {
+        let (current, upstream) = match acquire(gw, route, exclude).await {
             Ok(got) => got,
             Err(refused) => {
-                gw.app
-                    .traffic
+                gw.meter
                     .record(route.id, None, now(), started.elapsed(), true);
                 return refused;
             }
         };
-        let slot = Slot::new(&upstream, &current, &gw.app.traffic);
+        span.record("replica", tracing::field::display(upstream.job));
+        let slot = Slot::new(&upstream, &current);
         let url = format!("http://{}{path_and_query}", upstream.address);
         let sent = gw
             .client
@@ -440,7 +805,7 @@ async fn forward(
         match sent {
             Ok(answer) => {
                 let status = answer.status();
-                gw.app.traffic.record(
+                gw.meter.record(
                     route.id,
                     Some(upstream.job),
                     now(),
@@ -476,8 +841,7 @@ async fn forward(
                 drop(slot);
             }
             Err(e) => {
-                gw.app
-                    .traffic
+                gw.meter
                     .record(route.id, Some(upstream.job), now(), started.elapsed(), true);
                 drop(slot);
                 let status = if e.is_timeout() {

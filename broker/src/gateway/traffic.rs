@@ -1,23 +1,40 @@
-//! What the gateway saw, per service and per replica: requests, errors and a latency histogram
-//! per second, kept for the last [`KEEP_S`] seconds. The service view and the autoscaler read
-//! windows of it.
+//! What the gateways saw, per service and per replica: requests, errors and a latency
+//! histogram per second, kept for the last [`KEEP_S`] seconds. The service view, the
+//! autoscaler and the reconciler (requests in flight on a draining replica) read it.
+//!
+//! It is filled one way only: from the gateways' reports as the store holds them
+//! ([`load`] reads the new rows every [`LOAD_EVERY`] on every broker, so the leader sees the
+//! traffic of every gateway, whichever broker took its report). The in-process gateway
+//! reports through the store too.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 use switchyard_core::{JobId, Timestamp};
+use switchyard_protocol::gateway::TrafficSecond;
 use uuid::Uuid;
+
+use crate::state::App;
 
 /// Seconds of history kept.
 pub const KEEP_S: i64 = 600;
 
 /// Latency buckets: bucket `i` holds latencies up to `FIRST_US × GROWTH^i` microseconds
 /// (100 µs to about 80 s, 12 % apart, so a quantile is read within 12 %).
-const BUCKETS: usize = 120;
+pub const BUCKETS: usize = 120;
 const FIRST_US: f64 = 100.0;
 const GROWTH: f64 = 1.12;
 
-fn bucket_of(latency: Duration) -> usize {
+/// A gateway's in-flight figure older than this is not counted (the gateway went away).
+pub const IN_FLIGHT_FRESH_S: i64 = 5;
+/// How often each broker reads new report rows.
+pub const LOAD_EVERY: Duration = Duration::from_secs(1);
+/// How far back each read looks again behind the last one: a row committed late (a slow
+/// transaction on another broker) is still seen; rows seen before are skipped.
+const LOAD_OVERLAP_MS: i64 = 15_000;
+
+/// The histogram bucket of `latency` (see `TrafficSecond::buckets`).
+pub fn bucket_of(latency: Duration) -> usize {
     let us = latency.as_secs_f64() * 1e6;
     if us <= FIRST_US {
         return 0;
@@ -26,7 +43,8 @@ fn bucket_of(latency: Duration) -> usize {
     (i as usize).min(BUCKETS - 1)
 }
 
-fn bucket_upper_ms(i: usize) -> f64 {
+/// The upper bound of bucket `i`, in milliseconds.
+pub fn bucket_upper_ms(i: usize) -> f64 {
     FIRST_US * GROWTH.powi(i as i32) / 1000.0
 }
 
@@ -61,18 +79,41 @@ struct Series {
 }
 
 impl Series {
-    /// The second `at` (a late report for an earlier second lands in the latest one: close
-    /// enough), forgetting what is older than [`KEEP_S`].
+    /// The second `at`, in order among the others (reports of several gateways arrive in
+    /// any order), forgetting what is older than [`KEEP_S`] before the newest.
     fn second(&mut self, at: i64) -> &mut Second {
-        if self.seconds.back().is_none_or(|s| s.at < at) {
-            self.seconds.push_back(Second::new(at));
-        }
-        while self.seconds.front().is_some_and(|s| s.at <= at - KEEP_S) {
+        let i = match self.seconds.binary_search_by_key(&at, |s| s.at) {
+            Ok(i) => i,
+            Err(i) => {
+                self.seconds.insert(i, Second::new(at));
+                i
+            }
+        };
+        let newest = self.seconds.back().map_or(at, |s| s.at);
+        let mut i = i;
+        while self
+            .seconds
+            .front()
+            .is_some_and(|s| s.at <= newest - KEEP_S)
+            && i > 0
+        {
             self.seconds.pop_front();
+            i -= 1;
         }
-        self.seconds
-            .back_mut()
-            .expect("a second was just pushed or is there")
+        &mut self.seconds[i]
+    }
+
+    /// Adds one report row's figures to its second (queue peaks of several gateways add up:
+    /// each has its own queue).
+    fn add(&mut self, row: &TrafficSecond) {
+        let s = self.second(row.second);
+        s.requests += row.requests;
+        s.errors += row.errors;
+        s.latency_us = s.latency_us.saturating_add(row.latency_sum_us);
+        s.queued += row.queue_peak;
+        for (h, n) in s.hist.iter_mut().zip(row.buckets.iter()) {
+            *h = h.saturating_add(u32::try_from(*n).unwrap_or(u32::MAX));
+        }
     }
 
     fn record(&mut self, at: i64, latency: Duration, error: bool) {
@@ -156,38 +197,74 @@ struct ServiceSeries {
     replicas: HashMap<JobId, Series>,
 }
 
-/// Shared by the gateway (writes) and the API, the autoscaler and the reconciler (read).
+/// A gateway's latest in-flight figure for a replica: (second, report number, requests).
+type InFlightSeen = (i64, u64, usize);
+
+/// Filled from the gateways' reports ([`Traffic::apply`]); read by the API, the autoscaler
+/// and the reconciler.
 #[derive(Default)]
 pub struct Traffic {
     services: Mutex<HashMap<Uuid, ServiceSeries>>,
-    in_flight: Mutex<HashMap<JobId, usize>>,
+    /// Per replica, per gateway: its latest in-flight figure.
+    in_flight: Mutex<HashMap<JobId, HashMap<String, InFlightSeen>>>,
 }
 
 impl Traffic {
-    /// A request was sent to replica `job`.
-    pub fn began(&self, job: JobId) {
-        let mut m = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        *m.entry(job).or_default() += 1;
+    /// Requests replica `job` has in flight: the sum over gateways of their latest report,
+    /// leaving out gateways silent for [`IN_FLIGHT_FRESH_S`] (see [`Traffic::forget_stale`]).
+    pub fn in_flight(&self, job: JobId) -> usize {
+        let m = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&job)
+            .map_or(0, |by_gateway| by_gateway.values().map(|(_, _, n)| n).sum())
     }
 
-    /// A request to replica `job` is done (its answer streamed through, or it failed).
-    pub fn ended(&self, job: JobId) {
-        let mut m = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = m.get_mut(&job) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                m.remove(&job);
+    /// One row of `gateway`'s report.
+    pub fn apply(&self, gateway: &str, row: &TrafficSecond) {
+        {
+            let mut services = self.services.lock().unwrap_or_else(|e| e.into_inner());
+            let s = services.entry(row.service).or_default();
+            match row.replica {
+                None => s.all.add(row),
+                Some(job) => s.replicas.entry(JobId(job)).or_default().add(row),
+            }
+        }
+        if let Some(job) = row.replica {
+            let mut m = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            let seen = m
+                .entry(JobId(job))
+                .or_default()
+                .entry(gateway.to_string())
+                .or_insert((i64::MIN, 0, 0));
+            if (row.second, row.batch) >= (seen.0, seen.1) {
+                *seen = (
+                    row.second,
+                    row.batch,
+                    usize::try_from(row.in_flight).unwrap_or(usize::MAX),
+                );
             }
         }
     }
 
-    /// Requests replica `job` has in flight through this gateway.
-    pub fn in_flight(&self, job: JobId) -> usize {
-        let m = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(&job).copied().unwrap_or(0)
+    /// Forgets in-flight figures of gateways that have not reported for
+    /// [`IN_FLIGHT_FRESH_S`] before `now`, and series with nothing in the kept history.
+    pub fn forget_stale(&self, now: Timestamp) {
+        let now_s = now.millis().div_euclid(1000);
+        let mut m = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        for by_gateway in m.values_mut() {
+            by_gateway.retain(|_, (at, _, _)| *at > now_s - IN_FLIGHT_FRESH_S);
+        }
+        m.retain(|_, by_gateway| !by_gateway.is_empty());
+        drop(m);
+        let mut services = self.services.lock().unwrap_or_else(|e| e.into_inner());
+        let old = |s: &Series| s.seconds.back().is_none_or(|b| b.at <= now_s - KEEP_S);
+        for s in services.values_mut() {
+            s.replicas.retain(|_, r| !old(r));
+        }
+        services.retain(|_, s| !(old(&s.all) && s.replicas.is_empty()));
     }
 
-    /// One request answered (or failed) after `latency`; `replica` when it reached one.
+    /// One request answered (or failed) after `latency`; `replica` when it reached one. For
+    /// tests and replays: the gateways' traffic arrives through [`Traffic::apply`].
     pub fn record(
         &self,
         service: Uuid,
@@ -208,7 +285,8 @@ impl Traffic {
         }
     }
 
-    /// `depth` requests wait in the service's queue now.
+    /// `depth` requests wait in the service's queue now. For tests and replays, like
+    /// [`Traffic::record`].
     pub fn queued(&self, service: Uuid, now: Timestamp, depth: usize) {
         let at = now.millis().div_euclid(1000);
         let mut services = self.services.lock().unwrap_or_else(|e| e.into_inner());
@@ -239,6 +317,43 @@ impl Traffic {
                 window_s,
                 ..Window::default()
             })
+    }
+}
+
+/// A report row as the loader knows it: gateway, service, replica, second, report number.
+type RowKey = (String, Uuid, Option<Uuid>, i64, u64);
+
+/// Reads the gateways' new report rows into `app.traffic` every [`LOAD_EVERY`], on every
+/// broker (the view on any of them, the autoscaler and the reconciler on the leader). The
+/// first read takes the whole kept history, so a restarted broker has its windows at once.
+pub async fn load(app: App) {
+    let mut since = Timestamp(app.clock.now().millis() - KEEP_S * 1000);
+    let mut seen: HashSet<RowKey> = HashSet::new();
+    let mut seen_at: VecDeque<(Timestamp, RowKey)> = VecDeque::new();
+    loop {
+        let now = app.clock.now();
+        match app.store.gateway_reports_since(since).await {
+            Ok(rows) => {
+                for r in rows {
+                    let s = &r.second;
+                    let key = (r.gateway.clone(), s.service, s.replica, s.second, s.batch);
+                    if seen.insert(key.clone()) {
+                        app.traffic.apply(&r.gateway, s);
+                        seen_at.push_back((r.received_at, key));
+                    }
+                }
+                // Look again a little behind this read next time; forget what is behind that.
+                since = Timestamp((now.millis() - LOAD_OVERLAP_MS).max(since.millis()));
+                while seen_at.front().is_some_and(|(at, _)| *at <= since) {
+                    if let Some((_, key)) = seen_at.pop_front() {
+                        seen.remove(&key);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reading gateway reports failed"),
+        }
+        app.traffic.forget_stale(now);
+        tokio::time::sleep(LOAD_EVERY).await;
     }
 }
 

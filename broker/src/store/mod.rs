@@ -22,7 +22,7 @@ mod stretches;
 
 pub use postgres::WRITE_LOCK_KEY;
 pub use records::*;
-pub use sql::{DbId, DbTime, RouteRow, RoutedService};
+pub use sql::{DbId, DbTime, RouteRow, RoutedService, ServiceTokenRecord, StoredReport};
 
 use sql::{Db, Tx};
 use std::sync::Arc;

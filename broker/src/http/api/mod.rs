@@ -5,6 +5,7 @@
 pub mod audit;
 pub mod budgets;
 pub mod catalogue;
+pub mod gateway;
 pub mod instances;
 pub mod jobs;
 pub mod nodes;
@@ -68,6 +69,10 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(services::create, services::list))
         .routes(routes!(services::get, services::update, services::delete))
         .routes(routes!(services::events))
+        .routes(routes!(gateway::create_token, gateway::list_tokens))
+        .routes(routes!(gateway::revoke_token))
+        .routes(routes!(gateway::routes))
+        .routes(routes!(gateway::report))
         .routes(routes!(catalogue::pools))
         .routes(routes!(catalogue::regions))
         .routes(routes!(instances::list))

@@ -31,7 +31,7 @@ mod services;
 mod spend;
 mod types;
 
-pub use gateway::{RouteRow, RoutedService};
+pub use gateway::{RouteRow, RoutedService, ServiceTokenRecord, StoredReport};
 pub(crate) use rows::*;
 pub use types::{DbId, DbTime};
 
