@@ -70,6 +70,11 @@ const MATRIX: &[(&str, &str, [Want; 8])] = &[
     ("PUT",   "/api/v1/services/{id}",                 [OK,    OK,    FORB,  FORB,  FORB,  FORB,  OK,    GONE ]),
     ("DELETE","/api/v1/services/{id}",                 [ACC,   ACC,   FORB,  FORB,  FORB,  FORB,  ACC,   GONE ]),
     ("GET",   "/api/v1/services/{id}/events",          [OK,    OK,    OK,    OK,    OK,    OK,    OK,    GONE ]),
+    ("POST",  "/api/v1/services/{id}/tokens",          [NEW,   NEW,   FORB,  FORB,  FORB,  FORB,  FORB,  FORB ]),
+    ("GET",   "/api/v1/services/{id}/tokens",          [OK,    OK,    FORB,  FORB,  FORB,  FORB,  FORB,  FORB ]),
+    ("DELETE","/api/v1/services/{id}/tokens/{token_id}", [OK,  OK,    FORB,  FORB,  FORB,  FORB,  FORB,  FORB ]),
+    ("GET",   "/api/v1/gateway/routes",                [OK,    OK,    OK,    OK,    FORB,  FORB,  FORB,  FORB ]),
+    ("POST",  "/api/v1/gateway/reports",               [OK,    OK,    OK,    OK,    FORB,  FORB,  FORB,  FORB ]),
 ];
 
 fn method(name: &str) -> Method {

@@ -855,3 +855,127 @@ async fn send(
     }
     plain(StatusCode::BAD_GATEWAY, "no replica could be reached")
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn replica(n: u128, region: &str, ready: bool, draining: bool) -> GatewayReplica {
+        GatewayReplica {
+            job: Uuid::from_u128(n),
+            address: format!("127.0.0.1:{n}"),
+            ready,
+            draining,
+            region: region.into(),
+        }
+    }
+
+    /// A gateway in `region` with one service whose replicas are `replicas`, at most one
+    /// request each.
+    fn gateway(region: Option<&str>, replicas: Vec<GatewayReplica>) -> Arc<Gateway> {
+        let source = Source::Http {
+            client: reqwest::Client::new(),
+            broker: "http://127.0.0.1:9".into(),
+            token: "unused".into(),
+        };
+        let gw = Gateway::new(
+            source,
+            Clock::system(),
+            region.map(str::to_string),
+            "127.0.0.1:0",
+        )
+        .unwrap();
+        let region = |id: &str, latency_ms| GatewayRegion {
+            id: id.into(),
+            latency_ms,
+        };
+        gw.install(GatewayRoutes {
+            services: vec![GatewayService {
+                id: Uuid::from_u128(1),
+                team: "ml".into(),
+                name: "chat".into(),
+                public: false,
+                max_concurrency: Some(1),
+                replicas,
+            }],
+            regions: vec![
+                region("onprem:dc1", 2),
+                region("aws:us-east-1", 12),
+                region("gcp:us-central1", 25),
+            ],
+            grants: Vec::new(),
+        });
+        gw
+    }
+
+    async fn take(gw: &Gateway) -> Option<u128> {
+        let route = gw.route("ml", "chat").unwrap();
+        let got = tokio::time::timeout(Duration::from_millis(300), acquire(gw, &route, None))
+            .await
+            .ok()?;
+        got.ok().map(|(_, u)| u.job.0.as_u128())
+    }
+
+    #[tokio::test]
+    async fn the_nearest_region_first_then_farther_ones_when_it_is_full() {
+        let gw = gateway(
+            Some("onprem:dc1"),
+            vec![
+                replica(10, "gcp:us-central1", true, false),
+                replica(11, "aws:us-east-1", true, false),
+                replica(12, "onprem:dc1", true, false),
+                replica(13, "onprem:dc1", false, false),
+                replica(14, "onprem:dc1", true, true),
+            ],
+        );
+        // Its own region, then the nearer cloud, then the farther one; not ready or
+        // draining replicas never.
+        assert_eq!(take(&gw).await, Some(12));
+        assert_eq!(take(&gw).await, Some(11));
+        assert_eq!(take(&gw).await, Some(10));
+        // All at their bound: the request queues (and here gives up waiting).
+        assert_eq!(take(&gw).await, None);
+    }
+
+    #[tokio::test]
+    async fn a_gateway_without_a_region_takes_the_least_busy_anywhere() {
+        let gw = gateway(
+            None,
+            vec![
+                replica(10, "gcp:us-central1", true, false),
+                replica(11, "onprem:dc1", true, false),
+            ],
+        );
+        let first = take(&gw).await.unwrap();
+        let second = take(&gw).await.unwrap();
+        assert_ne!(first, second);
+    }
+
+    #[tokio::test]
+    async fn the_in_flight_count_survives_a_refresh() {
+        let gw = gateway(
+            Some("onprem:dc1"),
+            vec![replica(12, "onprem:dc1", true, false)],
+        );
+        assert_eq!(take(&gw).await, Some(12));
+        // The same routes read again: the replica still has its one request.
+        gw.install(GatewayRoutes {
+            services: vec![GatewayService {
+                id: Uuid::from_u128(1),
+                team: "ml".into(),
+                name: "chat".into(),
+                public: false,
+                max_concurrency: Some(1),
+                replicas: vec![replica(12, "onprem:dc1", true, false)],
+            }],
+            regions: Vec::new(),
+            grants: Vec::new(),
+        });
+        assert_eq!(
+            gw.in_flight(),
+            vec![(Uuid::from_u128(1), JobId(Uuid::from_u128(12)), 1)]
+        );
+        assert_eq!(take(&gw).await, None);
+    }
+}

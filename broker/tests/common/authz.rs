@@ -297,6 +297,30 @@ pub async fn request_for(
             let id = fresh_service(app, scope).await;
             (format!("/api/v1/services/{id}/events"), None)
         }
+        ("POST", "/api/v1/services/{id}/tokens") | ("GET", "/api/v1/services/{id}/tokens") => {
+            let id = fresh_service(app, scope).await;
+            let body = (method.as_str() == "POST").then(|| json!({"name": "matrix"}));
+            (format!("/api/v1/services/{id}/tokens"), body)
+        }
+        ("DELETE", "/api/v1/services/{id}/tokens/{token_id}") => {
+            let id = fresh_service(app, scope).await;
+            let r = app
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/services/{id}/tokens"),
+                    Some(&app.admin),
+                    Some(json!({})),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+            let token = r.body["id"].as_str().unwrap();
+            (format!("/api/v1/services/{id}/tokens/{token}"), None)
+        }
+        ("GET", "/api/v1/gateway/routes") => (path.into(), None),
+        ("POST", "/api/v1/gateway/reports") => (
+            path.into(),
+            Some(json!({"gateway": format!("matrix/{team}"), "seconds": []})),
+        ),
         _ => panic!(
             "no request recipe for {method} {path}: add one to request_for in tests/common/authz.rs"
         ),
