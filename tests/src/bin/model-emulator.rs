@@ -135,25 +135,48 @@ struct Timings {
     running_at_start: u32,
 }
 
-fn error(status: StatusCode, code: &str, message: String, field: Option<&str>) -> Response {
-    let mut err = json!({"code": code, "message": message});
-    if let Some(f) = field {
-        err["field"] = json!(f);
-    }
-    (status, Json(json!({ "error": err }))).into_response()
+/// A refused request, answered in Switchyard's one error shape
+/// `{"error": {"code", "message", "field"?}}`.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    field: Option<&'static str>,
 }
 
-fn invalid(field: &str, message: String) -> Response {
-    error(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_request",
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut err = json!({"code": self.code, "message": self.message});
+        if let Some(f) = self.field {
+            err["field"] = json!(f);
+        }
+        (self.status, Json(json!({ "error": err }))).into_response()
+    }
+}
+
+/// 400: the body is not a JSON object.
+fn malformed(message: String) -> Refusal {
+    Refusal {
+        status: StatusCode::BAD_REQUEST,
+        code: "malformed",
         message,
-        Some(field),
-    )
+        field: None,
+    }
+}
+
+/// 422: `field` is wrong.
+fn invalid(field: &'static str, message: String) -> Refusal {
+    Refusal {
+        status: StatusCode::UNPROCESSABLE_ENTITY,
+        code: "invalid_request",
+        message,
+        field: Some(field),
+    }
 }
 
 /// A non-negative integer field up to `max`, or the 422 naming it.
-fn count_field(body: &Value, field: &str, max: u64) -> Result<Option<u32>, Response> {
+fn count_field(body: &Value, field: &'static str, max: u64) -> Result<Option<u32>, Refusal> {
     match body.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
@@ -166,22 +189,11 @@ fn count_field(body: &Value, field: &str, max: u64) -> Result<Option<u32>, Respo
     }
 }
 
-fn parse_completion(bytes: &[u8]) -> Result<Completion, Response> {
-    let body: Value = serde_json::from_slice(bytes).map_err(|e| {
-        error(
-            StatusCode::BAD_REQUEST,
-            "malformed",
-            format!("the body is not JSON: {e}"),
-            None,
-        )
-    })?;
+fn parse_completion(bytes: &[u8]) -> Result<Completion, Refusal> {
+    let body: Value = serde_json::from_slice(bytes)
+        .map_err(|e| malformed(format!("the body is not JSON: {e}")))?;
     if !body.is_object() {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "malformed",
-            "the body must be a JSON object".into(),
-            None,
-        ));
+        return Err(malformed("the body must be a JSON object".into()));
     }
     let prompt_tokens = match (
         count_field(&body, "prompt_tokens", MAX_PROMPT_TOKENS)?,
@@ -322,7 +334,7 @@ fn completion_body(req: Completion, generated: u32, t: Timings, speedup: u32) ->
 async fn completions(State(emu): State<Arc<Emulator>>, body: Bytes) -> Response {
     let req = match parse_completion(&body) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(refusal) => return refusal.into_response(),
     };
     let speedup = emu.compression.factor();
     if !req.stream {
