@@ -352,7 +352,8 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
         Market::OnDemand => pool.on_demand_per_gpu_hour(),
     };
 
-    // Preemptions: only low work, only for urgent jobs, each victim once.
+    // Preemptions: only for urgent jobs; only low work, or normal batch work for an urgent
+    // service; each victim once.
     let attempts: HashMap<AttemptId, &RunningAttempt> =
         snap.running.iter().map(|a| (a.attempt, a)).collect();
     let mut freed: HashMap<&NodeId, GpuSet> = HashMap::new();
@@ -361,10 +362,17 @@ fn check_safety(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
         let a = attempts
             .get(&p.attempt)
             .ok_or_else(|| TestCaseError::fail("unknown victim"))?;
-        prop_assert_eq!(a.priority, Priority::Low);
+        let job = jobs[&p.for_job];
+        let normal_batch = a.priority == Priority::Normal && a.expected_end != Timestamp::MAX;
+        prop_assert!(
+            a.priority == Priority::Low
+                || (normal_batch && job.spec.kind == switchyard_core::JobKind::Service),
+            "{:?} work stopped for a {:?} job",
+            a.priority,
+            job.spec.kind
+        );
         prop_assert_eq!(&a.node, &p.node);
         prop_assert!(victims.insert(p.attempt), "preempted twice");
-        let job = jobs[&p.for_job];
         prop_assert!(job.spec.priority >= Priority::High);
         let f = freed.entry(&a.node).or_default();
         *f = f.union(a.gpus);

@@ -473,6 +473,13 @@ fn rejection_view(r: &core::Rejection) -> serde_json::Value {
                 max_per_gpu_hour.usd_text()
             ),
         ),
+        R::PreemptsBatchWorkFirst => (
+            "preempts_batch_work_first",
+            json!({}),
+            "a high or critical service takes GPUs back from batch work before it launches a \
+             new node"
+                .to_string(),
+        ),
         R::BurstNotAllowedByPolicy => (
             "burst_not_allowed_by_policy",
             json!({}),

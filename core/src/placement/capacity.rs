@@ -10,7 +10,7 @@
 //! decides nothing: it answers "what fits where, and when", and records what the planner took,
 //! down to the GPU indexes (an assignment takes the node's lowest free ones).
 
-use super::index::{Index, PoolMask};
+use super::index::{Index, PoolMask, Victims};
 use crate::domain::{GpuSet, Market};
 use crate::time::Timestamp;
 
@@ -386,14 +386,15 @@ impl Capacity {
         estimate
     }
 
-    /// The GPUs a node would have free once its not-yet-preempted low-priority attempts stop,
-    /// and those attempts (positions in the index), the fewest that give `gpus`. `None` when
-    /// even all of them would not.
+    /// The GPUs a node would have free once its not-yet-preempted attempts of the kind
+    /// `victims` allows stop, and those attempts (positions in the index), the fewest in
+    /// preemption's order that give `gpus`. `None` when even all of them would not.
     pub(crate) fn preemption_on(
         &self,
         index: &Index,
         node: usize,
         gpus: u32,
+        allowed: Victims,
     ) -> Option<Vec<usize>> {
         let mut have = self.free[node];
         if have >= gpus || self.ceiling[node] < gpus {
@@ -401,6 +402,10 @@ impl Capacity {
         }
         let mut victims = Vec::new();
         for &a in &index.preemptible[node] {
+            if !allowed.may_stop(index.running[a].1) {
+                // `low` ones come first: nothing after this one may be stopped either.
+                break;
+            }
             if self.preempted[a] {
                 continue;
             }

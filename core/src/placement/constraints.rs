@@ -23,6 +23,8 @@ pub(crate) enum Reject {
         remaining: Money,
     },
     OutsideTimeWindow,
+    /// A `high` or `critical` service takes GPUs back from batch work before it launches.
+    PreemptsBatchWorkFirst,
     BurstDisabled,
     BurstNotAllowedByPolicy,
     QuotaReached {
@@ -71,21 +73,22 @@ impl Reject {
             Reject::ContendedCapacity => 0,
             Reject::BudgetExhausted { .. } => 1,
             Reject::OutsideTimeWindow => 2,
-            Reject::BurstDisabled => 3,
-            Reject::BurstNotAllowedByPolicy => 4,
-            Reject::QuotaReached { .. } => 5,
-            Reject::NoCapacity => 6,
-            Reject::OverMaxPrice { .. } => 7,
-            Reject::OverPolicyMaxPrice { .. } => 8,
-            Reject::LatencyTooHigh { .. } => 9,
-            Reject::TooFewCpus { .. } => 10,
-            Reject::TooLittleMemory { .. } => 11,
-            Reject::GpuMemoryTooSmall { .. } => 12,
-            Reject::TooFewGpusPerNode { .. } => 13,
-            Reject::GpuModelNotAllowed => 14,
-            Reject::RegionNotAllowed => 15,
-            Reject::RegionNotAllowedByPolicy => 16,
-            Reject::ProviderNotAllowedByPolicy => 17,
+            Reject::PreemptsBatchWorkFirst => 3,
+            Reject::BurstDisabled => 4,
+            Reject::BurstNotAllowedByPolicy => 5,
+            Reject::QuotaReached { .. } => 6,
+            Reject::NoCapacity => 7,
+            Reject::OverMaxPrice { .. } => 8,
+            Reject::OverPolicyMaxPrice { .. } => 9,
+            Reject::LatencyTooHigh { .. } => 10,
+            Reject::TooFewCpus { .. } => 11,
+            Reject::TooLittleMemory { .. } => 12,
+            Reject::GpuMemoryTooSmall { .. } => 13,
+            Reject::TooFewGpusPerNode { .. } => 14,
+            Reject::GpuModelNotAllowed => 15,
+            Reject::RegionNotAllowed => 16,
+            Reject::RegionNotAllowedByPolicy => 17,
+            Reject::ProviderNotAllowedByPolicy => 18,
         }
     }
 
@@ -97,6 +100,7 @@ impl Reject {
                 Rejection::BudgetExhausted { cost, remaining }
             }
             Reject::OutsideTimeWindow => Rejection::OutsideTimeWindow,
+            Reject::PreemptsBatchWorkFirst => Rejection::PreemptsBatchWorkFirst,
             Reject::BurstNotAllowedByPolicy => Rejection::BurstNotAllowedByPolicy,
             Reject::OverPolicyMaxPrice {
                 price_per_gpu_hour,
@@ -162,6 +166,9 @@ impl Reject {
                 "provider not allowed by the team's policy".into()
             }
             Reject::BurstDisabled => "needs a new node but bursting is disabled".into(),
+            Reject::PreemptsBatchWorkFirst => {
+                "a new node only once no batch work can give its GPUs back".into()
+            }
             Reject::QuotaReached { .. } => "needs a new node but its node quota is reached".into(),
             Reject::NoCapacity => "no healthy node has or will free enough GPUs".into(),
             Reject::OverMaxPrice { max_per_hour, .. } => {

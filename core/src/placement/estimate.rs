@@ -11,7 +11,7 @@
 use super::CandidateKind;
 use super::capacity::{Capacity, Markets};
 use super::constraints::{Reject, latency_violation, shape_violation};
-use super::index::{Index, PoolInfo, PoolMask, PriceOrder};
+use super::index::{Index, PoolInfo, PoolMask, PriceOrder, Victims};
 use super::policy::JobPolicy;
 use crate::domain::{JobKind, JobSpec, Market, Pool, Priority, SpotRule};
 use crate::money::Money;
@@ -168,6 +168,9 @@ pub(crate) struct JobCtx<'a> {
     model_ok: Option<Vec<bool>>,
     /// Per region key, a service's latency verdict (`None`: no latency bound).
     latency: Option<Vec<Option<Reject>>>,
+    /// Launches are left out for now: a service looks for batch work to preempt first
+    /// ([`JobCtx::preempts_before_bursting`]).
+    pub defer_launch: bool,
 }
 
 #[derive(Debug)]
@@ -201,6 +204,7 @@ impl<'a> JobCtx<'a> {
             // max(60 s, 5% of the runtime), in milliseconds: 5% of a second is 50 ms.
             margin_ms: (MIN_DEADLINE_MARGIN_S * 1000).max(runtime_s.saturating_mul(50)),
             late_on_demand: false,
+            defer_launch: false,
             node_class: index.price_orders()[0]
                 .gpus_at_least
                 .partition_point(|&(g, _)| g < spec.resources.gpus.max(1)),
@@ -697,7 +701,23 @@ impl<'a> JobCtx<'a> {
     pub(crate) fn may_preempt(&self, best: Option<&Estimate>) -> bool {
         self.priority >= Priority::High
             && self.nodes == 1
-            && best.is_none_or(|e| e.score.misses_deadline)
+            && (self.preempts_before_bursting() || best.is_none_or(|e| e.score.misses_deadline))
+    }
+
+    /// A `high` or `critical` service: it takes GPUs back from batch work (`low`, then
+    /// `normal`) before it launches new capacity — inference wins its GPUs back from training
+    /// rather than paying for a cloud node while training holds the company's own.
+    pub(crate) fn preempts_before_bursting(&self) -> bool {
+        self.priority >= Priority::High && self.spec.kind == JobKind::Service
+    }
+
+    /// Which running work this job's preemptions may stop.
+    pub(crate) fn victims(&self) -> Victims {
+        if self.preempts_before_bursting() {
+            Victims::LowThenNormal
+        } else {
+            Victims::Low
+        }
     }
 
     /// When a job placed now releases its GPUs: never for a service.
@@ -786,6 +806,8 @@ pub(crate) fn evaluate(
             block(CandidateKind::Launch, Reject::BurstDisabled);
         } else if !job.policy.burst_allowed {
             block(CandidateKind::Launch, Reject::BurstNotAllowedByPolicy);
+        } else if job.defer_launch {
+            block(CandidateKind::Launch, Reject::PreemptsBatchWorkFirst);
         } else if capacity.pool_size(index, pool).saturating_add(job.nodes) > p.node_limit {
             let reject = Reject::QuotaReached {
                 node_limit: p.node_limit,

@@ -12,7 +12,7 @@ use super::estimate::{
     static_block,
 };
 use super::explain::{Details, Explained, hold_reason, keep_best};
-use super::index::{IdMap, Index, PoolMask, PriceOrder};
+use super::index::{IdMap, Index, PoolMask, PriceOrder, Victims};
 use super::policy::{Budgets, JobPolicy};
 use super::preempt::best_preemption;
 use super::{
@@ -166,7 +166,9 @@ fn contended(round: &mut Round, queue: &[&QueuedJob], start_free: &[[u32; 2]]) -
         .policies
         .iter()
         .any(|p| p.remaining_budget.is_some())
-        || round.index.preemptible_nodes.iter().any(|n| !n.is_empty())
+        || round.index.preemptible_nodes[Victims::LowThenNormal as usize]
+            .iter()
+            .any(|n| !n.is_empty())
     {
         return true;
     }
@@ -327,7 +329,7 @@ impl<'a> Round<'a> {
     }
 
     fn decide(&mut self, job: &QueuedJob) -> Explanation {
-        let ctx = JobCtx::new(&self.index, &job.spec);
+        let mut ctx = JobCtx::new(&self.index, &job.spec);
         let remaining = self.budgets.remaining(&ctx.policy);
         let full = self.records(job.id);
         // Without candidate lists only the winner matters, unless the joint assignment pinned
@@ -337,26 +339,26 @@ impl<'a> Round<'a> {
         } else {
             1
         };
+        // A `high` or `critical` service looks at the nodes there are, and at the batch work it
+        // could stop on them, before it looks at new nodes.
+        ctx.defer_launch = ctx.preempts_before_bursting() && ctx.policy.window_open;
         self.evaluate_pools(&ctx, Some(job.id), keep);
         self.on_demand_fallback(&ctx, Some(job.id));
-        let mut victims = Vec::new();
-        let best = self.viable.iter().min_by_key(|e| e.score).copied();
-        if ctx.policy.window_open && ctx.may_preempt(best.as_ref()) {
-            let any_finish = best.is_none();
-            if let Some((e, v)) = best_preemption(&self.index, &self.capacity, &ctx, any_finish) {
-                match remaining {
-                    Some(left) if e.cost() > left => self.blocked.push(Blocked::worked(
-                        &e,
-                        Reject::BudgetExhausted {
-                            cost: e.cost(),
-                            remaining: left,
-                        },
-                    )),
-                    _ => {
-                        self.viable.push(e);
-                        victims = v;
-                    }
-                }
+        let mut victims = self.preemption(&ctx, remaining);
+        if ctx.defer_launch {
+            let best = self.viable.iter().min_by_key(|e| e.score);
+            let now = best.is_some_and(|e| {
+                matches!(
+                    e.score.kind,
+                    CandidateKind::FreeNow | CandidateKind::Preempt
+                )
+            });
+            if !now {
+                // Nothing runs it now without a new node: weigh new nodes too, as for any job.
+                ctx.defer_launch = false;
+                self.evaluate_pools(&ctx, Some(job.id), keep);
+                self.on_demand_fallback(&ctx, Some(job.id));
+                victims = self.preemption(&ctx, remaining);
             }
         }
         if keep == 1 {
@@ -415,6 +417,36 @@ impl<'a> Round<'a> {
     ///
     /// The joint assignment's pins (for `job`) and the policy rules that depend on the
     /// candidate are applied as pools are scanned, so pruning counts only what is workable.
+    /// Adds the job's best preemption to the viable candidates when it may preempt, and gives
+    /// its victims (none otherwise); one over the job's remaining budget is blocked instead.
+    fn preemption(&mut self, ctx: &JobCtx, remaining: Option<Money>) -> Vec<usize> {
+        let best = self.viable.iter().min_by_key(|e| e.score).copied();
+        if !(ctx.policy.window_open && ctx.may_preempt(best.as_ref())) {
+            return Vec::new();
+        }
+        let any_finish = best.is_none();
+        let Some((e, victims)) = best_preemption(&self.index, &self.capacity, ctx, any_finish)
+        else {
+            return Vec::new();
+        };
+        match remaining {
+            Some(left) if e.cost() > left => {
+                self.blocked.push(Blocked::worked(
+                    &e,
+                    Reject::BudgetExhausted {
+                        cost: e.cost(),
+                        remaining: left,
+                    },
+                ));
+                Vec::new()
+            }
+            _ => {
+                self.viable.push(e);
+                victims
+            }
+        }
+    }
+
     fn evaluate_pools(&mut self, ctx: &JobCtx, job: Option<crate::domain::JobId>, keep: usize) {
         self.viable.clear();
         self.blocked.clear();
@@ -695,10 +727,17 @@ impl<'a> Round<'a> {
                     node: self.index.nodes[node].id.clone(),
                     gpus: attempt.gpus.len(),
                     for_job: job.id,
-                    reason: format!(
-                        "a {} job would miss its deadline without these GPUs",
-                        ctx.priority.as_str()
-                    ),
+                    reason: if ctx.preempts_before_bursting() {
+                        format!(
+                            "a {} service takes these GPUs back from batch work",
+                            ctx.priority.as_str()
+                        )
+                    } else {
+                        format!(
+                            "a {} job would miss its deadline without these GPUs",
+                            ctx.priority.as_str()
+                        )
+                    },
                 });
             }
             self.capacity

@@ -54,6 +54,30 @@ pub(crate) struct PoolInfo<'a> {
     pub spot_interruptions_ppm: u32,
 }
 
+/// Which running work a preemption may stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Victims {
+    /// `low` attempts only: what any `high` or `critical` job may stop.
+    Low = 0,
+    /// `low`, then `normal` batch attempts: what a `high` or `critical` service may stop to
+    /// win its GPUs back from training.
+    LowThenNormal = 1,
+}
+
+impl Victims {
+    /// Whether `attempt` may be stopped. Services (which never end) at `normal` are not batch
+    /// work and stay.
+    pub fn may_stop(self, attempt: &RunningAttempt) -> bool {
+        match attempt.priority {
+            Priority::Low => true,
+            Priority::Normal => {
+                self == Victims::LowThenNormal && attempt.expected_end != Timestamp::MAX
+            }
+            Priority::High | Priority::Critical => false,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Index<'a> {
     pub now: Timestamp,
@@ -66,11 +90,15 @@ pub(crate) struct Index<'a> {
     pub node_pool: Vec<usize>,
     /// Running attempts on known nodes, as (node position, attempt).
     pub running: Vec<(usize, &'a RunningAttempt)>,
-    /// Per node, its low-priority attempts (positions in `running`) in the order preemption
-    /// takes them: the latest started first (the least work lost), ties by attempt id.
+    /// Per node, the attempts preemption may stop (positions in `running`) in the order it
+    /// takes them: the `low` ones (any kind), then the `normal` batch ones (which only a
+    /// `high` or `critical` service may stop: [`Victims`]); within each, the latest started
+    /// first (the least work lost), ties by attempt id.
     pub preemptible: Vec<Vec<usize>>,
-    /// Per pool, its usable nodes with low-priority work, by id: where preemption may look.
-    pub preemptible_nodes: Vec<Vec<usize>>,
+    /// Per pool, its usable nodes with work preemption may stop, by id: where preemption may
+    /// look. At [`Victims::Low`]: nodes with `low` work; at [`Victims::LowThenNormal`]: with
+    /// `low` or `normal` batch work.
+    pub preemptible_nodes: [Vec<Vec<usize>>; 2],
     /// The snapshot's policies, sorted, so which one is reported first never depends on input
     /// order.
     pub policies: Vec<&'a TeamPolicy>,
@@ -433,22 +461,26 @@ impl<'a> Index<'a> {
         }
         let mut preemptible = vec![Vec::new(); nodes.len()];
         for (i, (node, attempt)) in running.iter().enumerate() {
-            if attempt.priority == Priority::Low {
+            if Victims::LowThenNormal.may_stop(attempt) {
                 preemptible[*node].push(i);
             }
         }
         for list in &mut preemptible {
             list.sort_by(|&a, &b| {
                 let (x, y) = (running[a].1, running[b].1);
-                (y.started_at, x.attempt).cmp(&(x.started_at, y.attempt))
+                (x.priority, y.started_at, x.attempt).cmp(&(y.priority, x.started_at, y.attempt))
             });
         }
-        let mut preemptible_nodes = vec![Vec::new(); pools.len()];
+        let mut preemptible_nodes = [vec![Vec::new(); pools.len()], vec![Vec::new(); pools.len()]];
         for (node, list) in preemptible.iter().enumerate() {
             let n = nodes[node];
-            if !list.is_empty() && n.healthy && !n.draining {
-                preemptible_nodes[node_pool[node]].push(node);
+            if list.is_empty() || !n.healthy || n.draining {
+                continue;
             }
+            if running[list[0]].1.priority == Priority::Low {
+                preemptible_nodes[Victims::Low as usize][node_pool[node]].push(node);
+            }
+            preemptible_nodes[Victims::LowThenNormal as usize][node_pool[node]].push(node);
         }
         let mut policies: Vec<&TeamPolicy> = snapshot.policies.iter().collect();
         policies.sort();

@@ -255,6 +255,9 @@ pub enum Rejection {
     },
     /// A team policy forbids launching new nodes for the team.
     BurstNotAllowedByPolicy,
+    /// A `high` or `critical` service takes GPUs back from batch work (a preemption) before it
+    /// launches a new node.
+    PreemptsBatchWorkFirst,
     /// A team policy lets the job's priority start only in time windows; now is outside them.
     OutsideTimeWindow,
     /// The estimated cost is more than a team policy's remaining budget.

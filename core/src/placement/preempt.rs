@@ -1,6 +1,9 @@
-//! Preemption: where an urgent job could have GPUs by stopping low-priority work. Only `low`
-//! attempts are ever victims; on a node, the fewest of them that free enough GPUs, the latest
-//! started first (the least work lost). Per pool, the node that needs the fewest GPUs taken.
+//! Preemption: where an urgent job could have GPUs by stopping less urgent work. `low`
+//! attempts are the victims of any `high` or `critical` job; a `high` or `critical` service
+//! (inference winning its GPUs back from training) may stop `normal` batch work too, after the
+//! `low` ([`JobCtx::victims`]). On a node, the fewest of them that free enough GPUs, `low`
+//! first, the latest started first (the least work lost). Per pool, the node that needs the
+//! fewest GPUs taken.
 //!
 //! This module finds the candidate; the planner decides whether the job may preempt at all
 //! ([`JobCtx::may_preempt`]) and records the preemptions.
@@ -21,7 +24,8 @@ pub(crate) fn best_preemption(
 ) -> Option<(Estimate, Vec<usize>)> {
     let ready = index.now.plus_secs(PREEMPTION_GRACE_S);
     let mut best: Option<(Estimate, Vec<usize>)> = None;
-    for (pool, nodes) in index.preemptible_nodes.iter().enumerate() {
+    let allowed = job.victims();
+    for (pool, nodes) in index.preemptible_nodes[allowed as usize].iter().enumerate() {
         if nodes.is_empty() || pool_violation(index, job, pool).is_some() {
             continue;
         }
@@ -31,7 +35,7 @@ pub(crate) fn best_preemption(
             .iter()
             .filter(|&&node| markets.allows(index.nodes[node].market))
             .filter_map(|&node| {
-                let victims = capacity.preemption_on(index, node, job.gpus)?;
+                let victims = capacity.preemption_on(index, node, job.gpus, allowed)?;
                 let taken: u32 = victims.iter().map(|&a| index.running[a].1.gpus.len()).sum();
                 Some((taken, node, victims))
             })

@@ -5,7 +5,7 @@
 
 use super::super::capacity::Capacity;
 use super::super::greedy::{Round, Scan};
-use super::super::index::Index;
+use super::super::index::{Index, Victims};
 use super::Detail;
 use super::fleet::{NOW, fleet};
 use crate::domain::Priority;
@@ -56,8 +56,8 @@ fn assert_same(index: &Index, a: &mut Capacity, b: &mut Capacity) {
     for node in 0..index.nodes.len() {
         for gpus in 1..=8 {
             assert_eq!(
-                a.preemption_on(index, node, gpus),
-                b.preemption_on(index, node, gpus),
+                a.preemption_on(index, node, gpus, Victims::LowThenNormal),
+                b.preemption_on(index, node, gpus, Victims::LowThenNormal),
                 "preemption on {node} for {gpus}"
             );
         }

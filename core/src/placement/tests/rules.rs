@@ -75,6 +75,57 @@ fn urgent_jobs_preempt_low_work_only_when_their_deadline_is_at_risk() {
     check(low_busy().policy(TeamPolicy { priority_ceiling: Some(Priority::Normal), ..TeamPolicy::new("ml") }).job(8).priority(Priority::Critical).deadline_in(7200), "wait onprem:dc1/dgx +36000s");
 }
 
+#[rustfmt::skip]
+#[test]
+fn urgent_services_take_gpus_back_from_batch_work_before_bursting() {
+    // On-prem `d1` held by normal training for 10 h; the cloud could launch a node.
+    let training = || w().onprem("dgx", 16.0).node(DGX, "d1", 0).busy("d1", 8, 36_000).pool(P5, "H100", 8, 80.0, None);
+    check(training().job(8).service(10_000).priority(Priority::Critical), "assign d1 on_demand");
+    check(training().job(8).service(10_000).priority(Priority::High), "assign d1 on_demand");
+    // A normal service, or a critical batch job, stops no normal work (with no deadline,
+    // each waits for the cheaper node here).
+    check(training().job(8).service(10_000), "wait onprem:dc1/dgx +36000s");
+    check(training().job(8).priority(Priority::Critical), "wait onprem:dc1/dgx +36000s");
+    check(training().job(8).priority(Priority::Critical).deadline_in(7200), "launch aws:use1/p5 on_demand");
+    // Another normal service is not batch work: it keeps its GPUs, and the service bursts.
+    let serving = w().onprem("dgx", 16.0).node(DGX, "d1", 0).service_on("d1", 8).pool(P5, "H100", 8, 80.0, None);
+    check(serving.job(8).service(10_000).priority(Priority::Critical), "launch aws:use1/p5 on_demand");
+    // A free node is still better than stopping anyone.
+    check(training().node(DGX, "d2", 8).job(8).service(10_000).priority(Priority::Critical), "assign d2 on_demand");
+}
+
+#[test]
+fn a_service_stops_low_work_before_normal_work() {
+    let world = w()
+        .onprem("dgx", 16.0)
+        .node(DGX, "d1", 0)
+        .busy("d1", 4, 36_000)
+        .low("d1", 4, 7200, 36_000)
+        .pool(P5, "H100", 8, 80.0, None)
+        .job(4)
+        .service(10_000)
+        .priority(Priority::Critical);
+    let p = plan_of(world.clone());
+    assert_eq!(p.preemptions.len(), 1, "{:?}", p.preemptions);
+    assert_eq!(p.preemptions[0].attempt, world.snap.running[1].attempt);
+    // Eight GPUs: both go.
+    let mut eight = world;
+    eight.snap.queued[0].spec.resources.gpus = 8;
+    let p = plan_of(eight);
+    assert_eq!(p.preemptions.len(), 2, "{:?}", p.preemptions);
+    // The explanation says why no node was launched.
+    let j = p
+        .explanation(&JobId(Uuid::from_u128(1)))
+        .expect("explained");
+    assert_eq!(j.candidates[0].kind, CandidateKind::Preempt);
+    let why: Vec<_> = j
+        .candidates
+        .iter()
+        .filter_map(|c| c.rejected.clone())
+        .collect();
+    assert!(why.contains(&Rejection::PreemptsBatchWorkFirst), "{why:?}");
+}
+
 #[test]
 fn preemption_takes_the_fewest_latest_started_victims() {
     let world = w()
