@@ -405,3 +405,83 @@ async fn reports_are_checked_and_taken_once() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn metrics_show_each_services_traffic_and_replicas() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(4).await;
+    let (id, _) = deploy(&app, &agent, "echo", replica().await).await;
+    let now_s = app.app.clock.now().millis() / 1000;
+    // Two requests, one failed: 0.1 and 0.12 ms; then one of 1.5 s (bucket 85: up to 1.53 s).
+    let report = json!({"gateway": "test/gw", "seconds": [
+        {"service": id, "second": now_s - 1, "batch": 0, "requests": 2, "errors": 1,
+         "latency_sum_us": 220, "buckets": [0, 1, 1]},
+        {"service": id, "second": now_s, "batch": 1, "requests": 1, "errors": 0,
+         "latency_sum_us": 1_500_000,
+         "buckets": (0..86).map(|i| u64::from(i == 85)).collect::<Vec<_>>()},
+    ]});
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/gateway/reports",
+            Some(&app.admin),
+            Some(report),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let labels = format!("{{service=\"{id}\",team=\"ml\",name=\"echo\"}}");
+    let with = |name: &str, le: Option<&str>| match le {
+        Some(le) => format!("{name}{{le=\"{le}\",service=\"{id}\",team=\"ml\",name=\"echo\"}} "),
+        None => format!("{name}{labels} "),
+    };
+    let text = eventually("the report in /metrics", 10, async || {
+        let res = app
+            .http
+            .get(format!("{}/metrics", app.url))
+            .bearer_auth(&app.admin)
+            .send()
+            .await
+            .unwrap();
+        let text = res.text().await.unwrap();
+        text.contains(&format!(
+            "{}3",
+            with("switchyard_service_requests_total", None)
+        ))
+        .then_some(text)
+    })
+    .await;
+    for line in [
+        format!("{}1", with("switchyard_service_request_errors_total", None)),
+        format!(
+            "{}3",
+            with("switchyard_service_latency_seconds_count", None)
+        ),
+        format!(
+            "{}2",
+            with("switchyard_service_latency_seconds_bucket", Some("0.005"))
+        ),
+        format!(
+            "{}2",
+            with("switchyard_service_latency_seconds_bucket", Some("1.0"))
+        ),
+        format!(
+            "{}3",
+            with("switchyard_service_latency_seconds_bucket", Some("2.5"))
+        ),
+        format!(
+            "{}3",
+            with("switchyard_service_latency_seconds_bucket", Some("+Inf"))
+        ),
+        format!("{}1", with("switchyard_service_desired_replicas", None)),
+        format!("{}1", with("switchyard_service_ready_replicas", None)),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in:\n{}",
+            text.lines()
+                .filter(|l| l.contains("switchyard_service_"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}

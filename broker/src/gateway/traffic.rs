@@ -200,11 +200,34 @@ struct ServiceSeries {
 /// A gateway's latest in-flight figure for a replica: (second, report number, requests).
 type InFlightSeen = (i64, u64, usize);
 
+/// A service's traffic since this broker started, for `/metrics` (counters and a histogram
+/// only ever grow).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Totals {
+    pub requests: u64,
+    pub errors: u64,
+    pub latency_sum_us: u64,
+    /// Requests per latency bucket ([`bucket_upper_ms`]).
+    pub hist: Vec<u64>,
+}
+
+impl Default for Totals {
+    fn default() -> Totals {
+        Totals {
+            requests: 0,
+            errors: 0,
+            latency_sum_us: 0,
+            hist: vec![0; BUCKETS],
+        }
+    }
+}
+
 /// Filled from the gateways' reports ([`Traffic::apply`]); read by the API, the autoscaler
 /// and the reconciler.
 #[derive(Default)]
 pub struct Traffic {
     services: Mutex<HashMap<Uuid, ServiceSeries>>,
+    totals: Mutex<HashMap<Uuid, Totals>>,
     /// Per replica, per gateway: its latest in-flight figure.
     in_flight: Mutex<HashMap<JobId, HashMap<String, InFlightSeen>>>,
 }
@@ -218,8 +241,26 @@ impl Traffic {
             .map_or(0, |by_gateway| by_gateway.values().map(|(_, _, n)| n).sum())
     }
 
+    /// Each service's traffic since this broker started.
+    pub fn totals(&self) -> HashMap<Uuid, Totals> {
+        self.totals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// One row of `gateway`'s report.
     pub fn apply(&self, gateway: &str, row: &TrafficSecond) {
+        if row.replica.is_none() {
+            let mut totals = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+            let t = totals.entry(row.service).or_default();
+            t.requests += row.requests;
+            t.errors += row.errors;
+            t.latency_sum_us = t.latency_sum_us.saturating_add(row.latency_sum_us);
+            for (h, n) in t.hist.iter_mut().zip(row.buckets.iter()) {
+                *h = h.saturating_add(*n);
+            }
+        }
         {
             let mut services = self.services.lock().unwrap_or_else(|e| e.into_inner());
             let s = services.entry(row.service).or_default();

@@ -25,6 +25,7 @@ use prometheus_client::registry::Registry;
 use switchyard_core::Timestamp;
 use switchyard_protocol::agent::Inventory;
 
+use crate::gateway::traffic::{Traffic, bucket_upper_ms};
 use crate::rules::budget;
 use crate::store::{Store, StoreError};
 
@@ -102,8 +103,14 @@ impl Metrics {
         }
     }
 
-    /// The whole exposition: this process's counters and the database's levels now.
-    pub async fn render(&self, store: &Store, now: Timestamp) -> Result<String, StoreError> {
+    /// The whole exposition: this process's counters, the services' traffic as the gateways
+    /// reported it, and the database's levels now.
+    pub async fn render(
+        &self,
+        store: &Store,
+        traffic: &Traffic,
+        now: Timestamp,
+    ) -> Result<String, StoreError> {
         let mut registry = Registry::default();
         registry.register(
             "switchyard_placement_seconds",
@@ -278,11 +285,128 @@ impl Metrics {
         registry.register("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)", temp);
         registry.register("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)", power);
 
+        register_services(&mut registry, store, traffic).await?;
+
         let mut out = String::new();
         encode(&mut out, &registry)
             .map_err(|e| StoreError::Corrupt(format!("encoding metrics: {e}")))?;
         Ok(out)
     }
+}
+
+/// Upper bounds of `switchyard_service_latency_seconds`: 5 ms to 30 s.
+const SERVICE_LATENCY_BUCKETS_S: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Each live service's latency histogram (from the gateways' finer buckets: a request is
+/// counted in the first bound at or above its fine bucket's upper bound, so a little slow
+/// rather than fast).
+#[derive(Debug, Default)]
+struct ServiceLatency(Vec<(Labels, f64, u64, Vec<(f64, u64)>)>);
+
+impl prometheus_client::encoding::EncodeMetric for ServiceLatency {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        for (labels, sum, count, buckets) in &self.0 {
+            encoder
+                .encode_family(labels)?
+                .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                    *sum, *count, buckets, None,
+                )?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
+
+/// Per live service (labels `service`, `team`, `name`): requests and errors through the
+/// gateways (counters since this broker started), their latency histogram, and the desired
+/// and ready replicas from the store.
+async fn register_services(
+    registry: &mut Registry,
+    store: &Store,
+    traffic: &Traffic,
+) -> Result<(), StoreError> {
+    let (services, routes) = store.gateway_routes().await?;
+    let desired_of: BTreeMap<uuid::Uuid, u32> = store
+        .services(None)
+        .await?
+        .into_iter()
+        .map(|s| (s.id, s.desired_replicas))
+        .collect();
+    let totals = traffic.totals();
+    let requests = Family::<Labels, Counter>::default();
+    let errors = Family::<Labels, Counter>::default();
+    let desired = Family::<Labels, Gauge>::default();
+    let ready = Family::<Labels, Gauge>::default();
+    let mut latency = ServiceLatency::default();
+    for s in &services {
+        let labels: Labels = vec![
+            ("service".into(), s.service.to_string()),
+            ("team".into(), s.team.clone()),
+            ("name".into(), s.name.clone()),
+        ];
+        desired
+            .get_or_create(&labels)
+            .set(i64::from(desired_of.get(&s.service).copied().unwrap_or(0)));
+        let n = routes
+            .iter()
+            .filter(|r| r.service == s.service && r.ready && !r.draining)
+            .count();
+        ready
+            .get_or_create(&labels)
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+        let t = totals.get(&s.service).cloned().unwrap_or_default();
+        requests.get_or_create(&labels).inc_by(t.requests);
+        errors.get_or_create(&labels).inc_by(t.errors);
+        let mut buckets: Vec<(f64, u64)> = SERVICE_LATENCY_BUCKETS_S
+            .iter()
+            .map(|le| (*le, 0))
+            .collect();
+        buckets.push((f64::INFINITY, 0));
+        for (i, n) in t.hist.iter().enumerate() {
+            let upper_s = bucket_upper_ms(i) / 1000.0;
+            if let Some(b) = buckets.iter_mut().find(|(le, _)| *le >= upper_s) {
+                b.1 += n;
+            }
+        }
+        // Per bucket: the encoder makes them cumulative.
+        latency
+            .0
+            .push((labels, t.latency_sum_us as f64 / 1e6, t.requests, buckets));
+    }
+    registry.register(
+        "switchyard_service_requests",
+        "Requests to the service through its gateways (as they reported them to this broker)",
+        requests,
+    );
+    registry.register(
+        "switchyard_service_request_errors",
+        "Of those, the ones that failed: 5xx, unreachable replica, full queue",
+        errors,
+    );
+    registry.register(
+        "switchyard_service_latency_seconds",
+        "Gateway latency to the first byte of the answer",
+        latency,
+    );
+    registry.register(
+        "switchyard_service_desired_replicas",
+        "Replicas the autoscaler wants for the service",
+        desired,
+    );
+    registry.register(
+        "switchyard_service_ready_replicas",
+        "Running replicas that pass their readiness probe and are not draining",
+        ready,
+    );
+    Ok(())
 }
 
 /// The exposition's content type.

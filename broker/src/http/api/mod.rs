@@ -166,7 +166,7 @@ async fn metrics(
     caller.require(&[Role::Admin, Role::Infra, Role::Finance])?;
     let body = app
         .metrics
-        .render(app.store.as_ref(), app.clock.now())
+        .render(app.store.as_ref(), &app.traffic, app.clock.now())
         .await?;
     Ok((
         [(
