@@ -12,6 +12,7 @@ use super::CandidateKind;
 use super::capacity::Capacity;
 use super::estimate::{Estimate, JobCtx, PREEMPTION_GRACE_S, pool_violation};
 use super::index::Index;
+use crate::domain::Priority;
 
 /// The best preemption candidate for the job and its victims (positions in the index's running
 /// attempts). Only candidates that meet the deadline count, unless `any_finish` (the job has
@@ -29,18 +30,27 @@ pub(crate) fn best_preemption(
         if nodes.is_empty() || pool_violation(index, job, pool).is_some() {
             continue;
         }
-        // The node needing the fewest GPUs taken, ties by id, of a market the job may take.
+        // The node needing the fewest GPUs taken from `normal` work, then the fewest taken
+        // at all, ties by id, of a market the job may take.
         let markets = job.node_markets(index, pool);
         let pick = nodes
             .iter()
             .filter(|&&node| markets.allows(index.nodes[node].market))
             .filter_map(|&node| {
                 let victims = capacity.preemption_on(index, node, job.gpus, allowed)?;
-                let taken: u32 = victims.iter().map(|&a| index.running[a].1.gpus.len()).sum();
-                Some((taken, node, victims))
+                let (mut normal, mut taken) = (0u32, 0u32);
+                for &a in &victims {
+                    let (gpus, priority) =
+                        (index.running[a].1.gpus.len(), index.running[a].1.priority);
+                    taken += gpus;
+                    if priority != Priority::Low {
+                        normal += gpus;
+                    }
+                }
+                Some(((normal, taken, node), victims))
             })
-            .min_by_key(|(taken, node, _)| (*taken, *node));
-        let Some((_, node, victims)) = pick else {
+            .min_by_key(|(key, _)| *key);
+        let Some(((_, _, node), victims)) = pick else {
             continue;
         };
         let e = job.on_node(index, pool, node, CandidateKind::Preempt, ready);

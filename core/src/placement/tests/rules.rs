@@ -108,6 +108,19 @@ fn a_service_stops_low_work_before_normal_work() {
     let p = plan_of(world.clone());
     assert_eq!(p.preemptions.len(), 1, "{:?}", p.preemptions);
     assert_eq!(p.preemptions[0].attempt, world.snap.running[1].attempt);
+    // Low work on one node goes before normal work on another, whatever the ids.
+    let apart = w()
+        .onprem("dgx", 16.0)
+        .node(DGX, "d1", 0)
+        .busy("d1", 4, 36_000)
+        .node(DGX, "d2", 0)
+        .low("d2", 4, 7200, 36_000)
+        .job(2)
+        .service(10_000)
+        .priority(Priority::Critical);
+    let p = plan_of(apart.clone());
+    assert_eq!(p.preemptions.len(), 1, "{:?}", p.preemptions);
+    assert_eq!(p.preemptions[0].attempt, apart.snap.running[1].attempt);
     // Eight GPUs: both go.
     let mut eight = world;
     eight.snap.queued[0].spec.resources.gpus = 8;
