@@ -9,6 +9,8 @@
 //! Also: a bad policy edit is refused whole (every field error at once, nothing saved) and
 //! leaving unsaved edits asks first; a what-if under a tiny hard budget holds the job the live
 //! broker held under it; a finished burst job's cost stays fixed while its instance idles.
+//! The Services page shows real replicas by region, the charts it keeps since it opened, the
+//! desired count's reason and the events, to an admin and (their team's only) to a developer.
 //!
 //! Screenshots of every page (both roles, 1440×900) land in `target/console-shots/` (or
 //! `SWITCHYARD_SCREENSHOT_DIR`) on each run. Chromium and chromedriver come from Debian's `chromium` and
@@ -1830,4 +1832,367 @@ async fn a_finished_burst_jobs_cost_stays_fixed_while_its_instance_idles() {
     assert!(row[2].as_str().unwrap().starts_with('$'), "{row}");
     b.screenshot("instances-burst", 1440, 900).await;
     b.assert_no_errors("on the burst's pages").await;
+}
+
+/// A service replica: an HTTP server on `$PORT` that answers every GET with 200.
+const REPLICA: &str = r#"
+import http.server, os
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+"#;
+
+/// Deploys a service over REST; returns its view.
+async fn deploy(up: &Up, spec: Value) -> Value {
+    let (status, created) = rest(
+        &up.url,
+        &up.token,
+        reqwest::Method::POST,
+        "/api/v1/services",
+        Some(spec),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    created
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_services_page_shows_replicas_by_region_charts_and_events() {
+    // One on-prem agent (4 GPUs): a service of five one-GPU replicas spills to a cloud region.
+    let up = Up::start(&["--agents", "1", "--boot-delay", "1s"], 4).await;
+    let Some(b) = Browser::start(&up.url).await else {
+        return;
+    };
+    let replica = |name: &str, team: &str, min: i64| {
+        json!({"name": name, "team": team, "command": ["python3", "-c", REPLICA],
+               "resources": {"gpus": 1}, "priority": "high",
+               "replicas": {"min": min, "max": min + 1},
+               // Targets no test traffic comes near: the desired count stays at the minimum.
+               "scaling": {"target_p95_latency_ms": 2000, "window_s": 20},
+               "readiness": {"path": "/health", "period_s": 1, "timeout_s": 1, "failure_threshold": 2}})
+    };
+    let chat = deploy(&up, replica("chat", "ml", 5)).await;
+    let chat_id = chat["id"].as_str().unwrap().to_string();
+    let mut edge_spec = replica("edge", "vision", 1);
+    edge_spec["regions"] = json!(["lambda:us-east-1"]);
+    let edge = deploy(&up, edge_spec).await;
+    let edge_id = edge["id"].as_str().unwrap().to_string();
+    let chat = eventually(
+        "five ready replicas of chat",
+        Duration::from_secs(90),
+        || async {
+            let s = up.get(&format!("/api/v1/services/{chat_id}")).await;
+            let ready = s["replicas"]
+                .as_array()?
+                .iter()
+                .filter(|r| r["state"] == "ready")
+                .count();
+            (ready == 5 && s["state"] == "ready").then_some(s)
+        },
+    )
+    .await;
+    let regions: std::collections::BTreeSet<&str> = chat["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["region"].as_str())
+        .collect();
+    assert!(regions.len() >= 2, "chat should span regions: {chat}");
+    let reason = chat["desired_reason"].as_str().unwrap().to_string();
+    assert!(reason.contains("at least 5"), "{reason}");
+    eventually("edge ready", Duration::from_secs(60), || async {
+        let s = up.get(&format!("/api/v1/services/{edge_id}")).await;
+        (s["state"] == "ready").then_some(())
+    })
+    .await;
+
+    // Calls through the gateway, a few a second, while the page watches.
+    let endpoint = chat["endpoint"].as_str().unwrap().to_string();
+    let caller = {
+        let http = up.http.clone();
+        let token = up.token.clone();
+        tokio::spawn(async move {
+            let mut ok = 0;
+            for _ in 0..200 {
+                if let Ok(r) = http.get(&endpoint).bearer_auth(&token).send().await {
+                    ok += u32::from(r.status().is_success());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            ok
+        })
+    };
+
+    b.sign_in(&up.token).await;
+    b.probe_console_log().await;
+    let nav = b.el("[data-test=nav-services]").await;
+    nav.click().await.unwrap();
+    b.ready("services").await;
+
+    // The list: both services (the admin sees every team), chat's replicas and why.
+    let row = b
+        .until(
+            "chat's row with its five ready replicas",
+            WAIT,
+            "const r = document.querySelector('[data-test=service-row][data-service-id=\"' + arguments[0] + '\"]');
+             if (!r || !r.querySelector('[data-test=service-replicas]').textContent.startsWith('5 / 5')) return null;
+             return { state: r.getAttribute('data-state'), team: r.getAttribute('data-team'),
+                      reason: r.querySelector('[data-test=service-reason]').textContent,
+                      p95: r.querySelector('[data-test=service-p95]').textContent };",
+            vec![json!(chat_id)],
+        )
+        .await;
+    assert_eq!(row["state"], "ready", "{row}");
+    assert_eq!(row["team"], "ml", "{row}");
+    assert_eq!(row["reason"], json!(reason), "{row}");
+    assert!(
+        row["p95"].as_str().unwrap().ends_with("/ 2000 ms"),
+        "p95 against its target: {row}"
+    );
+    assert_eq!(
+        b.count(&format!(
+            "[data-test=service-row][data-service-id=\"{edge_id}\"]"
+        ))
+        .await,
+        1
+    );
+    b.screenshot("services-desktop", 1440, 900).await;
+
+    // The detail: every replica under its region with its pool, node and market.
+    b.el(&format!(
+        "[data-test=service-row][data-service-id=\"{chat_id}\"] [data-test=service-link]"
+    ))
+    .await
+    .click()
+    .await
+    .unwrap();
+    b.ready("services").await;
+    b.el(&format!(
+        "[data-test=service-detail][data-service-id=\"{chat_id}\"]"
+    ))
+    .await;
+    let shown = b
+        .until(
+            "five replica rows",
+            WAIT,
+            "const rows = [...document.querySelectorAll('[data-test=service-replica]')];
+             if (rows.filter(r => r.getAttribute('data-state') === 'ready').length !== 5) return null;
+             return rows.map(r => ({ id: r.getAttribute('data-job-id'),
+               group: r.closest('[data-test=service-region]').getAttribute('data-region'),
+               pool: r.querySelector('[data-test=replica-pool]').textContent,
+               node: r.querySelector('[data-test=node-ref]').getAttribute('data-node') }));",
+            vec![],
+        )
+        .await;
+    let view = up.get(&format!("/api/v1/services/{chat_id}")).await;
+    for r in view["replicas"].as_array().unwrap() {
+        let row = shown
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == r["job_id"])
+            .unwrap_or_else(|| panic!("replica {} not shown: {shown}", r["job_id"]));
+        assert_eq!(row["group"], r["region"], "{row} {r}");
+        assert_eq!(row["pool"], r["pool"], "{row} {r}");
+        assert_eq!(row["node"], r["node"], "{row} {r}");
+    }
+    assert_eq!(
+        b.count("[data-test=service-region]").await,
+        regions.len() as u64,
+        "one group per region: {regions:?}"
+    );
+    let desired = b
+        .text_of("[data-test=service-desired-reason]")
+        .await
+        .unwrap_or_default();
+    assert_eq!(desired, reason);
+    assert_eq!(
+        b.text_of("[data-test=service-endpoint]").await.as_deref(),
+        view["endpoint"].as_str()
+    );
+    assert_eq!(
+        b.text_of("[data-test=service-version]").await.as_deref(),
+        Some("1")
+    );
+
+    // The charts: kept in the page since it opened, drawn as SVG, the p95 against its target.
+    for chart in [
+        "service-chart-rps",
+        "service-chart-p95",
+        "service-chart-replicas",
+    ] {
+        b.el(&format!("svg[data-test={chart}]")).await;
+    }
+    let target = b
+        .js(
+            "const l = document.querySelector('svg[data-test=service-chart-p95] [data-test=service-p95-target]');
+             return l ? [l.getAttribute('data-value'), l.textContent] : null;",
+            vec![],
+        )
+        .await;
+    assert_eq!(target, json!(["2000", "target 2000 ms"]));
+    let lines = b
+        .until(
+            "lines of several samples: rps, p95, desired and ready replicas",
+            Duration::from_secs(30),
+            "const pts = (chart, key) => { const p = document.querySelector('svg[data-test=' + chart + '] [data-test=service-line-' + key + ']');
+               return p ? Number(p.getAttribute('data-points') || 1) : 0; };
+             const v = { rps: pts('service-chart-rps', 'rps'), p95: pts('service-chart-p95', 'p95'),
+               desired: pts('service-chart-replicas', 'desired'), ready: pts('service-chart-replicas', 'ready'),
+               samples: Number(document.querySelector('svg[data-test=service-chart-rps]').getAttribute('data-samples')) };
+             return Object.values(v).every(n => n >= 3) ? v : null;",
+            vec![],
+        )
+        .await;
+    // Every sample is one poll: the history grows while the page stays open.
+    let later = b
+        .until(
+            "more samples",
+            Duration::from_secs(15),
+            "const n = Number(document.querySelector('svg[data-test=service-chart-rps]').getAttribute('data-samples'));
+             return n > arguments[0] ? n : null;",
+            vec![lines["samples"].clone()],
+        )
+        .await;
+    assert!(
+        later.as_u64() > lines["samples"].as_u64(),
+        "{later} {lines}"
+    );
+    let legend = b
+        .text_of("svg[data-test=service-chart-replicas] + .legend [data-test=legend-desired]")
+        .await
+        .unwrap_or_default();
+    assert_eq!(legend, "desired 5");
+    let note = b
+        .text_of("[data-test=service-charts] h2")
+        .await
+        .unwrap_or_default();
+    assert_eq!(note, "Since this page opened");
+
+    // The events: every one the broker has, newest first.
+    let events = up
+        .get(&format!("/api/v1/services/{chat_id}/events?limit=1000"))
+        .await;
+    let mut want: Vec<i64> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_i64().unwrap())
+        .collect();
+    want.reverse();
+    let shown = b
+        .until(
+            "the events, newest first",
+            WAIT,
+            "const ids = [...document.querySelectorAll('[data-test=service-event]')].map(r => Number(r.getAttribute('data-event-id')));
+             return ids.length >= arguments[0] ? ids : null;",
+            vec![json!(want.len())],
+        )
+        .await;
+    let shown: Vec<i64> = serde_json::from_value(shown).unwrap();
+    assert_eq!(&shown[shown.len() - want.len()..], &want[..]);
+    assert!(shown.windows(2).all(|w| w[0] > w[1]), "{shown:?}");
+    let kinds = b
+        .js(
+            "return [...document.querySelectorAll('[data-test=service-event]')].map(r => r.getAttribute('data-kind'));",
+            vec![],
+        )
+        .await;
+    for kind in ["deployed", "replica_started", "replica_ready"] {
+        assert!(kinds.as_array().unwrap().contains(&json!(kind)), "{kinds}");
+    }
+    let text = b
+        .el("[data-test=service-detail]")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_no_raw_numbers(&text);
+    b.screenshot("service-detail-desktop", 1440, 900).await;
+    b.set_width(390, 844).await;
+    b.open(&format!("#/services/{chat_id}"), "services").await;
+    b.el("svg[data-test=service-chart-p95]").await;
+    b.assert_fits("the service at phone width").await;
+    b.screenshot("service-detail-phone", 390, 844).await;
+    b.open("#/services", "services").await;
+    b.el("[data-test=service-row]").await;
+    b.assert_fits("the services at phone width").await;
+    b.screenshot("services-phone", 390, 844).await;
+    b.set_width(1440, 900).await;
+    b.assert_no_errors("on the services pages").await;
+    assert!(
+        caller.await.unwrap() > 100,
+        "calls through the gateway failed"
+    );
+
+    // A developer of ml sees ml's service only, and another team's is not found.
+    let (status, created) = rest(
+        &up.url,
+        &up.token,
+        reqwest::Method::POST,
+        "/api/v1/tokens",
+        Some(json!({"role": "developer", "team": "ml", "name": "dev"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    b.el("[data-test=logout]").await.click().await.unwrap();
+    b.el("[data-test=login-token]").await;
+    b.sign_in(created["token"].as_str().unwrap()).await;
+    b.open("#/services", "services").await;
+    b.el(&format!(
+        "[data-test=service-row][data-service-id=\"{chat_id}\"]"
+    ))
+    .await;
+    let teams = b
+        .js(
+            "return [...document.querySelectorAll('[data-test=service-row]')].map(r => r.getAttribute('data-team'));",
+            vec![],
+        )
+        .await;
+    assert_eq!(teams, json!(["ml"]));
+    b.screenshot("services-developer", 1440, 900).await;
+    b.open(&format!("#/services/{edge_id}"), "services").await;
+    let error = b
+        .text_of("[data-test=service-error]")
+        .await
+        .unwrap_or_default();
+    assert!(error.starts_with("No service"), "{error:?}");
+    // The browser logs the refused read; nothing else may be logged meanwhile.
+    b.expect_logged("the other team's service refused", |e| {
+        e.contains(&edge_id) && e.contains("404")
+    })
+    .await;
+
+    // The developer deletes the service from its page: it drains and reads stopped.
+    b.open(&format!("#/services/{chat_id}"), "services").await;
+    b.el("[data-test=service-delete]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.el("[data-test=service-delete-confirm]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.until(
+        "the service to read stopped",
+        WAIT,
+        "const d = document.querySelector('[data-test=service-detail]'); return d && d.getAttribute('data-state') === 'stopped';",
+        vec![],
+    )
+    .await;
+    assert_eq!(
+        up.get(&format!("/api/v1/services/{chat_id}")).await["state"],
+        "stopped"
+    );
+    assert_eq!(b.count("[data-test=service-delete]").await, 0);
+    b.assert_no_errors("as a developer on the services pages")
+        .await;
 }

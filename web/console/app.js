@@ -33,6 +33,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
     { id: 'overview', title: 'Overview', roles: ROLES_ALL, render: overviewPage },
     { id: 'catalogue', title: 'Catalogue', roles: ROLES_ALL, render: cataloguePage },
     { id: 'jobs', title: 'Jobs', roles: ROLES_ALL, render: jobsPage },
+    { id: 'services', title: 'Services', roles: ROLES_ALL, render: servicesPage },
     { id: 'policies', title: 'Policies', roles: ROLES_ALL, render: policiesPage },
     { id: 'spend', title: 'Spend', roles: ROLES_ALL, render: spendPage },
     { id: 'instances', title: 'Instances', roles: ['admin', 'infra', 'finance'], render: instancesPage },
@@ -1149,6 +1150,407 @@ document.addEventListener('securitypolicyviolation', (e) => {
 
   function kv(pairs) {
     return h('dl', { class: 'kv' }, pairs.map(([k, v]) => [h('dt', null, k), h('dd', null, v)]));
+  }
+
+  // ---- Services ----------------------------------------------------------------------------
+
+  // The broker's view of a service holds the gateway's figures for its current window only. The
+  // charts keep their own history: every view this tab reads (the list or one service, every
+  // 2 s) is a sample, kept per service for the last 10 minutes, in this tab only.
+  const SVC_POLL_MS = 2000;
+  const SVC_KEEP_MS = 10 * 60 * 1000;
+  // A gap of more than this between two samples (the tab was on another page) breaks a line.
+  const SVC_GAP_MS = 3 * SVC_POLL_MS + 1000;
+  const SVC_HISTORY = new Map();
+  const REPLICA_ORDER = ['ready', 'starting', 'draining', 'failed'];
+
+  const numOrNull = (v) => (v === null || v === undefined || !Number.isFinite(Number(v)) ? null : Number(v));
+
+  /// Latency in words: "57 ms", "4.2 ms", "1.3 s"; "—" when nothing was measured.
+  function ms(v) {
+    const n = numOrNull(v);
+    if (n === null) return '—';
+    if (n >= 10000) return (n / 1000).toFixed(1) + ' s';
+    return (n < 10 && !Number.isInteger(n) ? n.toFixed(1) : String(Math.round(n))) + ' ms';
+  }
+
+  /// A request rate: "17.2", "0.5", "240".
+  function rate(v) {
+    const n = numOrNull(v);
+    if (n === null) return '—';
+    return n >= 100 ? String(Math.round(n)) : n.toFixed(1);
+  }
+
+  function liveReplicas(v) { return (v.replicas || []).filter((r) => r.state !== 'failed'); }
+  function readyReplicas(v) { return (v.replicas || []).filter((r) => r.state === 'ready'); }
+  function p95Target(v) { return numOrNull(v.spec && v.spec.scaling ? v.spec.scaling.target_p95_latency_ms : null); }
+
+  /// Adds what `v` says now to its service's history; drops samples older than the window.
+  function recordSample(v) {
+    const now = Date.now();
+    const list = SVC_HISTORY.get(v.id) || [];
+    const tr = v.traffic || {};
+    const windowS = Number(tr.window_s) || 0;
+    // Two reads within half a poll (the list and the detail at once) are one sample.
+    if (list.length && now - list[list.length - 1].t < SVC_POLL_MS / 4) list.pop();
+    list.push({
+      t: now,
+      rps: numOrNull(tr.rps),
+      errors: windowS > 0 ? Number(tr.errors || 0) / windowS : null,
+      p50: numOrNull(tr.p50_ms),
+      p95: numOrNull(tr.p95_ms),
+      p99: numOrNull(tr.p99_ms),
+      desired: numOrNull(v.desired_replicas),
+      ready: readyReplicas(v).length,
+      live: liveReplicas(v).length,
+    });
+    while (list.length && list[0].t < now - SVC_KEEP_MS) list.shift();
+    SVC_HISTORY.set(v.id, list);
+    return list;
+  }
+
+  const canDeleteServices = () => S.me && ['admin', 'developer'].includes(S.me.role);
+
+  async function servicesPage(root, args, _params, seq) {
+    if (args[0]) return serviceDetail(root, args[0], seq);
+    root.appendChild(h('div', { class: 'page-head' }, h('h1', null, 'Services'),
+      h('span', { class: 'muted small' }, 'Inference services: replicas behind the gateway, scaled on latency, rate and queue. Click one for its replicas, charts and events.')));
+    const holder = h('div', { class: 'panel', 'data-test': 'services-panel' });
+    root.appendChild(holder);
+    const status = h('p', { class: 'muted small', 'data-test': 'services-status' });
+    let busy = false;
+    const load = async () => {
+      if (busy) return;
+      busy = true;
+      try {
+        const data = await get('/api/v1/services');
+        if (!live(seq)) return;
+        const services = data.services;
+        services.forEach(recordSample);
+        clear(holder);
+        holder.appendChild(status);
+        const ready = services.reduce((a, v) => a + readyReplicas(v).length, 0);
+        const cost = services.reduce((a, v) => a + (Number(v.cost_usd) || 0), 0);
+        status.textContent = services.length + ' service' + (services.length === 1 ? '' : 's') + ' · ' + ready + ' ready replica' + (ready === 1 ? '' : 's') +
+          ' · ' + usd(cost) + ' so far · updated ' + new Date().toISOString().slice(11, 19) + ' UTC';
+        holder.appendChild(table(['Service', 'State', ['Replicas', 'num'], 'Why', ['Req/s', 'num'], ['p95 / target', 'num'], ['Errors', 'num hide-narrow'], 'Regions', ['Cost', 'num']],
+          services.map((v) => serviceRow(v)),
+          { test: 'services-table', empty: can.allTeams() ? 'No services yet: deploy one with `switchyard service deploy FILE.toml`.' : 'Your team has no services yet: deploy one with `switchyard service deploy FILE.toml`.', stack: true }));
+      } catch (e) {
+        if (!live(seq)) return;
+        clear(holder).appendChild(notice(e.message, true, 'services-error'));
+      } finally {
+        busy = false;
+      }
+    };
+    every(SVC_POLL_MS, load);
+    await load();
+  }
+
+  function serviceRow(v) {
+    const link = '#/services/' + encodeURIComponent(v.id);
+    const ready = readyReplicas(v).length;
+    const starting = (v.replicas || []).filter((r) => r.state === 'starting').length;
+    const tr = v.traffic || {};
+    const regions = new Map();
+    for (const r of liveReplicas(v)) regions.set(r.region || '(unplaced)', (regions.get(r.region || '(unplaced)') || 0) + 1);
+    return h('tr', {
+      class: 'clickable', 'data-test': 'service-row', 'data-service-id': v.id, 'data-name': v.name, 'data-team': v.team, 'data-state': v.state,
+      onclick: (ev) => { if (!ev.target.closest('a')) location.hash = link; },
+    },
+    h('td', null, h('a', { href: link, 'data-test': 'service-link' }, v.name), h('div', { class: 'small muted' }, teamLabel(v.team, v.project))),
+    h('td', { 'data-test': 'service-state' }, badge(v.state)),
+    h('td', { class: 'num', 'data-test': 'service-replicas', title: ready + ' ready of ' + v.desired_replicas + ' desired' },
+      ready + ' / ' + v.desired_replicas, starting ? h('div', { class: 'small muted' }, starting + ' starting') : null),
+    h('td', { class: 'small', 'data-test': 'service-reason' }, v.desired_reason || ''),
+    h('td', { class: 'num', 'data-test': 'service-rps' }, rate(tr.rps)),
+    h('td', { class: 'num', 'data-test': 'service-p95' }, p95Cell(tr.p95_ms, p95Target(v))),
+    h('td', { class: 'num hide-narrow' }, String(tr.errors || 0)),
+    h('td', { class: 'small' }, [...regions.entries()].map(([r, n]) => h('div', null, r + (n > 1 ? ' ×' + n : '')))),
+    h('td', { class: 'num', 'data-test': 'service-cost' }, usd(v.cost_usd)));
+  }
+
+  /// The p95 against its target: red when above it.
+  function p95Cell(p95, target) {
+    const over = target !== null && numOrNull(p95) !== null && Number(p95) > target;
+    return h('span', { class: over ? 'over' : null, 'data-over': over ? '1' : '0' },
+      ms(p95), h('span', { class: 'muted' }, ' / ' + (target === null ? 'no target' : ms(target))));
+  }
+
+  async function serviceDetail(root, id, seq) {
+    root.appendChild(h('p', null, h('a', { href: '#/services', 'data-test': 'back-to-services' }, '← All services')));
+    const body = h('div', { 'data-test': 'service-detail', 'data-service-id': id });
+    root.appendChild(body);
+    const head = h('div');
+    const updated = h('span', { class: 'muted small', 'data-test': 'service-updated' });
+    const infoPanel = h('div', { class: 'panel', 'data-test': 'service-info' });
+    const trafficPanel = h('div', { class: 'panel', 'data-test': 'service-traffic' });
+    const chartsPanel = h('div', { class: 'panel', 'data-test': 'service-charts' });
+    const replicasPanel = h('div', { class: 'panel', 'data-test': 'service-replicas' });
+    const eventsPanel = h('div', { class: 'panel', 'data-test': 'service-events' });
+    body.append(head, h('div', { class: 'grid two' }, infoPanel, trafficPanel), chartsPanel, replicasPanel, eventsPanel);
+
+    // Events come oldest first after an id: read them all once, then only the new ones.
+    const events = [];
+    let after = 0;
+    let showAll = false;
+    const loadEvents = async () => {
+      for (;;) {
+        const page = await get('/api/v1/services/' + encodeURIComponent(id) + '/events' + qs({ after, limit: 1000 }));
+        if (!live(seq)) return;
+        for (const e of page.events) { events.push(e); after = Math.max(after, Number(e.id) || after); }
+        if (page.events.length < 1000) break;
+      }
+      drawEvents();
+    };
+    const drawEvents = () => {
+      clear(eventsPanel).appendChild(h('div', { class: 'page-head' }, h('h2', null, 'Events'),
+        h('span', { class: 'muted small' }, 'Every scaling and placement decision, newest first.')));
+      const newest = events.slice().reverse();
+      const shown = showAll ? newest : newest.slice(0, 100);
+      eventsPanel.appendChild(table(['When', 'Kind', 'What happened'], shown.map((e) => h('tr', { 'data-test': 'service-event', 'data-kind': e.kind, 'data-event-id': e.id },
+        h('td', { class: 'small nowrap', title: dt(e.at) }, dt(e.at)),
+        h('td', null, badge(e.kind)),
+        h('td', { class: 'small', 'data-test': 'service-event-message' }, e.message))),
+      { test: 'service-events-table', empty: 'No events yet.', stack: true }));
+      if (newest.length > shown.length) {
+        eventsPanel.appendChild(h('div', { class: 'actions' }, h('button', {
+          type: 'button', class: 'secondary', 'data-test': 'service-events-all',
+          onclick: () => { showAll = true; drawEvents(); },
+        }, 'Show all ' + newest.length + ' events')));
+      }
+    };
+
+    let confirming = false;
+    const draw = (v, history) => {
+      body.setAttribute('data-state', v.state);
+      const tr = v.traffic || {};
+      const spec = v.spec || {};
+      const scaling = spec.scaling || {};
+      const range = spec.replicas || { min: 1, max: 1 };
+      const target = p95Target(v);
+      const actions = h('div', { class: 'actions' });
+      if (canDeleteServices() && v.state !== 'stopped') {
+        if (!confirming) {
+          actions.appendChild(h('button', { type: 'button', class: 'danger', 'data-test': 'service-delete', onclick: () => { confirming = true; draw(v, history); } }, 'Delete service'));
+        } else {
+          actions.append(
+            h('span', { class: 'small' }, 'Drain every replica, then stop?'),
+            h('button', {
+              type: 'button', class: 'danger', 'data-test': 'service-delete-confirm',
+              onclick: async () => {
+                try {
+                  await api('DELETE', '/api/v1/services/' + encodeURIComponent(id));
+                  toast('Service ' + v.name + ' is draining');
+                } catch (e) { toast(e.message, true); }
+                confirming = false;
+                refresh();
+              },
+            }, 'Delete'),
+            h('button', { type: 'button', class: 'secondary', 'data-test': 'service-delete-keep', onclick: () => { confirming = false; draw(v, history); } }, 'Keep'));
+        }
+      }
+      clear(head).append(h('div', { class: 'page-head' },
+        h('h1', null, v.name, ' ', h('span', { 'data-test': 'service-detail-state' }, badge(v.state))),
+        h('span', null, updated, ' ', actions)));
+      head.appendChild(notice([h('strong', null, 'Desired ' + v.desired_replicas + ' replica' + (v.desired_replicas === 1 ? '' : 's') + ', ' + readyReplicas(v).length + ' ready: '),
+        h('span', { 'data-test': 'service-desired-reason' }, v.desired_reason || '—')], false, 'service-desired'));
+
+      clear(infoPanel).appendChild(h('h2', null, 'Service'));
+      infoPanel.appendChild(kv([
+        ['Team', teamLabel(v.team, v.project)],
+        ['Endpoint', h('span', null, h('span', { class: 'mono small endpoint', 'data-test': 'service-endpoint' }, v.endpoint), ' ',
+          h('button', { type: 'button', class: 'link small', 'data-test': 'service-endpoint-copy', onclick: () => copyText(v.endpoint) }, 'copy'))],
+        ['Spec version', h('span', { 'data-test': 'service-version' }, String(v.spec_version))],
+        ['Priority', spec.priority || 'normal'],
+        ['Per replica', (spec.resources ? spec.resources.gpus : '?') + ' GPU' + (spec.resources && spec.resources.gpus === 1 ? '' : 's') +
+          (spec.resources && spec.resources.gpu_models && spec.resources.gpu_models.length ? ' (' + spec.resources.gpu_models.join(', ') + ')' : '')],
+        ['Replicas', range.min + ' to ' + range.max + (spec.schedule && spec.schedule.length ? ' · ' + spec.schedule.map((r) => r.days.join(',') + ' ' + r.from + '–' + r.to + ' ' + r.tz + ': at least ' + r.min_replicas).join('; ') : '')],
+        ['Scaling targets', h('span', { 'data-test': 'service-targets' }, [
+          target !== null ? 'p95 ' + ms(target) : null,
+          scaling.target_rps_per_replica ? rate(scaling.target_rps_per_replica) + ' req/s per replica' : null,
+          scaling.max_concurrency_per_replica ? scaling.max_concurrency_per_replica + ' at once per replica' : null,
+        ].filter(Boolean).join(' · ') || 'none: replicas.min and the schedule only')],
+        ['Scaling delays', 'window ' + (scaling.window_s || 30) + ' s · up after ' + (scaling.scale_up_delay_s || 15) + ' s · down after ' + (scaling.scale_down_delay_s || 120) + ' s'],
+        ['Cost to date', h('span', { 'data-test': 'service-detail-cost' }, usd(v.cost_usd))],
+        ['Deployed', dt(v.created_at)],
+        ['Updated', dt(v.updated_at)],
+      ]));
+
+      clear(trafficPanel).appendChild(h('h2', null, 'Traffic over the last ' + (tr.window_s || '?') + ' s'));
+      const p95Card = card('p95' + (target !== null ? ' (target ' + ms(target) + ')' : ''), ms(tr.p95_ms), 'service-card-p95');
+      if (target !== null && numOrNull(tr.p95_ms) !== null && tr.p95_ms > target) p95Card.classList.add('over');
+      trafficPanel.appendChild(h('div', { class: 'cards' },
+        card('requests per second', rate(tr.rps), 'service-card-rps'),
+        card('p50', ms(tr.p50_ms), 'service-card-p50'), p95Card,
+        card('p99', ms(tr.p99_ms), 'service-card-p99'),
+        card('errors of ' + (tr.requests || 0) + ' requests', String(tr.errors || 0), 'service-card-errors')));
+
+      clear(chartsPanel).appendChild(h('div', { class: 'page-head' }, h('h2', null, 'Since this page opened'),
+        h('span', { class: 'muted small', 'data-test': 'service-history-note' }, 'Read every 2 s and kept in this browser tab for the last 10 minutes (' + history.length + ' sample' + (history.length === 1 ? '' : 's') + '): the broker keeps only the current window.')));
+      const grid = h('div', { class: 'grid charts' });
+      chartsPanel.appendChild(grid);
+      const boxes = ['rps', 'p95', 'replicas'].map((k) => { const b = h('div', { 'data-test': 'service-chart-panel', 'data-chart': k }); grid.appendChild(b); return b; });
+      // Drawn at the width its box has once laid out, so the text stays legible.
+      const width = Math.max(280, Math.min(900, Math.floor(boxes[0].clientWidth)));
+      const times = history.map((x) => x.t);
+      const col = (k) => history.map((x) => x[k]);
+      boxes[0].append(h('h3', null, 'Requests per second'), timeChart(times, [
+        { key: 'rps', label: 'req/s', color: '#2f7dd1', values: col('rps'), fmt: rate },
+        { key: 'errors', label: 'errors/s', color: '#c0392b', values: col('errors'), fmt: rate },
+      ], { width, test: 'service-chart-rps', yFmt: (n) => rate(n).replace(/\.0$/, '') }));
+      boxes[1].append(h('h3', null, 'Latency'), timeChart(times, [
+        { key: 'p95', label: 'p95', color: '#e67e22', values: col('p95'), fmt: ms },
+        { key: 'p50', label: 'p50', color: '#9cc3ec', values: col('p50'), fmt: ms },
+      ], {
+        width, test: 'service-chart-p95', yFmt: ms,
+        lines: target !== null ? [{ value: target, label: 'target ' + ms(target), color: '#c0392b', test: 'service-p95-target' }] : [],
+      }));
+      if (target === null) boxes[1].appendChild(h('p', { class: 'muted small', 'data-test': 'service-no-target' }, 'No p95 target in the spec (scaling.target_p95_latency_ms).'));
+      else if (!history.some((x) => x.p95 !== null)) boxes[1].appendChild(h('p', { class: 'muted small' }, 'No requests through the gateway yet.'));
+      boxes[2].append(h('h3', null, 'Replicas: desired and actual'), timeChart(times, [
+        { key: 'desired', label: 'desired', color: '#8e44ad', values: col('desired'), step: true, dash: '6 3', fmt: String },
+        { key: 'ready', label: 'ready', color: '#27ae60', values: col('ready'), step: true, fmt: String },
+        { key: 'live', label: 'running (starting, ready or draining)', color: '#7f8c8d', values: col('live'), step: true, dash: '2 3', fmt: String },
+      ], { width, test: 'service-chart-replicas', yFmt: (x) => (Number.isInteger(x) ? String(x) : x.toFixed(1)), minMax: Math.max(1, range.max) }),
+      h('p', { class: 'small' }, h('span', { class: 'muted' }, 'Now: '), v.desired_reason || '—'));
+
+      clear(replicasPanel).appendChild(h('h2', null, 'Replicas by region'));
+      const byRegion = new Map();
+      for (const r of v.replicas || []) {
+        const k = r.region || '(not placed yet)';
+        if (!byRegion.has(k)) byRegion.set(k, []);
+        byRegion.get(k).push(r);
+      }
+      if (!byRegion.size) replicasPanel.appendChild(h('p', { class: 'empty', 'data-test': 'service-replicas-empty' }, 'No replicas yet.'));
+      const RCOLS = ['Replica', 'Version', 'State', 'Pool', 'Node', 'Market', ['Req/s', 'num'], ['In flight', 'num'], ['p95', 'num']];
+      for (const [region, reps] of [...byRegion.entries()].sort((a, b) => b[1].length - a[1].length || a[0].localeCompare(b[0]))) {
+        reps.sort((a, b) => REPLICA_ORDER.indexOf(a.state) - REPLICA_ORDER.indexOf(b.state) || String(a.job_id).localeCompare(String(b.job_id)));
+        const nReady = reps.filter((r) => r.state === 'ready').length;
+        replicasPanel.appendChild(h('div', { 'data-test': 'service-region', 'data-region': region },
+          h('h3', null, region, h('span', { class: 'muted small' }, ' · ' + nReady + ' of ' + reps.length + ' ready · ' + rate(reps.reduce((a, r) => a + (Number(r.rps) || 0), 0)) + ' req/s')),
+          table(RCOLS, reps.map((r) => h('tr', { 'data-test': 'service-replica', 'data-job-id': r.job_id, 'data-state': r.state, 'data-region': region },
+            h('td', null, h('a', { href: '#/jobs/' + r.job_id, class: 'mono small', title: r.job_id }, short(r.job_id))),
+            h('td', { class: 'num' }, 'v' + r.spec_version),
+            h('td', null, badge(r.state)),
+            h('td', { class: 'mono small', 'data-test': 'replica-pool' }, r.pool || '—'),
+            h('td', { class: 'small', 'data-test': 'replica-node' }, r.node ? nodeRef(r.node) : '—'),
+            h('td', null, r.market ? String(r.market).replace(/_/g, '-') : '—'),
+            h('td', { class: 'num', 'data-test': 'replica-rps' }, rate(r.rps)),
+            h('td', { class: 'num', 'data-test': 'replica-in-flight' }, String(r.in_flight || 0)),
+            h('td', { class: 'num', 'data-test': 'replica-p95' }, p95Cell(r.p95_ms, target)))),
+          { stack: true })));
+      }
+    };
+
+    let busy = false;
+    const refresh = async () => {
+      if (busy) return;
+      busy = true;
+      try {
+        const v = await get('/api/v1/services/' + encodeURIComponent(id));
+        if (!live(seq)) return;
+        draw(v, recordSample(v));
+        updated.textContent = 'updated ' + new Date().toISOString().slice(11, 19) + ' UTC';
+        updated.classList.remove('alert-text');
+        await loadEvents();
+      } catch (e) {
+        if (!live(seq)) return;
+        updated.textContent = 'not updated: ' + e.message;
+        updated.classList.add('alert-text');
+      } finally {
+        busy = false;
+      }
+    };
+    // The first read decides the page: a service this caller may not see is a 404.
+    const first = await settle(get('/api/v1/services/' + encodeURIComponent(id)));
+    if (!live(seq)) return;
+    if (first instanceof ApiError) {
+      body.appendChild(notice(first.status === 404 ? 'No service ' + id + ' that you may see.' : first.message, first.status !== 404, 'service-error'));
+      return;
+    }
+    draw(first, recordSample(first));
+    updated.textContent = 'updated ' + new Date().toISOString().slice(11, 19) + ' UTC';
+    await loadEvents();
+    every(SVC_POLL_MS, refresh);
+  }
+
+  /// Lines over time for the service charts. x spans the samples (at least a minute); a gap
+  /// of more than three polls breaks a line, as does a missing value (never drawn as zero).
+  /// `step` series hold their value until the next sample (replica counts). `opts.lines` are
+  /// horizontal lines across the chart (a target), always inside the y range.
+  function timeChart(times, series, opts) {
+    const CW = opts.width;
+    const lines = opts.lines || [];
+    const now = times.length ? times[times.length - 1] : Date.now();
+    const t0 = Math.min(times.length ? times[0] : now, now - 60000);
+    const span = Math.max(1, now - t0);
+    const values = series.flatMap((x) => x.values.filter((v) => v !== null));
+    const max = niceMax(Math.max(opts.minMax || 0, ...values, ...lines.map((l) => l.value * 1.1)));
+    const svgEl = s('svg', {
+      class: 'chart', viewBox: '0 0 ' + CW + ' ' + CH, width: CW, height: CH, role: 'img',
+      'aria-label': series.map((x) => x.label).join(', ') + ' since this page opened', 'data-test': opts.test, 'data-samples': times.length,
+    });
+    const iw = CW - PAD.l - PAD.r;
+    const ih = CH - PAD.t - PAD.b;
+    const x = (t) => PAD.l + (iw * (t - t0)) / span;
+    const y = (v) => PAD.t + ih - (ih * v) / max;
+    for (let i = 0; i <= 4; i++) {
+      const yy = PAD.t + ih - (ih * i) / 4;
+      svgEl.appendChild(s('line', { class: i ? 'grid-line' : 'axis', x1: PAD.l, x2: CW - PAD.r, y1: yy, y2: yy }));
+      svgEl.appendChild(s('text', { x: PAD.l - 6, y: yy + 4, 'text-anchor': 'end' }, (opts.yFmt || String)((max * i) / 4)));
+    }
+    // Time labels on round seconds or minutes, as many as fit.
+    const fits = Math.max(2, Math.floor(iw / 64));
+    const step = [5, 10, 15, 30, 60, 120, 300].map((x) => x * 1000).find((st) => span / st <= fits) || 600000;
+    for (let t = Math.ceil(t0 / step) * step; t <= now; t += step) {
+      svgEl.appendChild(s('text', { x: x(t).toFixed(1), y: CH - 8, 'text-anchor': 'middle' }, new Date(t).toISOString().slice(step < 60000 ? 14 : 11, 19)));
+    }
+    for (const l of lines) {
+      const yy = y(l.value).toFixed(1);
+      svgEl.appendChild(s('line', { x1: PAD.l, x2: CW - PAD.r, y1: yy, y2: yy, stroke: l.color, 'stroke-width': 1.5, 'stroke-dasharray': '6 4', 'data-test': l.test, 'data-value': l.value },
+        s('title', null, l.label)));
+      svgEl.appendChild(s('text', { x: CW - PAD.r - 4, y: Number(yy) - 4, 'text-anchor': 'end', class: 'chart-line-label' }, l.label));
+    }
+    for (const ser of series) {
+      let d = '';
+      let prev = null;
+      let points = 0;
+      ser.values.forEach((v, i) => {
+        if (v === null) { prev = null; return; }
+        const px = x(times[i]).toFixed(1);
+        const py = y(v).toFixed(1);
+        if (prev && times[i] - prev.t <= SVC_GAP_MS) {
+          d += (ser.step ? 'L' + px + ' ' + prev.py + ' ' : '') + 'L' + px + ' ' + py + ' ';
+        } else {
+          d += 'M' + px + ' ' + py + ' ';
+        }
+        prev = { t: times[i], py };
+        points += 1;
+      });
+      if (!points) continue;
+      const last = [...ser.values].reverse().find((v) => v !== null);
+      // A lone sample is a dot, so a line of one point still shows.
+      if (points === 1) {
+        const i = ser.values.findIndex((v) => v !== null);
+        svgEl.appendChild(s('circle', { cx: x(times[i]).toFixed(1), cy: y(ser.values[i]).toFixed(1), r: 2.5, fill: ser.color, 'data-test': 'service-line-' + ser.key },
+          s('title', null, ser.label + ': ' + ser.fmt(last))));
+      } else {
+        svgEl.appendChild(s('path', { d: d.trim(), fill: 'none', stroke: ser.color, 'stroke-width': 2, 'stroke-dasharray': ser.dash || null, 'data-test': 'service-line-' + ser.key, 'data-points': points },
+          s('title', null, ser.label + ', now ' + ser.fmt(last))));
+      }
+    }
+    const legend = h('div', { class: 'legend' }, series.map((ser) => {
+      const sw = h('span', { class: 'sw' + (ser.dash ? ' dash' : '') });
+      sw.style.background = ser.color;
+      const last = [...ser.values].reverse().find((v) => v !== null);
+      return h('span', { 'data-test': 'legend-' + ser.key }, sw, ser.label + (last === undefined ? '' : ' ' + ser.fmt(last)));
+    }), lines.map((l) => {
+      const sw = h('span', { class: 'sw dash' });
+      sw.style.background = l.color;
+      return h('span', null, sw, l.label);
+    }));
+    return h('div', null, svgEl, legend);
   }
 
   // ---- Policies ----------------------------------------------------------------------------
