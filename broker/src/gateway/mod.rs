@@ -389,24 +389,25 @@ impl Gateway {
 
     /// Whether the caller may call `route`: its team's token, an admin's, or an invoke token
     /// of this service.
-    fn allowed(&self, route: &Route, headers: &HeaderMap) -> Result<(), Response> {
+    fn allowed(
+        &self,
+        route: &Route,
+        headers: &HeaderMap,
+    ) -> Result<(), (StatusCode, &'static str)> {
         if route.public {
             return Ok(());
         }
         let Some(token) = crate::http::auth::bearer_of(headers) else {
-            return Err(plain(
-                StatusCode::UNAUTHORIZED,
-                "a bearer token is required",
-            ));
+            return Err((StatusCode::UNAUTHORIZED, "a bearer token is required"));
         };
         let hash = hash_token(token);
         let table = self.table.read().unwrap_or_else(|e| e.into_inner());
         match table.grants.get(&hash) {
-            None => Err(plain(StatusCode::UNAUTHORIZED, "unknown or revoked token")),
+            None => Err((StatusCode::UNAUTHORIZED, "unknown or revoked token")),
             Some(GrantScope::Admin) => Ok(()),
             Some(GrantScope::Team { team }) if *team == route.team => Ok(()),
             Some(GrantScope::Service { service }) if *service == route.id => Ok(()),
-            Some(_) => Err(plain(
+            Some(_) => Err((
                 StatusCode::FORBIDDEN,
                 "this token may not call this service",
             )),
@@ -752,8 +753,8 @@ async fn send(
 ) -> Response {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    if let Err(refused) = gw.allowed(route, &parts.headers) {
-        return refused;
+    if let Err((status, why)) = gw.allowed(route, &parts.headers) {
+        return plain(status, why);
     }
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,

@@ -303,7 +303,10 @@ const SERVICE_LATENCY_BUCKETS_S: [f64; 12] = [
 /// counted in the first bound at or above its fine bucket's upper bound, so a little slow
 /// rather than fast).
 #[derive(Debug, Default)]
-struct ServiceLatency(Vec<(Labels, f64, u64, Vec<(f64, u64)>)>);
+struct ServiceLatency(Vec<LatencySeries>);
+
+/// One service's labels, latency sum (seconds), count, and (bound, requests) per bucket.
+type LatencySeries = (Labels, f64, u64, Vec<(f64, u64)>);
 
 impl prometheus_client::encoding::EncodeMetric for ServiceLatency {
     fn encode(
