@@ -438,4 +438,53 @@ mod tests {
         assert_eq!(t.service(svc, Timestamp(40_000), 60).requests, 2);
         assert_eq!(t.service(Uuid::from_u128(2), Timestamp(0), 30).p95_ms, None);
     }
+
+    fn row(
+        second: i64,
+        batch: u64,
+        replica: Option<u128>,
+        requests: u64,
+        in_flight: u64,
+    ) -> TrafficSecond {
+        TrafficSecond {
+            service: Uuid::from_u128(1),
+            replica: replica.map(Uuid::from_u128),
+            second,
+            batch,
+            requests,
+            errors: 0,
+            latency_sum_us: requests * 1000,
+            buckets: if requests > 0 {
+                vec![0, 0, requests]
+            } else {
+                Vec::new()
+            },
+            queue_peak: 0,
+            in_flight,
+        }
+    }
+
+    #[test]
+    fn reports_of_several_gateways_add_up_in_any_order() {
+        let t = Traffic::default();
+        let job = JobId(Uuid::from_u128(7));
+        // A later second first, then an earlier one from another gateway.
+        t.apply("a", &row(1_000, 3, None, 4, 0));
+        t.apply("b", &row(998, 0, None, 6, 0));
+        t.apply("a", &row(1_000, 3, Some(7), 4, 2));
+        t.apply("b", &row(998, 0, Some(7), 6, 1));
+        let w = t.service(Uuid::from_u128(1), Timestamp(1_000_500), 30);
+        assert_eq!(w.requests, 10);
+        assert_eq!(t.totals()[&Uuid::from_u128(1)].requests, 10);
+        // In flight: each gateway's latest figure, summed.
+        assert_eq!(t.in_flight(job), 3);
+        t.apply("a", &row(1_001, 4, Some(7), 0, 0));
+        assert_eq!(t.in_flight(job), 1);
+        // An older row arriving late does not undo a newer figure.
+        t.apply("a", &row(999, 2, Some(7), 0, 5));
+        assert_eq!(t.in_flight(job), 1);
+        // A gateway silent for longer than IN_FLIGHT_FRESH_S no longer counts.
+        t.forget_stale(Timestamp((998 + IN_FLIGHT_FRESH_S) * 1000));
+        assert_eq!(t.in_flight(job), 0);
+    }
 }
