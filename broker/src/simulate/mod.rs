@@ -6,6 +6,7 @@
 
 pub mod report;
 pub mod scenario;
+pub mod services;
 pub mod svg;
 #[cfg(test)]
 mod tests;
@@ -24,9 +25,9 @@ use switchyard_providers::catalogue::Catalogue;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SimulateArgs {
-    /// Job trace to replay (plain CSV or gzip).
-    #[arg(long)]
-    pub trace: PathBuf,
+    /// Job trace to replay (plain CSV or gzip). Not with `--services-only`.
+    #[arg(long, required_unless_present = "services_only")]
+    pub trace: Option<PathBuf>,
     /// The trace's columns: `philly` is the Microsoft Philly cluster trace's CSV.
     #[arg(long, value_enum, default_value_t = TraceFormat::Philly)]
     pub trace_format: TraceFormat,
@@ -42,6 +43,10 @@ pub struct SimulateArgs {
     /// Output directory for report.json and the plots.
     #[arg(long)]
     pub out: PathBuf,
+    /// Replay only the scenario's `[[services]]`, each under fixed provisioning, an RPS-target
+    /// autoscaler and Switchyard's, side by side (the services bench); no job trace.
+    #[arg(long, conflicts_with = "trace")]
+    pub services_only: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,8 +81,9 @@ impl Scheduler for Timed<'_> {
     }
 }
 
-/// Runs the command; prints a one-line summary per scheduler.
-pub fn run(args: &SimulateArgs) -> anyhow::Result<report::Report> {
+/// Runs the command; prints a one-line summary per scheduler (and a table per service).
+/// Returns the batch replay's report (`None` with `--services-only`).
+pub fn run(args: &SimulateArgs) -> anyhow::Result<Option<report::Report>> {
     let scenario = match &args.scenario {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -86,12 +92,30 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<report::Report> {
         }
         None => Scenario::default(),
     };
-    let TraceFormat::Philly = args.trace_format;
-    let trace = trace::read_philly(&args.trace, args.skip_bad_rows)?;
-    if trace.jobs.is_empty() {
-        bail!("{} has no jobs", args.trace.display());
-    }
     let catalogue = Catalogue::bundled().context("loading the bundled catalogue")?;
+    let Some(trace_path) = args.trace.as_ref().filter(|_| !args.services_only) else {
+        if scenario.services.is_empty() {
+            bail!("--services-only needs a --scenario with [[services]]");
+        }
+        let world = scenario.world(&catalogue)?;
+        let (services, _) = services::simulate_all(&scenario.services, &world, scenario.seed)?;
+        std::fs::create_dir_all(&args.out)
+            .with_context(|| format!("creating {}", args.out.display()))?;
+        let json = serde_json::json!({
+            "services": services,
+            "scenario": serde_json::to_value(&scenario)?,
+        });
+        write(
+            &args.out.join("report.json"),
+            &serde_json::to_string_pretty(&json)?,
+        )?;
+        return Ok(None);
+    };
+    let TraceFormat::Philly = args.trace_format;
+    let trace = trace::read_philly(trace_path, args.skip_bad_rows)?;
+    if trace.jobs.is_empty() {
+        bail!("{} has no jobs", trace_path.display());
+    }
     let report = simulate(&scenario, &catalogue, &trace, args)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
@@ -99,7 +123,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<report::Report> {
         &args.out.join("report.json"),
         &serde_json::to_string_pretty(&report)?,
     )?;
-    Ok(report)
+    Ok(Some(report))
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -113,7 +137,21 @@ pub fn simulate(
     trace: &trace::Trace,
     args: &SimulateArgs,
 ) -> anyhow::Result<report::Report> {
-    let world = scenario.world(catalogue)?;
+    let mut world = scenario.world(catalogue)?;
+    // The services' replicas first: their on-prem peak is not batch work's to use.
+    let (services, reserve) = services::simulate_all(&scenario.services, &world, scenario.seed)?;
+    for p in &mut world.pools {
+        if let Some(n) = reserve.get(&p.pool.id) {
+            if *n > p.fixed_nodes {
+                bail!(
+                    "the services' replicas need {n} nodes of {}, which has {}",
+                    p.pool.id,
+                    p.fixed_nodes
+                );
+            }
+            p.fixed_nodes -= n;
+        }
+    }
     let jobs = scenario.jobs(&trace.jobs);
     let cfg = SimConfig {
         idle_ttl_s: scenario.idle_ttl_s,
@@ -168,13 +206,28 @@ pub fn simulate(
     }
     let start_s = (scenario.start_day * 86_400.0) as i64;
     let measured = trace.jobs.iter().filter(|j| j.submit_s >= start_s).count();
+    let services_total = services_total(&services, &reserve, &trace.jobs);
+    if let Some(t) = &services_total {
+        eprintln!(
+            "services    ${:.2} a day ({:.1} replica-hours), ${:.2} over the replay's {:.1} days; \
+             {} on-prem nodes reserved",
+            t.usd_per_day,
+            t.replica_hours_per_day,
+            t.usd_over_replay,
+            t.replay_days,
+            t.onprem_nodes_reserved
+        );
+    }
     Ok(report::Report {
         schedulers: reports,
         lp_lower_bound_usd: bound.as_dollars(),
         ratios,
         lp_time_ms,
         trace: report::TraceInfo {
-            file: args.trace.display().to_string(),
+            file: args
+                .trace
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string()),
             format: "philly".into(),
             rows: trace.jobs.len(),
             skipped_bad_rows: trace.skipped,
@@ -183,6 +236,38 @@ pub fn simulate(
             multi_node_jobs_folded: trace.jobs.iter().filter(|j| j.nodes > 1).count(),
         },
         scenario: serde_json::to_value(scenario)?,
+        services,
+        services_total,
+    })
+}
+
+/// The chosen policies' replica-hours and cost per day, and over the job trace's span.
+fn services_total(
+    services: &[services::ServiceReport],
+    reserve: &BTreeMap<switchyard_core::PoolId, u32>,
+    jobs: &[trace::TraceJob],
+) -> Option<report::ServicesTotal> {
+    if services.is_empty() {
+        return None;
+    }
+    fn chosen(s: &services::ServiceReport) -> Option<&services::PolicyReport> {
+        s.policies
+            .iter()
+            .find(|p| p.policy.split(' ').next() == Some(s.reserved_by.as_str()))
+    }
+    let (hours, usd) = services
+        .iter()
+        .filter_map(chosen)
+        .fold((0.0, 0.0), |a, p| (a.0 + p.replica_hours, a.1 + p.cost_usd));
+    let first = jobs.iter().map(|j| j.submit_s).min().unwrap_or(0);
+    let last = jobs.iter().map(|j| j.submit_s).max().unwrap_or(0);
+    let days = (last - first) as f64 / 86_400.0;
+    Some(report::ServicesTotal {
+        replica_hours_per_day: hours,
+        usd_per_day: usd,
+        replay_days: days,
+        usd_over_replay: usd * days,
+        onprem_nodes_reserved: reserve.values().sum(),
     })
 }
 

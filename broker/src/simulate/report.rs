@@ -2,6 +2,7 @@
 //! queueing delay) cover the measured jobs (submitted on or after the scenario's start day);
 //! money covers the whole replay, warm-up jobs included, like the lower bound it is compared to.
 
+use super::services::ServiceReport;
 use super::svg::{Series, bar_chart, line_chart};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -17,6 +18,24 @@ pub struct Report {
     pub lp_time_ms: f64,
     pub trace: TraceInfo,
     pub scenario: serde_json::Value,
+    /// The scenario's inference services, each under every scaling policy (`services.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceReport>,
+    /// What the services' chosen policies cost beside the batch work above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services_total: Option<ServicesTotal>,
+}
+
+/// The services' replicas next to the batch replay: one simulated day, repeated over the
+/// replay's span; their on-prem peak is taken out of the batch work's on-prem nodes.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ServicesTotal {
+    pub replica_hours_per_day: f64,
+    pub usd_per_day: f64,
+    /// Days from the trace's first to its last submission.
+    pub replay_days: f64,
+    pub usd_over_replay: f64,
+    pub onprem_nodes_reserved: u32,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

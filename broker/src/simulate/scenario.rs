@@ -3,6 +3,7 @@
 //! error. [`Scenario::world`] and [`Scenario::jobs`] turn it, the bundled catalogue and a trace
 //! into the engine's inputs; every random draw comes from the scenario's seed.
 
+use super::services::ServiceScenario;
 use super::trace::TraceJob;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
@@ -34,6 +35,9 @@ pub struct Scenario {
     pub spot: Spot,
     pub data: Data,
     pub egress_usd_per_gb: BTreeMap<String, f64>,
+    /// Inference services replayed beside the batch trace (`services.rs`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceScenario>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -136,6 +140,7 @@ impl Default for Scenario {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect(),
+            services: Vec::new(),
         }
     }
 }
@@ -286,6 +291,12 @@ impl Scenario {
                 w.region,
                 w.weight
             );
+        }
+        for (i, svc) in self.services.iter().enumerate() {
+            svc.validate()?;
+            if self.services[..i].iter().any(|o| o.name == svc.name) {
+                bail!("services {}: the name is used twice", svc.name);
+            }
         }
         Ok(())
     }

@@ -31,12 +31,13 @@ fn small_scenario() -> Scenario {
 
 fn args(dir: &Path, trace: &Path) -> SimulateArgs {
     SimulateArgs {
-        trace: trace.to_owned(),
+        trace: Some(trace.to_owned()),
         trace_format: TraceFormat::Philly,
         scenario: None,
         scheduler: Which::All,
         skip_bad_rows: false,
         out: dir.to_owned(),
+        services_only: false,
     }
 }
 
@@ -168,7 +169,7 @@ fn the_command_reads_gzip_and_names_bad_rows() {
     std::fs::write(&gz, enc.finish().expect("gzip")).expect("write");
     let mut a = args(&dir.path().join("out"), &gz);
     a.scheduler = Which::Cheapest;
-    let r = run(&a).expect("runs on gzip");
+    let r = run(&a).expect("runs on gzip").expect("a batch report");
     assert_eq!(r.schedulers.len(), 1);
     assert!(dir.path().join("out/report.json").exists());
 
@@ -185,7 +186,7 @@ fn the_command_reads_gzip_and_names_bad_rows() {
         "{err:#}"
     );
     a.skip_bad_rows = true;
-    let r = run(&a).expect("skips");
+    let r = run(&a).expect("skips").expect("a batch report");
     assert_eq!((r.trace.rows, r.trace.skipped_bad_rows), (1, 1));
 }
 
@@ -234,4 +235,72 @@ fn the_report_and_summary_are_the_snapshot() {
         .map(|(name, r)| summary_line(name, r))
         .collect();
     insta::assert_snapshot!("simulate_summary", lines.join("\n"));
+}
+
+/// A service beside the batch trace: its day's replica-hours and cost are in the report, and
+/// its on-prem replicas' peak leaves the batch work fewer on-prem nodes.
+#[test]
+fn services_beside_batch_work_cost_and_hold_onprem_nodes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut csv = String::from("TIMESTAMP,ContextTokens,GeneratedTokens\n");
+    for i in 0..120 {
+        csv.push_str(&format!(
+            "2023-11-16 18:{:02}:{:02}.5,200,20\n",
+            i / 60,
+            i % 60
+        ));
+    }
+    let svc_trace = dir.path().join("llm.csv");
+    std::fs::write(&svc_trace, csv).expect("write");
+    let text = format!(
+        "start_day = 0.0\n[[onprem]]\nregion = \"onprem:philly\"\nname = \"v100-8x\"\n\
+         gpu_model = \"V100\"\ngpu_memory_gb = 16\nnodes = 2\ngpus_per_node = 8\n\
+         usd_per_gpu_hour = 0.25\n\n[[services]]\nname = \"chat\"\ntrace = {:?}\n\
+         peak_rps = 0.05\ngpu_model = \"V100\"\npolicy = \"fixed\"\nfixed_replicas = 9\n\
+         rps_target_per_replica = 1.0\nreplicas = {{ min = 1, max = 12 }}\n\
+         scaling = {{ target_p95_latency_ms = 2000, max_concurrency_per_replica = 16, \
+         window_s = 5 }}\n",
+        svc_trace.display().to_string()
+    );
+    let scenario = Scenario::from_toml(&text).expect("parses");
+    let with = report_json(&scenario, &small_trace(), dir.path());
+    let s = &with["services"][0];
+    assert_eq!(s["fixed_replicas"], 9);
+    // Nine V100 replicas all day at the pool's $0.25 per GPU-hour, taking ⌈9 / 8⌉ nodes.
+    assert_eq!(s["onprem_nodes_reserved"], 2);
+    let total = &with["services_total"];
+    assert!((total["replica_hours_per_day"].as_f64().expect("present") - 216.0).abs() < 1e-6);
+    assert!((total["usd_per_day"].as_f64().expect("present") - 54.0).abs() < 1e-6);
+    assert_eq!(total["onprem_nodes_reserved"], 2);
+    let names: Vec<&str> = s["policies"]
+        .as_array()
+        .expect("present")
+        .iter()
+        .map(|p| p["policy"].as_str().expect("present"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "fixed (9)",
+            "rps (1.00/replica)",
+            "switchyard",
+            "switchyard-held (what-if)"
+        ]
+    );
+    // Both on-prem nodes are the service's: the batch jobs run in the cloud, where the same
+    // jobs without the service used on-prem.
+    for name in ["switchyard", "cheapest", "fifo-burst"] {
+        assert_eq!(
+            with["schedulers"][name]["cost_usd"]["onprem"], 0.0,
+            "{name}"
+        );
+    }
+    let mut alone = scenario.clone();
+    alone.services.clear();
+    let without = report_json(&alone, &small_trace(), dir.path());
+    assert!(without.get("services").is_none());
+    let onprem = without["schedulers"]["switchyard"]["cost_usd"]["onprem"]
+        .as_f64()
+        .expect("present");
+    assert!(onprem > 0.0);
 }
