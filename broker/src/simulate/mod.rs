@@ -101,6 +101,9 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Option<report::Report>> {
         let (services, _) = services::simulate_all(&scenario.services, &world, scenario.seed)?;
         std::fs::create_dir_all(&args.out)
             .with_context(|| format!("creating {}", args.out.display()))?;
+        for (name, svg) in services.iter().flat_map(|s| &s.plots) {
+            write(&args.out.join(name), svg)?;
+        }
         let json = serde_json::json!({
             "services": services,
             "scenario": serde_json::to_value(&scenario)?,
@@ -203,6 +206,9 @@ pub fn simulate(
     let origin_ms = Timestamp::from_secs(scenario::EPOCH_S).millis();
     for (name, svg) in report::plots(&results, origin_ms) {
         write(&args.out.join(name), &svg)?;
+    }
+    for (name, svg) in services.iter().flat_map(|s| &s.plots) {
+        write(&args.out.join(name), svg)?;
     }
     let start_s = (scenario.start_day * 86_400.0) as i64;
     let measured = trace.jobs.iter().filter(|j| j.submit_s >= start_s).count();

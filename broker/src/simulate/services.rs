@@ -72,6 +72,7 @@ use switchyard_protocol::api::{
 use uuid::Uuid;
 
 use super::report::percentile;
+use super::svg::{Series, line_chart};
 use super::trace::trace_text;
 use crate::gateway::traffic::Traffic;
 use crate::rules::autoscale::{self, Measured, Scaler, Targets};
@@ -950,6 +951,9 @@ pub struct ServiceReport {
     /// On-prem nodes taken out of `pool` for the batch replay (0 for a cloud pool).
     pub onprem_nodes_reserved: u32,
     pub goals: Vec<Goal>,
+    /// `(file name, SVG)`: ready replicas and the p95 over the day, per policy.
+    #[serde(skip)]
+    pub plots: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -1219,8 +1223,25 @@ pub fn simulate_service(
     ];
     let mut reports = Vec::new();
     let mut reserve_peak = 0;
+    let (mut ready_series, mut p95_series) = (Vec::new(), Vec::new());
     for p in policies {
         let out = run_policy(&setup, &day, p, 0, DAY_US);
+        ready_series.push(Series {
+            name: p.label(),
+            points: out
+                .timeline
+                .chunks(60)
+                .enumerate()
+                .map(|(m, c)| {
+                    let mean = c.iter().map(|d| f64::from(d.1)).sum::<f64>() / c.len() as f64;
+                    (m as f64 / 60.0, mean)
+                })
+                .collect(),
+        });
+        p95_series.push(Series {
+            name: p.label(),
+            points: p95_by(&day, &out, PLOT_P95_S),
+        });
         let chosen = matches!(
             (svc.policy, p),
             (PolicyName::Fixed, Policy::Fixed(_))
@@ -1236,6 +1257,42 @@ pub fn simulate_service(
         (reserve_peak * svc.gpus_per_replica.max(1)).div_ceil((*per_node).max(1))
     });
     let goals = goals(&reports);
+    let plots = vec![
+        (
+            format!("services_{}_replicas.svg", svc.name),
+            line_chart(
+                &format!("{}: ready replicas (per-minute mean)", svc.name),
+                "hour of the day (UTC)",
+                "replicas",
+                &ready_series,
+                false,
+            ),
+        ),
+        (
+            format!("services_{}_p95.svg", svc.name),
+            line_chart(
+                &format!(
+                    "{}: p95 time to first token per {} min (503s count as misses), target {target_ms:.0} ms",
+                    svc.name,
+                    PLOT_P95_S / 60
+                ),
+                "hour of the day (UTC)",
+                "ms (capped at 4 × target)",
+                &p95_series
+                    .into_iter()
+                    .map(|s| Series {
+                        name: s.name,
+                        points: s
+                            .points
+                            .into_iter()
+                            .map(|(x, y)| (x, y.min(4.0 * target_ms)))
+                            .collect(),
+                    })
+                    .collect::<Vec<_>>(),
+                false,
+            ),
+        ),
+    ];
     Ok(ServiceReport {
         name: svc.name.clone(),
         trace: svc.trace.clone(),
@@ -1257,7 +1314,34 @@ pub fn simulate_service(
         reserved_by: format!("{:?}", svc.policy).to_lowercase(),
         onprem_nodes_reserved: nodes,
         goals,
+        plots,
     })
+}
+
+/// Seconds per point of the p95 plot.
+const PLOT_P95_S: u64 = 300;
+
+/// `(hour, p95 ms)` of the arrivals in each `step_s` of the day; a 503 counts as infinitely
+/// slow (the plot caps it).
+fn p95_by(day: &[Arrival], out: &RunOut, step_s: u64) -> Vec<(f64, f64)> {
+    let mut points = Vec::new();
+    let mut i = 0;
+    let mut from = 0;
+    while from < DAY_US {
+        let to = from + step_s * 1_000_000;
+        let j = i + day[i..].partition_point(|a| a.at_us < to);
+        let mut w: Vec<f64> = out.ttft_us[i..j]
+            .iter()
+            .map(|t| t.map_or(f64::INFINITY, |t| t as f64 / 1000.0))
+            .collect();
+        if !w.is_empty() {
+            w.sort_by(f64::total_cmp);
+            points.push((from as f64 / 3.6e9, percentile(&w, 95.0)));
+        }
+        i = j;
+        from = to;
+    }
+    points
 }
 
 /// The goals, read off the first three policies (fixed, rps, switchyard).

@@ -272,6 +272,10 @@ fn services_beside_batch_work_cost_and_hold_onprem_nodes() {
     assert!((total["replica_hours_per_day"].as_f64().expect("present") - 216.0).abs() < 1e-6);
     assert!((total["usd_per_day"].as_f64().expect("present") - 54.0).abs() < 1e-6);
     assert_eq!(total["onprem_nodes_reserved"], 2);
+    for plot in ["services_chat_replicas.svg", "services_chat_p95.svg"] {
+        let svg = std::fs::read_to_string(dir.path().join(plot)).expect("plot written");
+        assert!(svg.starts_with("<svg"), "{plot}");
+    }
     let names: Vec<&str> = s["policies"]
         .as_array()
         .expect("present")
