@@ -90,7 +90,10 @@ pub struct Upstream {
     /// knows no region), else the sum of both regions' catalogue latencies; `u32::MAX` for a
     /// region the catalogue does not describe.
     pub distance: u32,
-    pub in_flight: AtomicUsize,
+    /// Requests in flight on it through this gateway: one counter per replica, carried from
+    /// each refresh's routes to the next, so a request that began before a refresh is counted
+    /// off when it ends after it.
+    pub in_flight: Arc<AtomicUsize>,
 }
 
 /// A service as the gateway routes it.
@@ -333,14 +336,15 @@ impl Gateway {
                     let job = JobId(r.job);
                     let in_flight = previous
                         .and_then(|p| p.upstreams.iter().find(|u| u.job == job))
-                        .map_or(0, |u| u.in_flight.load(Ordering::SeqCst));
+                        .map(|u| Arc::clone(&u.in_flight))
+                        .unwrap_or_default();
                     Arc::new(Upstream {
                         job,
                         address: r.address.clone(),
                         ready: r.ready,
                         draining: r.draining,
                         distance: distance(&r.region),
-                        in_flight: AtomicUsize::new(in_flight),
+                        in_flight,
                     })
                 })
                 .collect();
@@ -959,7 +963,9 @@ mod tests {
             Some("onprem:dc1"),
             vec![replica(12, "onprem:dc1", true, false)],
         );
-        assert_eq!(take(&gw).await, Some(12));
+        let route = gw.route("ml", "chat").unwrap();
+        let (_, held) = acquire(&gw, &route, None).await.ok().unwrap();
+        assert_eq!(held.job.0.as_u128(), 12);
         // The same routes read again: the replica still has its one request.
         gw.install(GatewayRoutes {
             services: vec![GatewayService {
@@ -978,5 +984,13 @@ mod tests {
             vec![(Uuid::from_u128(1), JobId(Uuid::from_u128(12)), 1)]
         );
         assert_eq!(take(&gw).await, None);
+        // The request that began before the refresh ends after it (its slot holds the old
+        // routes' upstream): counted off, and the replica takes a request again.
+        held.in_flight.fetch_sub(1, Ordering::SeqCst);
+        assert_eq!(
+            gw.in_flight(),
+            vec![(Uuid::from_u128(1), JobId(Uuid::from_u128(12)), 0)]
+        );
+        assert_eq!(take(&gw).await, Some(12));
     }
 }
