@@ -1235,7 +1235,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
           ' · ' + usd(cost) + ' so far · updated ' + new Date().toISOString().slice(11, 19) + ' UTC';
         holder.appendChild(table(['Service', 'State', ['Replicas', 'num'], 'Why', ['Req/s', 'num'], ['p95 / target', 'num'], ['Errors', 'num hide-narrow'], 'Regions', ['Cost', 'num']],
           services.map((v) => serviceRow(v)),
-          { test: 'services-table', empty: can.allTeams() ? 'No services yet: deploy one with `switchyard service deploy FILE.toml`.' : 'Your team has no services yet: deploy one with `switchyard service deploy FILE.toml`.', stack: true }));
+          { test: 'services-table', empty: (can.allTeams() ? 'No services yet' : 'Your team has no services yet') + ': deploy one with switchyard service deploy FILE.toml, or POST /api/v1/services.', stack: true }));
       } catch (e) {
         if (!live(seq)) return;
         clear(holder).appendChild(notice(e.message, true, 'services-error'));
