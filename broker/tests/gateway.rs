@@ -408,3 +408,44 @@ async fn metrics_show_each_services_traffic_and_replicas() {
         );
     }
 }
+
+/// Two brokers on one database (PostgreSQL in production; here also SQLite): a report taken by
+/// one reaches the other's traffic windows and in-flight counts, so the leader's autoscaler
+/// sees every gateway whichever broker it reported to.
+#[tokio::test]
+async fn a_report_taken_by_one_broker_reaches_the_other() {
+    let a = TestApp::spawn().await;
+    let url = a.app.config.database_url();
+    let b = TestApp::spawn_with(
+        |c| c.database_url = Some(url),
+        |_| switchyard_broker::app::ProviderSet::default(),
+    )
+    .await;
+    let now_s = a.app.clock.now().millis() / 1000;
+    let service = uuid::Uuid::now_v7();
+    let job = uuid::Uuid::now_v7();
+    let report = json!({"gateway": "eu/gw-1", "seconds": [
+        {"service": service, "second": now_s, "batch": 0, "requests": 5, "errors": 0,
+         "latency_sum_us": 5000, "buckets": [5]},
+        {"service": service, "replica": job, "second": now_s, "batch": 0, "requests": 5,
+         "errors": 0, "latency_sum_us": 5000, "buckets": [5], "in_flight": 2},
+    ]});
+    // Broker b takes it (with a's admin token: the tokens are the database's).
+    let r = b
+        .call(
+            Method::POST,
+            "/api/v1/gateway/reports",
+            Some(&a.admin),
+            Some(report),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["accepted"], 2);
+    for app in [&a, &b] {
+        eventually("the report in both brokers' windows", 10, async || {
+            let w = app.app.traffic.service(service, app.app.clock.now(), 30);
+            (w.requests == 5 && app.app.traffic.in_flight(JobId(job)) == 2).then_some(())
+        })
+        .await;
+    }
+}
