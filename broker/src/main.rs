@@ -886,7 +886,8 @@ async fn gateway(
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the services gateway on {listen}"))?;
-    eprintln!("services gateway on http://{listen}/svc/TEAM/NAME/ (broker {broker})");
+    let bound = listener.local_addr()?;
+    eprintln!("services gateway on http://{bound}/svc/TEAM/NAME/ (broker {broker})");
     switchyard_broker::gateway::standalone(
         switchyard_broker::gateway::StandaloneOptions {
             broker,
