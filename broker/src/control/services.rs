@@ -36,9 +36,10 @@ use crate::store::{
 
 /// How often the reconciler looks when nothing wakes it.
 const EVERY: Duration = Duration::from_secs(1);
-/// How long a draining replica is left before it may be stopped: the gateway's routes are
-/// refreshed twice in that time, so nothing new is on its way to it.
-pub const DRAIN_SETTLE: Duration = Duration::from_millis(1500);
+/// How long a draining replica is left before it may be stopped: the gateways learn of the
+/// drain within a route refresh, and what they still had in flight on it reaches this broker's
+/// traffic within a report and a read — [`crate::gateway::IN_FLIGHT_LAG`] in all.
+pub const DRAIN_SETTLE: Duration = crate::gateway::IN_FLIGHT_LAG;
 /// The longest a draining replica's requests in flight are waited for.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 

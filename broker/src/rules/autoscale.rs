@@ -207,7 +207,11 @@ pub fn recommend(t: &Targets, m: &Measured, schedule: Option<(u32, String)>) -> 
             );
         }
     }
-    best.n = best.n.clamp(t.min, t.max.max(t.min));
+    let bounded = best.n.clamp(t.min, t.max.max(t.min));
+    if bounded < best.n {
+        best.reason = format!("{} (replicas.max: at most {bounded})", best.reason);
+    }
+    best.n = bounded;
     best
 }
 
@@ -427,7 +431,13 @@ mod tests {
             ready: 1,
             ..Measured::default()
         };
-        assert_eq!(recommend(&targets(), &m, None).n, 8);
+        let r = recommend(&targets(), &m, None);
+        assert_eq!(r.n, 8);
+        assert!(
+            r.reason.ends_with(": 50 (replicas.max: at most 8)"),
+            "{}",
+            r.reason
+        );
         let quiet = Measured::default();
         let r = recommend(&targets(), &quiet, Some((4, "schedule: at least 4".into())));
         assert_eq!((r.n, r.reason.as_str()), (4, "schedule: at least 4"));
