@@ -30,10 +30,10 @@
 //! first token; see the bench's notes in BENCHMARKS.md). A request holds its replica's slot
 //! until its last token.
 //!
-//! **Replicas** take `startup_s` (a model load) from launch to ready, cost the pool's price
-//! per replica-hour from launch to stop, and are removed starting ones first (newest first),
-//! then ready ones with the fewest requests in flight, which drain: no new requests, stopped
-//! when their last request ends.
+//! **Replicas** take `startup_s` (a model load) from launch to ready and cost the pool's price
+//! per replica-hour from launch to stop. Which to start and stop is the live reconciler's rule
+//! (`rules::replicas::decide`: extra ones not ready first, then the newest); a stopped replica
+//! drains: no new requests, stopped when its last request ends.
 //!
 //! **Policies**, on the same arrivals, seed and start-up time:
 //! - `fixed`: a constant count, ready all day: the smallest count that keeps 99 % of the peak
@@ -65,7 +65,7 @@ use std::time::Duration;
 use switchyard_core::serving::{ReplicaQueue, ServingModel};
 use switchyard_core::sim::World;
 use switchyard_core::sim::rng::SplitMix64;
-use switchyard_core::{Money, PoolId, Timestamp};
+use switchyard_core::{JobId, Money, PoolId, Timestamp};
 use switchyard_protocol::api::{
     Priority, ReplicaRange, ResourceSpec, ScalingSpec, ScheduleRule, ServiceSpec,
 };
@@ -76,7 +76,8 @@ use super::svg::{Series, line_chart};
 use super::trace::trace_text;
 use crate::gateway::traffic::Traffic;
 use crate::rules::autoscale::{self, Measured, Scaler, Targets};
-use crate::rules::service;
+use crate::rules::replicas::Seen;
+use crate::rules::{self, service};
 
 /// The simulated day starts at 2017-10-02T00:00:00Z, a Monday, so weekday schedules apply.
 pub const DAY_START_S: i64 = super::scenario::EPOCH_S + 86_400;
@@ -785,30 +786,29 @@ pub fn run_policy(
                     desired = r.n;
                 }
             }
-            // Reconcile: launch up to the desired count, or remove the excess.
-            let active = replicas.iter().filter(|r| r.active()).count() as u32;
-            if active < desired {
-                for _ in active..desired {
-                    let r = replicas.len();
-                    replicas.push(new_replica(now, setup.startup_us == 0));
-                    push(&mut heap, now + setup.startup_us, Event::Ready(r));
-                }
-            } else if active > desired {
-                let mut excess = active - desired;
-                let mut starting: Vec<usize> = (0..replicas.len())
-                    .filter(|&i| replicas[i].active() && !replicas[i].ready)
-                    .collect();
-                starting.sort_by_key(|&i| Reverse(replicas[i].launched_us));
-                let mut ready: Vec<usize> = (0..replicas.len())
-                    .filter(|&i| replicas[i].routable())
-                    .collect();
-                ready.sort_by_key(|&i| (replicas[i].in_flight, Reverse(i)));
-                for i in starting.into_iter().chain(ready) {
-                    if excess == 0 {
-                        break;
-                    }
-                    excess -= 1;
-                    let rep = &mut replicas[i];
+            // Reconcile by the live reconciler's rule (`rules::replicas::decide`): start the
+            // missing replicas, stop extra ones (not ready first, then the newest), which
+            // drain. Replica `i` is job `i + 1`: ids grow in creation order, as UUIDv7s do.
+            let live: Vec<Seen> = replicas
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.stopped_us.is_none())
+                .map(|(i, r)| Seen {
+                    job: JobId(Uuid::from_u128(i as u128 + 1)),
+                    version: 1,
+                    ready: r.ready,
+                    stopping: r.draining,
+                })
+                .collect();
+            let decision = rules::replicas::decide(1, desired, false, &live);
+            for _ in 0..decision.start {
+                let r = replicas.len();
+                replicas.push(new_replica(now, setup.startup_us == 0));
+                push(&mut heap, now + setup.startup_us, Event::Ready(r));
+            }
+            for (job, _) in decision.stop {
+                let i = (job.0.as_u128() as usize).saturating_sub(1);
+                if let Some(rep) = replicas.get_mut(i) {
                     rep.draining = true;
                     if rep.in_flight == 0 {
                         rep.stopped_us = Some(now);
