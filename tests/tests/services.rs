@@ -264,3 +264,125 @@ async fn a_service_deploys_its_replicas_rolls_to_a_new_version_and_drains_on_del
         assert!(kinds.contains(&kind), "no {kind} event in {kinds:?}");
     }
 }
+
+/// A replica whose `/health` fails once a file named after its port appears in `SICK_DIR`;
+/// every answer says which port served it.
+const SICKLY: &str = r#"
+import http.server, os
+port = int(os.environ["PORT"])
+sick = os.path.join(os.environ["SICK_DIR"], str(port))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/health" and os.path.exists(sick):
+            self.send_response(503); self.end_headers(); return
+        body = str(port).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_fails_its_probe_gets_no_traffic_and_is_replaced() {
+    use std::os::unix::fs::PermissionsExt;
+    let up = Up::start(&[], 8).await;
+    // Readable by the uids an agent running as root gives its jobs.
+    let sick_dir = up.dir.path().join("sick");
+    std::fs::create_dir_all(&sick_dir).unwrap();
+    std::fs::set_permissions(&sick_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(up.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let spec = json!({
+        "name": "sickly", "team": "ml",
+        "command": ["python3", "-c", SICKLY],
+        "env": {"SICK_DIR": sick_dir.to_string_lossy()},
+        "resources": {"gpus": 1},
+        "replicas": {"min": 2, "max": 2},
+        "readiness": {"path": "/health", "period_s": 1, "timeout_s": 1, "failure_threshold": 2}
+    });
+    let (status, created) = send(&up, reqwest::Method::POST, "/api/v1/services", Some(spec)).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let endpoint = created["endpoint"].as_str().unwrap().to_string();
+    eventually("two ready replicas", Duration::from_secs(60), || async {
+        let s = up.get(&format!("/api/v1/services/{id}")).await;
+        (ready_versions(&s) == [1, 1]).then_some(())
+    })
+    .await;
+    let endpoints = ready_endpoints(&up, &id).await;
+    assert_eq!(endpoints.len(), 2, "{endpoints:?}");
+    let sick_port = endpoints[0].rsplit(':').next().unwrap().to_string();
+    let sick_job = {
+        let s = up.get(&format!("/api/v1/services/{id}")).await;
+        let events = up.get(&format!("/api/v1/services/{id}/events")).await;
+        let line = events["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["message"].as_str())
+            .find(|m| m.contains(&endpoints[0]))
+            .unwrap()
+            .to_string();
+        s["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["job_id"].as_str())
+            .find(|j| line.contains(j))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no replica named in {line:?}"))
+    };
+    std::fs::write(sick_dir.join(&sick_port), b"").unwrap();
+
+    // Once its agent reports it unready, the gateway sends it nothing: every answer comes
+    // from the other replica, and none fails.
+    eventually(
+        "the sick replica reported unready",
+        Duration::from_secs(30),
+        || async {
+            let s = up.get(&format!("/api/v1/services/{id}")).await;
+            s["replicas"]
+                .as_array()?
+                .iter()
+                .any(|r| r["job_id"] == sick_job.as_str() && r["state"] != "ready")
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for _ in 0..40 {
+        let r = up
+            .http
+            .get(&endpoint)
+            .bearer_auth(&up.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let port = r.text().await.unwrap();
+        assert_ne!(port, sick_port, "the unready replica was sent a request");
+    }
+
+    // The reconciler replaces it: the sick one stops, a new one starts and is ready.
+    eventually(
+        "two ready replicas again, the sick one gone",
+        Duration::from_secs(60),
+        || async {
+            let s = up.get(&format!("/api/v1/services/{id}")).await;
+            let replicas = s["replicas"].as_array()?;
+            let gone = replicas.iter().all(|r| r["job_id"] != sick_job.as_str());
+            (gone && ready_versions(&s) == [1, 1]).then_some(())
+        },
+    )
+    .await;
+    let events = up.get(&format!("/api/v1/services/{id}/events")).await;
+    let replaced = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["message"].as_str())
+        .any(|m| m.contains(&sick_job) && m.contains("readiness probe has failed"));
+    assert!(replaced, "{events}");
+}

@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 use crate::control::scheduler::SchedulerEvent;
 use crate::rules::autoscale::{self, Measured, Recommendation, Scaler, Targets};
-use crate::rules::replicas::{self, Seen};
+use crate::rules::replicas::{self, Health, Seen};
 use crate::rules::{convert, service};
 use crate::state::App;
 use crate::store::{
@@ -51,6 +51,8 @@ pub struct Memory {
     backoffs: HashMap<Uuid, Option<Timestamp>>,
     /// Per service, the autoscaler's recent recommendations.
     scalers: HashMap<Uuid, Scaler>,
+    /// Per running replica, its readiness over time.
+    health: HashMap<JobId, Health>,
 }
 
 pub async fn run(app: App) {
@@ -106,7 +108,29 @@ async fn reconcile_one(
     let deleted = record.deleted_at.is_some();
     let since = Timestamp(now.millis() - replicas::CRASH_WINDOW_MS);
     let replicas = app.store.service_replicas(record.id, since).await?;
-    let live: Vec<Seen> = replicas.iter().filter_map(seen).collect();
+    let mut live: Vec<Seen> = replicas.iter().filter_map(seen).collect();
+    // Replicas whose probe keeps failing are replaced: they count for nothing from now on, and
+    // are stopped below.
+    let mut unhealthy = Vec::new();
+    for r in &replicas {
+        let running =
+            r.job_state == JobState::Running && !r.cancel_requested && r.drain_at.is_none();
+        let Some(attempt) = r.attempt.as_ref().filter(|_| running) else {
+            memory.health.remove(&r.job);
+            continue;
+        };
+        let health = memory
+            .health
+            .entry(r.job)
+            .or_insert_with(|| Health::new(now));
+        health.observe(attempt.ready, now);
+        if let Some(why) = health.verdict(now) {
+            unhealthy.push((r.job, format!("{why}; a new replica replaces it")));
+            if let Some(s) = live.iter_mut().find(|s| s.job == r.job) {
+                s.stopping = true;
+            }
+        }
+    }
     let desired = if deleted {
         0
     } else {
@@ -151,14 +175,19 @@ async fn reconcile_one(
             }
         }
     }
-    for (job, why) in decision.stop {
+    let stops = decision
+        .stop
+        .iter()
+        .map(|(job, why)| (*job, why.to_string()))
+        .chain(unhealthy);
+    for (job, why) in stops {
         let never_served = replicas
             .iter()
             .find(|r| r.job == job)
             .is_some_and(|r| !r.attempt.as_ref().is_some_and(|a| a.ready))
             && app.traffic.in_flight(job) == 0;
         if never_served {
-            stop_replica(app, record.id, job, why).await?;
+            stop_replica(app, record.id, job, &why).await?;
         } else if app.store.drain_replica(job, now).await? {
             let message = format!("draining replica {job}: {why}; it gets no new requests");
             app.store
@@ -294,12 +323,7 @@ async fn start_replicas(
     Ok(())
 }
 
-async fn stop_replica(
-    app: &App,
-    service: Uuid,
-    job: JobId,
-    why: &'static str,
-) -> Result<(), StoreError> {
+async fn stop_replica(app: &App, service: Uuid, job: JobId, why: &str) -> Result<(), StoreError> {
     let now = app.clock.now();
     match app.store.cancel_job(job, now).await? {
         CancelOutcome::Cancelled => app.scheduler.send(SchedulerEvent::JobRemoved(job)),

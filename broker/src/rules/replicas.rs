@@ -65,6 +65,61 @@ pub fn crash_backoff(failed_at: &[Timestamp], now: Timestamp) -> Option<Timestam
     (until > now).then_some(until)
 }
 
+/// A replica whose probe has failed (its agent reports it not ready, after the probe's own
+/// failure threshold) this long after it had been ready is replaced.
+pub const UNREADY_REPLACE_MS: i64 = 10_000;
+/// A replica never ready this long after it began running is replaced (a model that never
+/// loads, a server that never listens).
+pub const STARTUP_TIMEOUT_MS: i64 = 10 * 60 * 1000;
+
+/// What the reconciler has seen of a running replica's readiness (in the leader's memory: a
+/// new leader starts the clocks again, which only delays a replacement).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Health {
+    pub running_since: Timestamp,
+    pub ready_ever: bool,
+    pub unready_since: Option<Timestamp>,
+}
+
+impl Health {
+    pub fn new(now: Timestamp) -> Health {
+        Health {
+            running_since: now,
+            ready_ever: false,
+            unready_since: None,
+        }
+    }
+
+    /// Its agent's latest report at `now`.
+    pub fn observe(&mut self, ready: bool, now: Timestamp) {
+        if ready {
+            self.ready_ever = true;
+            self.unready_since = None;
+        } else if self.ready_ever && self.unready_since.is_none() {
+            self.unready_since = Some(now);
+        }
+    }
+
+    /// Why the replica is to be replaced at `now`, if it is.
+    pub fn verdict(&self, now: Timestamp) -> Option<String> {
+        match self.unready_since {
+            Some(since) if now.millis() - since.millis() >= UNREADY_REPLACE_MS => Some(format!(
+                "its readiness probe has failed for {} s",
+                (now.millis() - since.millis()) / 1000
+            )),
+            _ if !self.ready_ever
+                && now.millis() - self.running_since.millis() >= STARTUP_TIMEOUT_MS =>
+            {
+                Some(format!(
+                    "not ready {} minutes after it started",
+                    STARTUP_TIMEOUT_MS / 60_000
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
 pub const WHY_DELETED: &str = "the service was deleted";
 pub const WHY_SCALE_DOWN: &str = "scaled down";
 pub const WHY_REPLACED: &str = "replaced by the new spec version";
@@ -208,6 +263,25 @@ mod tests {
         assert_eq!(crash_backoff(&many, t(40)), Some(t(39 + 300)));
         // Failures older than 10 minutes are forgotten.
         assert_eq!(crash_backoff(&[t(0), t(1), t(2)], t(700)), None);
+    }
+
+    #[test]
+    fn a_replica_unready_for_long_is_replaced() {
+        let t = |s: i64| Timestamp(s * 1000);
+        let mut h = Health::new(t(0));
+        h.observe(false, t(5));
+        assert_eq!(h.verdict(t(100)), None, "starting: not yet");
+        h.observe(true, t(120));
+        h.observe(false, t(130));
+        assert_eq!(h.verdict(t(139)), None);
+        assert!(h.verdict(t(140)).unwrap().contains("failed for 10 s"));
+        // Ready again: the clock stops.
+        h.observe(true, t(141));
+        assert_eq!(h.verdict(t(500)), None);
+        // Never ready: replaced after the start-up timeout.
+        let h = Health::new(t(0));
+        assert_eq!(h.verdict(t(599)), None);
+        assert!(h.verdict(t(600)).unwrap().contains("not ready 10 minutes"));
     }
 
     #[test]
