@@ -105,6 +105,36 @@ fn vm_kib(pid: u32, field: &str) -> Option<u64> {
         .ok()
 }
 
+/// CPU seconds (user + system) a process has used, from `/proc/PID/stat`.
+fn cpu_s(pid: u32, ticks_per_s: f64) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces), from field 3 on: utime is the
+    // 14th field, stime the 15th.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / ticks_per_s)
+}
+
+/// Clock ticks per second of `/proc/PID/stat` times (`getconf CLK_TCK`; 100 on Linux).
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// The machine's load averages, so a reader sees what else ran.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 fn mib(kib: Option<u64>) -> String {
     kib.map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
         .unwrap_or_else(|| "n/a".into())
@@ -322,13 +352,29 @@ async fn main() {
     for t in &targets {
         drive(t, args.rate, Duration::from_secs(args.warmup_s)).await;
     }
+    let ticks = clock_ticks();
+    let load_before = loadavg();
     let mut results: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
+    // The standalone gateway's CPU over its own phases.
+    let mut gateway_cpu_s = 0.0;
     for round in 0..args.rounds {
-        for (t, r) in targets.iter().zip(results.iter_mut()) {
+        for (i, (t, r)) in targets.iter().zip(results.iter_mut()).enumerate() {
+            let cpu_before = cpu_s(gateway_pid, ticks);
             let s = drive(t, args.rate, Duration::from_secs(args.duration_s)).await;
+            if i == 1
+                && let (Some(a), Some(b)) = (cpu_before, cpu_s(gateway_pid, ticks))
+            {
+                gateway_cpu_s += b - a;
+            }
+            let mut sorted = s.latency_us.clone();
+            sorted.sort_unstable();
             eprintln!(
-                "round {round}: {} — {} sent, {} errors",
-                t.name, s.sent, s.errors
+                "round {round}: {} — {} sent, {} errors, p50 {:.3} ms, p99 {:.3} ms",
+                t.name,
+                s.sent,
+                s.errors,
+                percentile_ms(&sorted, 0.5),
+                percentile_ms(&sorted, 0.99)
             );
             r.merge(s);
         }
@@ -381,9 +427,20 @@ async fn main() {
         mib(gateway_rss),
         mib(gateway_hwm)
     );
+    let through_gateway = results[1].sent.max(1) as f64;
+    println!(
+        "standalone gateway CPU: {:.1} µs per request ({:.2} cores at {} req/s)",
+        gateway_cpu_s * 1e6 / through_gateway,
+        gateway_cpu_s / (args.duration_s * u64::from(args.rounds)) as f64,
+        args.rate
+    );
     println!(
         "`switchyard up` RSS (broker, scheduler, in-process gateway): {}",
         mib(up_rss)
+    );
+    println!(
+        "load average (1, 5, 15 min) before the rounds: {load_before}; after: {}",
+        loadavg()
     );
     drop(gateway);
 }
