@@ -1166,3 +1166,34 @@ async fn enrol_node(
         .unwrap();
     node
 }
+
+#[tokio::test]
+async fn replicas_that_may_take_spot_keep_the_on_demand_minimum() {
+    let app = TestApp::spawn().await;
+    let spec = with(
+        &chat("ml"),
+        json!({"replicas": {"min": 3, "max": 3}, "schedule": [],
+               "spot": {"rule": "allowed", "min_on_demand": 1}}),
+    );
+    let r = post(&app, &app.admin, spec).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let id = id_of(&r);
+    // The reconciler starts three replicas: one never takes spot, the others may.
+    let mut rules = Vec::new();
+    for _ in 0..100 {
+        let jobs = get(&app, &app.admin, "/api/v1/jobs?limit=100").await;
+        rules = jobs.body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["spec"]["name"] == "chat")
+            .map(|j| j["spec"]["spot"].as_str().unwrap_or("").to_string())
+            .collect();
+        if rules.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    rules.sort();
+    assert_eq!(rules, ["allowed", "allowed", "never"], "service {id}");
+}

@@ -21,8 +21,8 @@
 
 use std::collections::HashMap;
 use std::time::Duration;
-use switchyard_core::{JobId, JobState, Timestamp};
-use switchyard_protocol::api::ServiceSpec;
+use switchyard_core::{JobId, JobState, Market, Timestamp};
+use switchyard_protocol::api::{ServiceSpec, SpotRule};
 use uuid::Uuid;
 
 use crate::control::scheduler::SchedulerEvent;
@@ -156,7 +156,19 @@ async fn reconcile_one(
             .filter_map(|r| r.finished_at)
             .collect();
         match replicas::crash_backoff(&failed_at, now) {
-            None => start_replicas(app, record, &spec, decision.start).await?,
+            None => {
+                // Live replicas on on-demand capacity, or bound for it.
+                let on_demand = replicas
+                    .iter()
+                    .filter(|r| live.iter().any(|s| s.job == r.job && !s.stopping))
+                    .filter(|r| match &r.attempt {
+                        Some(a) => a.market == Market::OnDemand,
+                        None => r.on_demand_only,
+                    })
+                    .count();
+                let on_demand = u32::try_from(on_demand).unwrap_or(u32::MAX);
+                start_replicas(app, record, &spec, decision.start, on_demand).await?
+            }
             Some(until) => {
                 // Said once per failure, not on every pass of the wait.
                 let last = failed_at.iter().max().copied();
@@ -271,9 +283,27 @@ async fn start_replicas(
     record: &ServiceRecord,
     spec: &ServiceSpec,
     count: u32,
+    on_demand: u32,
 ) -> Result<(), StoreError> {
     let now = app.clock.now();
     let wire = service::replica_job_spec(spec);
+    // Replicas that may take spot keep `spot.min_on_demand` (default 1) on on-demand capacity.
+    let must = match &spec.spot {
+        Some(s) if s.rule != SpotRule::Never => {
+            let min = u32::try_from(s.min_on_demand.unwrap_or(1)).unwrap_or(0);
+            replicas::on_demand_starts(count, min, on_demand)
+        }
+        _ => 0,
+    };
+    let mut pinned = wire.clone();
+    pinned.spot = Some(SpotRule::Never);
+    let pinned_core = if must > 0 {
+        convert::job_spec(&pinned, now).ok()
+    } else {
+        None
+    };
+    let pinned_json = serde_json::to_string(&pinned)
+        .map_err(|e| StoreError::Corrupt(format!("replica spec: {e}")))?;
     // Validated when the service was deployed; a spec the job rules refuse now (a rule that
     // changed since) starts nothing and says why.
     let core = match convert::job_spec(&wire, now) {
@@ -289,7 +319,11 @@ async fn start_replicas(
     let spec_json = serde_json::to_string(&wire)
         .map_err(|e| StoreError::Corrupt(format!("replica spec: {e}")))?;
     let mut started = Vec::new();
-    for _ in 0..count {
+    for i in 0..count {
+        let (core, spec_json) = match &pinned_core {
+            Some(pinned) if i < must => (pinned, &pinned_json),
+            _ => (&core, &spec_json),
+        };
         let job = NewJob {
             id: JobId(Uuid::now_v7()),
             spec: core.clone(),

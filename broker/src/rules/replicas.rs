@@ -120,6 +120,13 @@ impl Health {
     }
 }
 
+/// Of `count` replicas to start, how many must never take spot so that at least
+/// `min_on_demand` stay on on-demand capacity: `on_demand` live replicas are on it already (or
+/// bound for it).
+pub fn on_demand_starts(count: u32, min_on_demand: u32, on_demand: u32) -> u32 {
+    min_on_demand.saturating_sub(on_demand).min(count)
+}
+
 pub const WHY_DELETED: &str = "the service was deleted";
 pub const WHY_SCALE_DOWN: &str = "scaled down";
 pub const WHY_REPLACED: &str = "replaced by the new spec version";
@@ -282,6 +289,14 @@ mod tests {
         let h = Health::new(t(0));
         assert_eq!(h.verdict(t(599)), None);
         assert!(h.verdict(t(600)).unwrap().contains("not ready 10 minutes"));
+    }
+
+    #[test]
+    fn new_replicas_keep_the_on_demand_minimum() {
+        assert_eq!(on_demand_starts(3, 1, 0), 1);
+        assert_eq!(on_demand_starts(3, 2, 1), 1);
+        assert_eq!(on_demand_starts(3, 1, 1), 0);
+        assert_eq!(on_demand_starts(1, 4, 0), 1);
     }
 
     #[test]

@@ -853,6 +853,7 @@ mod tests {
             drain_at: None,
             finished_at: None,
             reason: None,
+            on_demand_only: false,
             attempt: (state == JobState::Running).then(|| crate::store::ReplicaAttemptRow {
                 attempt: AttemptId(uuid::Uuid::now_v7()),
                 state: AttemptState::Running,

@@ -612,6 +612,8 @@ pub struct ServiceReplicaRow {
     pub finished_at: Option<Timestamp>,
     /// Why it failed or was cancelled, when it did.
     pub reason: Option<String>,
+    /// Its job never takes spot (started to keep the service's `spot.min_on_demand`).
+    pub on_demand_only: bool,
     pub attempt: Option<ReplicaAttemptRow>,
 }
 

@@ -80,6 +80,13 @@ fn replica_from_row(r: &Row) -> StoreResult<ServiceReplicaRow> {
         drain_at: r.time_opt("drain_at")?,
         finished_at: r.time_opt("finished_at")?,
         reason: r.get("reason")?,
+        on_demand_only: {
+            let spec: String = r.get("spec_json")?;
+            serde_json::from_str::<switchyard_protocol::api::JobSpec>(&spec)
+                .map_err(|e| corrupt(format!("replica {job} spec: {e}")))?
+                .spot
+                == Some(switchyard_protocol::api::SpotRule::Never)
+        },
         attempt,
     })
 }
@@ -378,7 +385,7 @@ impl Store {
     ) -> StoreResult<Vec<ServiceReplicaRow>> {
         let rows = query(AssertSqlSafe(format!(
             "SELECT j.id, j.service_version, j.state, j.cancel_requested, j.drain_at, j.finished_at, \
-             j.reason, a.id AS a_id, a.state AS a_state, a.node_id AS a_node, \
+             j.reason, j.spec_json, a.id AS a_id, a.state AS a_state, a.node_id AS a_node, \
              a.pool_id AS a_pool, p.region_id AS a_region, a.market AS a_market, \
              a.serve_host AS a_serve_host, a.serve_port AS a_serve_port, a.ready AS a_ready \
              FROM jobs j LEFT JOIN attempts a ON a.id = j.current_attempt \
