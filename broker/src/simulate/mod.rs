@@ -153,6 +153,7 @@ pub fn simulate(
                 );
             }
             p.fixed_nodes -= n;
+            p.pool.node_limit = p.pool.node_limit.saturating_sub(*n);
         }
     }
     let jobs = scenario.jobs(&trace.jobs);
