@@ -118,6 +118,13 @@ pub struct TrafficSecond {
     /// Requests in flight on the replica when the row was made (replica rows only).
     #[serde(default)]
     pub in_flight: u64,
+    /// Microseconds that requests held replicas during the second: the integral over the
+    /// second of the requests in flight, from dispatch to the last byte of the answer (the
+    /// whole service's row only). Over a window, divided by its length, it is the mean number
+    /// of requests in service — what the autoscaler's load signal reads, exact also for
+    /// streamed answers, which hold a replica long after their first byte.
+    #[serde(default)]
+    pub busy_us: u64,
 }
 
 /// The answer to a report: sent only once its rows are committed.

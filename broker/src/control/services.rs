@@ -254,6 +254,7 @@ fn scale(
         span_p95_ms: recent.p95_ms,
         span_mean_ms: recent.mean_ms,
         span_queued: recent.queued_mean,
+        span_in_flight: recent.in_flight_mean,
         ready,
     };
     let schedule = service::schedule_minimum(spec, now);

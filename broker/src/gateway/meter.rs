@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use switchyard_core::{JobId, Timestamp};
 use switchyard_protocol::gateway::TrafficSecond;
 use uuid::Uuid;
@@ -33,12 +33,31 @@ struct Acc {
     hist: Vec<u64>,
 }
 
+struct Held {
+    now: u64,
+    since: Instant,
+    busy_us: u64,
+}
+
+impl Held {
+    /// Adds the holding up to `at`.
+    fn settle(&mut self, at: Instant) {
+        let us =
+            u64::try_from(at.saturating_duration_since(self.since).as_micros()).unwrap_or(u64::MAX);
+        self.busy_us = self.busy_us.saturating_add(self.now.saturating_mul(us));
+        self.since = at;
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     /// Per service, per replica (`None`: the whole service), per second.
     open: HashMap<(Uuid, Option<JobId>, i64), Acc>,
     /// Replicas whose last report said something was in flight: the next says when it is 0.
     busy: HashMap<(Uuid, JobId), u64>,
+    /// Per service, requests held on its replicas now, since when that count holds, and the
+    /// microseconds of holding summed since the last report.
+    held: HashMap<Uuid, Held>,
     next_batch: u64,
     unsent: VecDeque<(u64, Vec<TrafficSecond>)>,
 }
@@ -83,6 +102,32 @@ impl Meter {
         }
     }
 
+    /// A request of `service` was dispatched to a replica: it holds it until [`Meter::ended`].
+    pub fn began(&self, service: Uuid) {
+        self.hold(service, true);
+    }
+
+    /// A request of `service` let its replica go (its answer streamed through, or it failed).
+    pub fn ended(&self, service: Uuid) {
+        self.hold(service, false);
+    }
+
+    fn hold(&self, service: Uuid, began: bool) {
+        let at = Instant::now();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let held = inner.held.entry(service).or_insert(Held {
+            now: 0,
+            since: at,
+            busy_us: 0,
+        });
+        held.settle(at);
+        held.now = if began {
+            held.now + 1
+        } else {
+            held.now.saturating_sub(1)
+        };
+    }
+
     /// `depth` requests wait in the service's queue now.
     pub fn queued(&self, service: Uuid, now: Timestamp, depth: usize) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,6 +164,7 @@ impl Meter {
                     buckets: acc.hist,
                     queue_peak: acc.queue_peak,
                     in_flight: 0,
+                    busy_us: 0,
                 };
                 ((service, replica, second), row)
             })
@@ -144,6 +190,7 @@ impl Meter {
                     buckets: Vec::new(),
                     queue_peak: 0,
                     in_flight: 0,
+                    busy_us: 0,
                 })
                 .in_flight = n;
         };
@@ -154,6 +201,35 @@ impl Meter {
                 job,
                 busy.get(&(service, job)).copied().unwrap_or(0),
             );
+        }
+        // Each service's holding since the last report, on its row of this second.
+        let instant = Instant::now();
+        let mut held: Vec<(Uuid, u64)> = Vec::new();
+        inner.held.retain(|service, h| {
+            h.settle(instant);
+            if h.busy_us > 0 {
+                held.push((*service, h.busy_us));
+                h.busy_us = 0;
+            }
+            h.now > 0
+        });
+        for (service, busy_us) in held {
+            let row = rows
+                .entry((service, None, at))
+                .or_insert_with(|| TrafficSecond {
+                    service,
+                    replica: None,
+                    second: at,
+                    batch,
+                    requests: 0,
+                    errors: 0,
+                    latency_sum_us: 0,
+                    buckets: Vec::new(),
+                    queue_peak: 0,
+                    in_flight: 0,
+                    busy_us: 0,
+                });
+            row.busy_us = busy_us;
         }
         inner.busy = busy;
         let mut rows: Vec<TrafficSecond> = rows.into_values().collect();
@@ -231,5 +307,26 @@ mod tests {
         m.acknowledged(1);
         assert_eq!(m.unsent(), 0);
         assert!(m.close(Timestamp(12_500), &[]).is_empty());
+    }
+
+    #[test]
+    fn the_time_requests_hold_replicas_is_summed_per_service() {
+        let m = Meter::default();
+        m.began(SVC);
+        m.began(SVC);
+        std::thread::sleep(Duration::from_millis(20));
+        m.ended(SVC);
+        m.ended(SVC);
+        let rows = m.close(Timestamp(10_500), &[]);
+        let all = rows
+            .iter()
+            .find(|r| r.replica.is_none())
+            .expect("the service's row");
+        // Two requests held for at least 20 ms each.
+        assert!(all.busy_us >= 40_000, "{}", all.busy_us);
+        assert_eq!(all.requests, 0);
+        // Nothing held since: no row.
+        m.acknowledged(all.batch);
+        assert!(m.close(Timestamp(11_500), &[]).is_empty());
     }
 }

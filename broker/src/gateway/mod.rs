@@ -258,7 +258,7 @@ pub struct Gateway {
     region: Option<String>,
     table: RwLock<Table>,
     client: reqwest::Client,
-    meter: meter::Meter,
+    meter: Arc<meter::Meter>,
 }
 
 impl Gateway {
@@ -287,7 +287,7 @@ impl Gateway {
             region,
             table: RwLock::default(),
             client,
-            meter: meter::Meter::default(),
+            meter: Arc::default(),
         }))
     }
 
@@ -666,17 +666,21 @@ fn pick<'a>(ready: &[&'a Arc<Upstream>], max: Option<usize>) -> Option<&'a Arc<U
         .min_by_key(|u| (u.distance, u.in_flight.load(Ordering::SeqCst)))
 }
 
-/// Gives a replica's slot back when the response (or the failure) is done with it.
+/// Gives a replica's slot back when the response (or the failure) is done with it; the meter
+/// counts the time it was held.
 struct Slot {
     upstream: Arc<Upstream>,
     route: Arc<Route>,
+    meter: Arc<meter::Meter>,
 }
 
 impl Slot {
-    fn new(upstream: &Arc<Upstream>, route: &Arc<Route>) -> Slot {
+    fn new(upstream: &Arc<Upstream>, route: &Arc<Route>, meter: &Arc<meter::Meter>) -> Slot {
+        meter.began(route.id);
         Slot {
             upstream: Arc::clone(upstream),
             route: Arc::clone(route),
+            meter: Arc::clone(meter),
         }
     }
 }
@@ -684,7 +688,36 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.upstream.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.meter.ended(self.route.id);
         self.route.freed.notify_one();
+    }
+}
+
+/// A request's latency, recorded once: at the first byte of its answer's body (for a streamed
+/// answer, its first token), when it fails, or when the answer is dropped unread.
+struct FirstByte {
+    gw: Arc<Gateway>,
+    service: Uuid,
+    job: JobId,
+    started: Instant,
+    server_error: bool,
+}
+
+impl FirstByte {
+    fn record(mut self, error: bool) {
+        self.server_error |= error;
+    }
+}
+
+impl Drop for FirstByte {
+    fn drop(&mut self) {
+        self.gw.meter.record(
+            self.service,
+            Some(self.job),
+            self.gw.clock.now(),
+            self.started.elapsed(),
+            self.server_error,
+        );
     }
 }
 
@@ -798,7 +831,7 @@ async fn send(
             }
         };
         span.record("replica", tracing::field::display(upstream.job));
-        let slot = Slot::new(&upstream, &current);
+        let slot = Slot::new(&upstream, &current, &gw.meter);
         let url = format!("http://{}{path_and_query}", upstream.address);
         let sent = gw
             .client
@@ -810,13 +843,13 @@ async fn send(
         match sent {
             Ok(answer) => {
                 let status = answer.status();
-                gw.meter.record(
-                    route.id,
-                    Some(upstream.job),
-                    now(),
-                    started.elapsed(),
-                    status.is_server_error(),
-                );
+                let first = FirstByte {
+                    gw: Arc::clone(&gw),
+                    service: route.id,
+                    job: upstream.job,
+                    started,
+                    server_error: status.is_server_error(),
+                };
                 let mut response = Response::builder().status(status);
                 if let Some(h) = response.headers_mut() {
                     for (k, v) in answer.headers() {
@@ -826,11 +859,17 @@ async fn send(
                     }
                 }
                 // Chunk by chunk as the replica sends them; the slot is held until the body
-                // has streamed through (or the caller went away).
-                let stream = futures::stream::unfold(Some((answer, slot)), |state| async move {
-                    let (mut answer, slot) = state?;
-                    match answer.chunk().await {
-                        Ok(Some(bytes)) => Some((Ok(bytes), Some((answer, slot)))),
+                // has streamed through (or the caller went away). The latency is recorded at
+                // the first chunk.
+                let state = Some((answer, slot, Some(first)));
+                let stream = futures::stream::unfold(state, |state| async move {
+                    let (mut answer, slot, mut first) = state?;
+                    let chunk = answer.chunk().await;
+                    if let Some(first) = first.take() {
+                        first.record(chunk.is_err());
+                    }
+                    match chunk {
+                        Ok(Some(bytes)) => Some((Ok(bytes), Some((answer, slot, None)))),
                         Ok(None) => None,
                         Err(e) => Some((Err(e), None)),
                     }

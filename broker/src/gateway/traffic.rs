@@ -57,6 +57,8 @@ struct Second {
     latency_us: u64,
     /// The most requests that waited in the service's queue at once during the second.
     queued: u64,
+    /// Microseconds requests held replicas during the second.
+    busy_us: u64,
     hist: Box<[u32; BUCKETS]>,
 }
 
@@ -68,6 +70,7 @@ impl Second {
             errors: 0,
             latency_us: 0,
             queued: 0,
+            busy_us: 0,
             hist: Box::new([0; BUCKETS]),
         }
     }
@@ -111,6 +114,7 @@ impl Series {
         s.errors += row.errors;
         s.latency_us = s.latency_us.saturating_add(row.latency_sum_us);
         s.queued += row.queue_peak;
+        s.busy_us = s.busy_us.saturating_add(row.busy_us);
         for (h, n) in s.hist.iter_mut().zip(row.buckets.iter()) {
             *h = h.saturating_add(u32::try_from(*n).unwrap_or(u32::MAX));
         }
@@ -137,6 +141,7 @@ impl Series {
         let mut hist = [0u64; BUCKETS];
         let mut latency_us = 0u64;
         let mut queued = 0u64;
+        let mut busy_us = 0u64;
         for s in self
             .seconds
             .iter()
@@ -146,6 +151,7 @@ impl Series {
             w.errors += s.errors;
             latency_us = latency_us.saturating_add(s.latency_us);
             queued += s.queued;
+            busy_us = busy_us.saturating_add(s.busy_us);
             for (h, n) in hist.iter_mut().zip(s.hist.iter()) {
                 *h += u64::from(*n);
             }
@@ -171,6 +177,7 @@ impl Series {
         w.rps = w.requests as f64 / window_s.max(1) as f64;
         w.mean_ms = (w.requests > 0).then(|| latency_us as f64 / 1000.0 / w.requests as f64);
         w.queued_mean = queued as f64 / window_s.max(1) as f64;
+        w.in_flight_mean = busy_us as f64 / 1e6 / window_s.max(1) as f64;
         w
     }
 }
@@ -189,6 +196,8 @@ pub struct Window {
     pub mean_ms: Option<f64>,
     /// The queue's depth (its peak in each second), averaged over the window's seconds.
     pub queued_mean: f64,
+    /// Requests in service on replicas (dispatch to last byte), averaged over the window.
+    pub in_flight_mean: f64,
 }
 
 #[derive(Default)]
@@ -335,6 +344,18 @@ impl Traffic {
         s.all.queued(at, u64::try_from(depth).unwrap_or(u64::MAX));
     }
 
+    /// Requests held replicas of `service` for `busy` in all during the second of `now`. For
+    /// tests and replays, like [`Traffic::record`].
+    pub fn busy(&self, service: Uuid, now: Timestamp, busy: Duration) {
+        let at = now.millis().div_euclid(1000);
+        let mut services = self.services.lock().unwrap_or_else(|e| e.into_inner());
+        let s = services.entry(service).or_default();
+        let second = s.all.second(at);
+        second.busy_us = second
+            .busy_us
+            .saturating_add(u64::try_from(busy.as_micros()).unwrap_or(u64::MAX));
+    }
+
     /// The service's traffic over the last `window_s` seconds up to `now`.
     pub fn service(&self, service: Uuid, now: Timestamp, window_s: i64) -> Window {
         let services = self.services.lock().unwrap_or_else(|e| e.into_inner());
@@ -461,6 +482,7 @@ mod tests {
             },
             queue_peak: 0,
             in_flight,
+            busy_us: 0,
         }
     }
 

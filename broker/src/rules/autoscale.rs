@@ -4,11 +4,13 @@
 //!
 //! **Signals** (each a replica count, with the reason in words):
 //! - *rate*: `⌈rps / target_rps_per_replica⌉`;
-//! - *load*: by Little's law the requests at the gateway at once — in service or waiting in
-//!   its queue — are `rps × mean latency` (latency counts from the request's arrival at the
-//!   gateway, so queueing is in it); `⌈that / (max_concurrency_per_replica × 0.8)⌉` — replicas
-//!   kept at 80 % of their concurrency bound, so a burst finds room. A queue that holds (its
-//!   mean depth) asks for at least enough replicas to serve it as well;
+//! - *load*: the requests at the gateway at once — held on replicas (the gateways integrate
+//!   that, from dispatch to the answer's last byte, so a streamed answer counts for as long as
+//!   it holds its replica) plus those waiting in the queue —
+//!   `⌈that / (max_concurrency_per_replica × 0.8)⌉`: replicas kept at 80 % of their
+//!   concurrency bound, so a burst finds room. (Reports without that integral fall back to
+//!   Little's law, `rps × mean latency`, exact only for answers not streamed.) A queue that
+//!   holds (its mean depth) asks for at least enough replicas to serve it as well;
 //! - *latency*: p95 above `target_p95_latency_ms` asks for `ready × p95 / target` (at least one
 //!   more, at most twice as many), but only when the replicas are busy (requests queue, or they
 //!   run at least half their concurrency bound): when a replica alone is slower than the
@@ -111,6 +113,8 @@ pub struct Measured {
     pub span_p95_ms: Option<f64>,
     pub span_mean_ms: Option<f64>,
     pub span_queued: f64,
+    /// Requests held on replicas, on average over the span (0: not reported).
+    pub span_in_flight: f64,
     /// Replicas ready now.
     pub ready: u32,
 }
@@ -152,9 +156,14 @@ pub fn recommend(t: &Targets, m: &Measured, schedule: Option<(u32, String)>) -> 
             format!("{:.1} req/s at a target of {per} per replica: {n}", m.rps),
         );
     }
-    let in_system = m.span_rps * m.span_mean_ms.unwrap_or(0.0) / 1000.0;
-    // Served at once: what is at the gateway less what waits.
-    let in_service = (in_system - m.span_queued).max(0.0);
+    let (in_service, in_system) = if m.span_in_flight > 0.0 || m.span_requests == 0 {
+        (m.span_in_flight, m.span_in_flight + m.span_queued)
+    } else {
+        // Little's law on latencies counted from the arrival at the gateway: queueing is in
+        // it; what is served at once is the rest.
+        let in_system = m.span_rps * m.span_mean_ms.unwrap_or(0.0) / 1000.0;
+        ((in_system - m.span_queued).max(0.0), in_system)
+    };
     if let Some(conc) = t.max_concurrency {
         let n = ceil_u32(in_system / (conc * LOAD_TARGET));
         consider(
@@ -346,7 +355,8 @@ mod tests {
 
     #[test]
     fn the_load_signal_counts_what_is_at_the_gateway_and_the_queue() {
-        // 40 req/s × 0.8 s = 32 at the gateway (12 of them queued), over 6.4 per replica.
+        // Without the gateway's integral (an older report), Little's law: 40 req/s × 0.8 s =
+        // 32 at the gateway (12 of them queued), over 6.4 per replica.
         let m = Measured {
             rps: 0.0,
             span_rps: 40.0,
@@ -354,6 +364,7 @@ mod tests {
             span_queued: 12.0,
             span_requests: 400,
             span_p95_ms: Some(200.0),
+            span_in_flight: 0.0,
             ready: 3,
         };
         let mut t = targets();
@@ -374,6 +385,29 @@ mod tests {
         let r = recommend(&t, &m, None);
         assert_eq!(r.n, 5, "{}", r.reason);
         assert!(r.reason.contains("20.0 requests queued"), "{}", r.reason);
+    }
+
+    #[test]
+    fn the_load_signal_reads_the_requests_held_when_reported() {
+        // Streamed answers: 10 req/s whose first byte comes after 0.2 s but which hold their
+        // replica 5 s: 50 held, not 2.
+        let mut t = targets();
+        t.rps_per_replica = None;
+        let m = Measured {
+            span_rps: 10.0,
+            span_mean_ms: Some(200.0),
+            span_in_flight: 50.0,
+            span_requests: 100,
+            ready: 2,
+            ..Measured::default()
+        };
+        let r = recommend(&t, &m, None);
+        assert_eq!(r.n, 8, "{}", r.reason);
+        assert!(
+            r.reason.starts_with("50.0 requests at the gateway"),
+            "{}",
+            r.reason
+        );
     }
 
     #[test]

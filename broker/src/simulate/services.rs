@@ -763,6 +763,7 @@ pub fn run_policy(
                     span_p95_ms: recent.p95_ms,
                     span_mean_ms: recent.mean_ms,
                     span_queued: recent.queued_mean,
+                    span_in_flight: recent.in_flight_mean,
                     ready,
                 };
                 if policy == Policy::SwitchyardHeld {

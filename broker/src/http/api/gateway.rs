@@ -119,11 +119,15 @@ pub fn check_report(report: &GatewayReport, now: Timestamp) -> Result<(), ApiErr
                 "only a replica's row has requests in flight",
             );
         }
+        if s.replica.is_some() && s.busy_us > 0 {
+            return bad(f("busy_us"), "only the whole service's row has busy time");
+        }
         for (name, v) in [
             ("requests", s.requests),
             ("latency_sum_us", s.latency_sum_us),
             ("queue_peak", s.queue_peak),
             ("in_flight", s.in_flight),
+            ("busy_us", s.busy_us),
             ("batch", s.batch),
         ] {
             if i64::try_from(v).is_err() {

@@ -238,8 +238,9 @@ impl Store {
                 .map_err(|e| StoreError::Corrupt(format!("encoding buckets: {e}")))?;
             let done = query(
                 "INSERT INTO gateway_reports (gateway, service_id, replica, at_s, batch, \
-                 requests, errors, latency_sum_us, queue_peak, in_flight, buckets, received_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+                 requests, errors, latency_sum_us, queue_peak, in_flight, buckets, received_at, \
+                 busy_us) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
                  ON CONFLICT (gateway, service_id, replica, at_s, batch) DO NOTHING",
             )
             .bind(gateway)
@@ -254,6 +255,7 @@ impl Store {
             .bind(count(s.in_flight))
             .bind(buckets)
             .bind(now)
+            .bind(count(s.busy_us))
             .execute(&mut tx)
             .await?;
             accepted += done.rows_affected();
@@ -300,6 +302,7 @@ impl Store {
                         .map_err(|e| StoreError::Corrupt(format!("gateway report buckets: {e}")))?,
                     queue_peak: uncount(r, "queue_peak")?,
                     in_flight: uncount(r, "in_flight")?,
+                    busy_us: uncount(r, "busy_us")?,
                 },
                 received_at: r.time("received_at")?,
             })
