@@ -111,11 +111,12 @@ for f in broker/tests/*.rs; do BROKER_TESTS+=(--test "$(basename "$f" .rs)"); do
 SWITCHYARD_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT" \
   cargo test --workspace --locked "${BROKER_TESTS[@]}"
 
-# Two `switchyard serve` replicas on that cluster: kill -9 the leader under load; and one
+# Two `switchyard serve` replicas on that cluster: kill -9 the leader under load (jobs; and a
+# service answering through a standalone gateway); and one
 # broker killed -9 under 1,000+ submissions and restarted (the crash test's PostgreSQL variant).
 step "cargo test (replica failover and broker crash on PostgreSQL)"
 SWITCHYARD_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT" \
-  cargo test --workspace --locked --test failover --test crash -- --nocapture \
-  killing_the_leader on_postgres
+  cargo test --workspace --locked --test failover --test crash --test service_failover \
+  -- --nocapture killing_the_leader on_postgres
 
 step "all tests passed"

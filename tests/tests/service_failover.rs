@@ -461,11 +461,10 @@ async fn killing_the_leader_keeps_a_service_answering_through_the_gateway() {
         "the service changed across the failover: {since:?}"
     );
 
-    // Delete through the new leader while a request of about 2 s is in flight on each
-    // replica: the replicas drain (nothing new, what they have finishes), then stop. (Not a
-    // longer one: the gateway's routes leave a deleted service out at once, so its replicas'
-    // requests in flight are reported as none and the reconciler stops them after the drain's
-    // settle time, 4 s, whatever they still serve; a rolling update's drain waits for them.)
+    // Delete through the new leader while a request of about 6 s is in flight on each
+    // replica — longer than the drain's settle time (4 s): the replicas drain (nothing new,
+    // what they have finishes; the gateway keeps counting a deleted service's requests in
+    // flight until they end), then stop.
     let long: Vec<_> = (0..2)
         .map(|_| {
             let (http, url, admin) = (http.clone(), url.clone(), admin.clone());
@@ -473,7 +472,7 @@ async fn killing_the_leader_keeps_a_service_answering_through_the_gateway() {
                 let r = http
                     .post(&url)
                     .bearer_auth(&admin)
-                    .json(&json!({"prompt_tokens": 100, "max_tokens": 2000}))
+                    .json(&json!({"prompt_tokens": 100, "max_tokens": 6000}))
                     .timeout(Duration::from_secs(60))
                     .send()
                     .await;

@@ -116,6 +116,10 @@ struct Table {
     grants: HashMap<String, GrantScope>,
     /// Whether routes were ever read (until then every service is unknown).
     loaded: bool,
+    /// Replicas gone from the routes (their service deleted, their job ended) with requests
+    /// still in flight: counted in reports until those end, so that the reconciler waits for
+    /// them before it stops the replica.
+    retiring: Vec<(Uuid, JobId, Arc<AtomicUsize>)>,
 }
 
 /// Where a gateway reads its routes and sends its reports.
@@ -321,9 +325,9 @@ impl Gateway {
                 },
             }
         };
-        let old = {
+        let (old, old_retiring) = {
             let table = self.table.read().unwrap_or_else(|e| e.into_inner());
-            table.routes.clone()
+            (table.routes.clone(), table.retiring.clone())
         };
         let mut next = HashMap::new();
         for s in doc.services {
@@ -367,10 +371,29 @@ impl Gateway {
             .into_iter()
             .map(|g| (g.token_hash, g.scope))
             .collect();
+        let present: std::collections::HashSet<JobId> = next
+            .values()
+            .flat_map(|r: &Arc<Route>| r.upstreams.iter().map(|u| u.job))
+            .collect();
+        let mut retiring: Vec<(Uuid, JobId, Arc<AtomicUsize>)> = Vec::new();
+        let gone = old_retiring.into_iter().chain(old.values().flat_map(|r| {
+            r.upstreams
+                .iter()
+                .map(|u| (r.id, u.job, Arc::clone(&u.in_flight)))
+        }));
+        for (service, job, n) in gone {
+            if !present.contains(&job)
+                && n.load(Ordering::SeqCst) > 0
+                && !retiring.iter().any(|(_, j, _)| *j == job)
+            {
+                retiring.push((service, job, n));
+            }
+        }
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = Table {
             routes: next,
             grants,
             loaded: true,
+            retiring,
         };
         // Waiters look again at the new routes (they hold the old ones).
         for route in old.values() {
@@ -429,6 +452,12 @@ impl Gateway {
                     .iter()
                     .map(|u| (r.id, u.job, u.in_flight.load(Ordering::SeqCst)))
             })
+            .chain(
+                table
+                    .retiring
+                    .iter()
+                    .map(|(s, j, n)| (*s, *j, n.load(Ordering::SeqCst))),
+            )
             .collect()
     }
 
@@ -1031,5 +1060,41 @@ mod tests {
             vec![(Uuid::from_u128(1), JobId(Uuid::from_u128(12)), 0)]
         );
         assert_eq!(take(&gw).await, Some(12));
+    }
+
+    #[tokio::test]
+    async fn a_replica_gone_from_the_routes_is_counted_until_its_requests_end() {
+        let gw = gateway(
+            Some("onprem:dc1"),
+            vec![replica(12, "onprem:dc1", true, false)],
+        );
+        let route = gw.route("ml", "chat").unwrap();
+        let (_, held) = acquire(&gw, &route, None).await.ok().unwrap();
+        // The service is deleted: its routes go, its replica's request is still in flight.
+        let empty = || GatewayRoutes {
+            services: Vec::new(),
+            regions: Vec::new(),
+            grants: Vec::new(),
+        };
+        gw.install(empty());
+        assert!(gw.route("ml", "chat").is_none());
+        assert_eq!(
+            gw.in_flight(),
+            vec![(Uuid::from_u128(1), JobId(Uuid::from_u128(12)), 1)]
+        );
+        gw.install(empty());
+        assert_eq!(
+            gw.in_flight().len(),
+            1,
+            "still in flight after two refreshes"
+        );
+        // It ends: reported once more as 0, then forgotten.
+        held.in_flight.fetch_sub(1, Ordering::SeqCst);
+        assert_eq!(
+            gw.in_flight(),
+            vec![(Uuid::from_u128(1), JobId(Uuid::from_u128(12)), 0)]
+        );
+        gw.install(empty());
+        assert!(gw.in_flight().is_empty());
     }
 }
