@@ -691,6 +691,9 @@ pub fn run_policy(
     }
     let mut next_tick = from_us.div_ceil(1_000_000) * 1_000_000;
     let mut next_arrival = 0usize;
+    // The live gateway's integral of requests held on replicas (`TrafficSecond::busy_us`):
+    // summed between events, handed to the traffic each second.
+    let (mut busy_us, mut busy_since) = (0u64, from_us);
     loop {
         let t_event = heap.peek().map(|Reverse((at, _, _))| *at);
         let t_expiry = queue
@@ -705,6 +708,9 @@ pub fn run_policy(
         else {
             break;
         };
+        let held_now: u64 = replicas.iter().map(|r| u64::from(r.in_flight)).sum();
+        busy_us = busy_us.saturating_add(held_now.saturating_mul(now.saturating_sub(busy_since)));
+        busy_since = now;
         let mut dispatch = false;
         if t_event == Some(now) {
             let Some(Reverse((_, _, event))) = heap.pop() else {
@@ -750,6 +756,12 @@ pub fn run_policy(
             }
         } else if t_tick == Some(now) {
             next_tick += 1_000_000;
+            traffic.busy(
+                id,
+                ts(now.saturating_sub(1)),
+                Duration::from_micros(busy_us),
+            );
+            busy_us = 0;
             let ready = replicas.iter().filter(|r| r.routable()).count() as u32;
             if !matches!(policy, Policy::Fixed(_)) {
                 let at = ts(now);
