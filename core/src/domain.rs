@@ -409,6 +409,12 @@ pub struct Snapshot {
     /// back.
     #[serde(default)]
     pub spot_interruptions_per_hour_ppm: BTreeMap<PoolId, u32>,
+    /// Nodes a queued one-node job must not be placed on (free now, a wait or a preemption
+    /// there): a service's replica kept off the one node every other replica of its service
+    /// is on, so that the service spreads over at least two nodes. New nodes are never
+    /// avoided; gangs ignore it.
+    #[serde(default)]
+    pub avoid: BTreeMap<JobId, Vec<NodeId>>,
 }
 
 /// Spot interruption rate assumed for a pool with no observed figure: 2 % an hour.

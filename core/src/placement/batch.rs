@@ -163,7 +163,8 @@ pub(crate) fn pins(round: &mut Round, queue: &[&QueuedJob]) -> IdMap<JobId, Pin>
 }
 
 fn options(round: &mut Round, job: &QueuedJob, most_free: &[(usize, u32)]) -> Options {
-    let ctx = JobCtx::new(&round.index, &job.spec);
+    let mut ctx = JobCtx::new(&round.index, &job.spec);
+    ctx.avoid = round.index.avoided(job.id);
     let pools: Vec<usize> = most_free
         .iter()
         .filter(|&&(_, m)| m >= ctx.gpus)

@@ -529,6 +529,25 @@ impl Capacity {
         fit
     }
 
+    /// [`Capacity::best_fit_in`] leaving out the nodes in `avoid` (not memoised: few jobs are
+    /// kept off nodes).
+    pub(crate) fn best_fit_avoiding(
+        &self,
+        index: &Index,
+        pool: usize,
+        gpus: u32,
+        markets: Markets,
+        avoid: &[usize],
+    ) -> Option<usize> {
+        if markets.take_none(index, pool) {
+            return None;
+        }
+        self.fit[pool]
+            .from((gpus, 0))
+            .map(|&(_, node)| node)
+            .find(|&node| markets.allows(index.nodes[node].market) && !avoid.contains(&node))
+    }
+
     /// [`Capacity::best_fit_n`] among the nodes of the `markets` allowed.
     pub(crate) fn best_fit_n_in(
         &self,

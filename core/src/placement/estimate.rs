@@ -171,6 +171,10 @@ pub(crate) struct JobCtx<'a> {
     /// Launches are left out for now: a service looks for batch work to preempt first
     /// ([`JobCtx::preempts_before_bursting`]).
     pub defer_launch: bool,
+    /// Positions of the nodes the job is kept off ([`Snapshot::avoid`]; usually none).
+    ///
+    /// [`Snapshot::avoid`]: crate::domain::Snapshot::avoid
+    pub avoid: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -205,6 +209,7 @@ impl<'a> JobCtx<'a> {
             margin_ms: (MIN_DEADLINE_MARGIN_S * 1000).max(runtime_s.saturating_mul(50)),
             late_on_demand: false,
             defer_launch: false,
+            avoid: Vec::new(),
             node_class: index.price_orders()[0]
                 .gpus_at_least
                 .partition_point(|&(g, _)| g < spec.resources.gpus.max(1)),
@@ -784,6 +789,9 @@ pub(crate) fn evaluate(
     let now = index.now;
     let markets = job.node_markets(index, pool);
     let free_now = match job.nodes {
+        1 if !job.avoid.is_empty() => {
+            capacity.best_fit_avoiding(index, pool, job.gpus, markets, &job.avoid)
+        }
         1 => capacity.best_fit_in(index, pool, job.gpus, markets),
         n => (capacity.best_fit_n_in(index, pool, job.gpus, n, markets)).map(|nodes| nodes[0]),
     };
@@ -792,6 +800,10 @@ pub(crate) fn evaluate(
         return;
     }
     match capacity.earliest_free_n_in(index, pool, job.gpus, job.nodes, markets) {
+        // The node that frees first is one the job is kept off: no wait here (the next one
+        // to free is not worked out; a job kept off a node is a service's replica, which
+        // rarely waits).
+        Some((_, node)) if job.avoid.contains(&node) => {}
         Some((at, _)) if out(CandidateKind::Wait, at) => {}
         Some((at, node)) => {
             viable.push(job.on_node(index, pool, node, CandidateKind::Wait, at));
@@ -842,9 +854,15 @@ pub(crate) fn on_demand_nodes(
         return;
     }
     let markets = Markets::only(Market::OnDemand);
-    if let Some(node) = capacity.best_fit_in(index, pool, job.gpus, markets) {
+    let free_now = if job.avoid.is_empty() {
+        capacity.best_fit_in(index, pool, job.gpus, markets)
+    } else {
+        capacity.best_fit_avoiding(index, pool, job.gpus, markets, &job.avoid)
+    };
+    if let Some(node) = free_now {
         viable.push(job.on_node(index, pool, node, CandidateKind::FreeNow, index.now));
     } else if let Some((at, node)) = capacity.earliest_free_n_in(index, pool, job.gpus, 1, markets)
+        && !job.avoid.contains(&node)
     {
         viable.push(job.on_node(index, pool, node, CandidateKind::Wait, at));
     }

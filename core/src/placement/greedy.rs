@@ -330,6 +330,7 @@ impl<'a> Round<'a> {
 
     fn decide(&mut self, job: &QueuedJob) -> Explanation {
         let mut ctx = JobCtx::new(&self.index, &job.spec);
+        ctx.avoid = self.index.avoided(job.id);
         let remaining = self.budgets.remaining(&ctx.policy);
         let full = self.records(job.id);
         // Without candidate lists only the winner matters, unless the joint assignment pinned

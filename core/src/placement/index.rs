@@ -14,7 +14,7 @@
 
 use super::estimate::DEFAULT_INGRESS_GBPS;
 use crate::domain::{
-    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, Market, Node, NodeId, Pool, PoolId, Priority, Region,
+    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, JobId, Market, Node, NodeId, Pool, PoolId, Priority, Region,
     RegionId, RunningAttempt, Snapshot, SpotRule, TeamPolicy,
 };
 use crate::money::Money;
@@ -80,6 +80,8 @@ impl Victims {
 
 #[derive(Debug)]
 pub(crate) struct Index<'a> {
+    /// The snapshot's nodes to keep each job off ([`Snapshot::avoid`]).
+    pub avoid: &'a BTreeMap<JobId, Vec<NodeId>>,
     pub now: Timestamp,
     pub burst_enabled: bool,
     /// Sorted by id.
@@ -503,6 +505,7 @@ impl<'a> Index<'a> {
             .map(|&p| pools[p].pool.gpu_model.as_str())
             .collect();
         Index {
+            avoid: &snapshot.avoid,
             max_ingress_gbps: cat.max_ingress_gbps,
             now,
             burst_enabled: snapshot.burst_enabled,
@@ -519,6 +522,15 @@ impl<'a> Index<'a> {
             model_names,
             catalogue,
         }
+    }
+
+    /// The positions of the nodes `job` is kept off (usually none).
+    pub(crate) fn avoided(&self, job: JobId) -> Vec<usize> {
+        self.avoid.get(&job).map_or_else(Vec::new, |ids| {
+            ids.iter()
+                .filter_map(|id| self.nodes.binary_search_by(|n| n.id.cmp(id)).ok())
+                .collect()
+        })
     }
 
     /// The interned key of a region that has a pool; `None` when no pool is there.

@@ -205,6 +205,16 @@ impl W {
         self.last_job().submitted_at = NOW.plus_secs(-s);
         self
     }
+    /// Keeps the last job off `node`.
+    fn avoid(mut self, node: &str) -> W {
+        let job = self.last_job().id;
+        self.snap
+            .avoid
+            .entry(job)
+            .or_default()
+            .push(NodeId::new(node));
+        self
+    }
     fn last_job(&mut self) -> &mut QueuedJob {
         self.snap.queued.last_mut().expect("add a job first")
     }

@@ -25,6 +25,7 @@ proptest! {
     ) {
         let mut snapshot = fleet(seed, jobs, pools, nodes);
         snapshot.burst_enabled = burst_enabled;
+        keep_some_off_nodes(&mut snapshot, seed);
         // Observed interruption rates for some pools (none at all for a few): the bounds on
         // spot candidates use the lowest rate left in the scan.
         for (pool, rate) in snapshot.pools.iter().zip(rates) {
@@ -215,5 +216,23 @@ proptest! {
         for job in &snapshot.queued {
             prop_assert_eq!(planner.explanation(&job.id), recorded.plan.explanation(&job.id));
         }
+    }
+}
+
+/// Keeps every fifth queued job off one or two nodes (as the broker keeps a service's replica
+/// off the node its others are on): the pruned scan must still plan as the exhaustive one.
+fn keep_some_off_nodes(snapshot: &mut crate::domain::Snapshot, seed: u64) {
+    if snapshot.nodes.is_empty() {
+        return;
+    }
+    let n = snapshot.nodes.len();
+    for (i, job) in snapshot.queued.iter().enumerate().filter(|(i, _)| i % 5 == 0) {
+        let a = (seed as usize).wrapping_add(i * 7) % n;
+        let b = (seed as usize).wrapping_add(i * 13 + 1) % n;
+        let mut nodes = vec![snapshot.nodes[a].id.clone()];
+        if i % 2 == 0 {
+            nodes.push(snapshot.nodes[b].id.clone());
+        }
+        snapshot.avoid.insert(job.id, nodes);
     }
 }

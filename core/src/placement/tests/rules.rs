@@ -94,6 +94,22 @@ fn urgent_services_take_gpus_back_from_batch_work_before_bursting() {
     check(training().node(DGX, "d2", 8).job(8).service(10_000).priority(Priority::Critical), "assign d2 on_demand");
 }
 
+#[rustfmt::skip]
+#[test]
+fn a_job_kept_off_a_node_goes_elsewhere_or_to_a_new_node() {
+    // `d1` fits best (4 free for 4), `d2` has 8: kept off `d1`, the job takes `d2`.
+    let two = || w().onprem("dgx", 16.0).node(DGX, "d1", 4).node(DGX, "d2", 8).pool(P5, "H100", 8, 80.0, None);
+    check(two().job(4).service(10_000), "assign d1 on_demand");
+    check(two().job(4).service(10_000).avoid("d1"), "assign d2 on_demand");
+    // Nowhere else on-prem: a new node, not `d1`.
+    check(two().job(4).service(10_000).avoid("d1").avoid("d2"), "launch aws:use1/p5 on_demand");
+    // Nor a wait for it, nor a preemption on it.
+    let busy = || w().onprem("dgx", 16.0).node(DGX, "d1", 0).low("d1", 8, 60, 600).pool(P5, "H100", 8, 80.0, None);
+    check(busy().job(8).service(10_000).priority(Priority::Critical), "assign d1 on_demand");
+    check(busy().job(8).service(10_000).priority(Priority::Critical).avoid("d1"), "launch aws:use1/p5 on_demand");
+    check(busy().job(8).avoid("d1"), "launch aws:use1/p5 on_demand");
+}
+
 #[test]
 fn a_service_stops_low_work_before_normal_work() {
     let world = w()
