@@ -50,6 +50,10 @@ struct Args {
     /// Also measure the gateway that runs inside `switchyard up`.
     #[arg(long)]
     in_process: bool,
+    /// Write every measured request to this CSV file (target, round, sent at µs from the
+    /// round's start, latency µs, ok): to see whether slow answers cluster in time.
+    #[arg(long, value_name = "FILE")]
+    dump: Option<std::path::PathBuf>,
 }
 
 /// Where requests go in one phase.
@@ -67,6 +71,9 @@ struct Target {
 struct Samples {
     /// Send to whole answer, microseconds, successful requests only.
     latency_us: Vec<u64>,
+    /// Every request: when it left (µs from the phase's start), its latency (µs), whether it
+    /// was answered.
+    trace: Vec<(u64, u64, bool)>,
     /// How late each request left against its schedule, microseconds.
     lag_us: Vec<u64>,
     errors: u64,
@@ -78,6 +85,7 @@ impl Samples {
     fn merge(&mut self, other: Samples) {
         self.latency_us.extend(other.latency_us);
         self.lag_us.extend(other.lag_us);
+        self.trace.extend(other.trace);
         self.errors += other.errors;
         self.sent += other.sent;
         if self.first_error.is_none() {
@@ -192,7 +200,7 @@ async fn drive(target: &Target, rate: u32, duration: Duration) -> Samples {
                     Ok(r) => Err(format!("status {}", r.status())),
                     Err(e) => Err(format!("{e}")),
                 };
-                let _ = tx.send((outcome, lag));
+                let _ = tx.send((outcome, lag, sent.duration_since(start)));
             });
             next += 1;
         }
@@ -203,11 +211,16 @@ async fn drive(target: &Target, rate: u32, duration: Duration) -> Samples {
         sent: total,
         ..Samples::default()
     };
-    while let Some((outcome, lag)) = rx.recv().await {
+    while let Some((outcome, lag, at)) = rx.recv().await {
         s.lag_us.push(lag.as_micros() as u64);
+        let at = at.as_micros() as u64;
         match outcome {
-            Ok(d) => s.latency_us.push(d.as_micros() as u64),
+            Ok(d) => {
+                s.latency_us.push(d.as_micros() as u64);
+                s.trace.push((at, d.as_micros() as u64, true));
+            }
             Err(e) => {
+                s.trace.push((at, 0, false));
                 s.errors += 1;
                 s.first_error.get_or_insert(e);
             }
@@ -355,6 +368,10 @@ async fn main() {
     let ticks = clock_ticks();
     let load_before = loadavg();
     let mut results: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
+    // Each round's p99 per target: a round disturbed by something else on the machine shows
+    // as one outlier, and the median over rounds sets it aside.
+    let mut round_p99: Vec<Vec<f64>> = targets.iter().map(|_| Vec::new()).collect();
+    let mut dump = String::from("target,round,sent_us,latency_us,ok\n");
     // The standalone gateway's CPU over its own phases.
     let mut gateway_cpu_s = 0.0;
     for round in 0..args.rounds {
@@ -368,6 +385,7 @@ async fn main() {
             }
             let mut sorted = s.latency_us.clone();
             sorted.sort_unstable();
+            round_p99[i].push(percentile_ms(&sorted, 0.99));
             eprintln!(
                 "round {round}: {} — {} sent, {} errors, p50 {:.3} ms, p99 {:.3} ms",
                 t.name,
@@ -376,6 +394,11 @@ async fn main() {
                 percentile_ms(&sorted, 0.5),
                 percentile_ms(&sorted, 0.99)
             );
+            if args.dump.is_some() {
+                for (at, latency, ok) in &s.trace {
+                    dump.push_str(&format!("{},{round},{at},{latency},{ok}\n", t.name));
+                }
+            }
             r.merge(s);
         }
     }
@@ -421,6 +444,21 @@ async fn main() {
             percentile_ms(&r.latency_us, 0.99) / percentile_ms(&direct.latency_us, 0.99)
         );
     }
+    for (i, t) in targets.iter().enumerate().skip(1) {
+        let mut per_round: Vec<f64> = round_p99[i]
+            .iter()
+            .zip(&round_p99[0])
+            .map(|(g, d)| g - d)
+            .collect();
+        let shown: Vec<String> = per_round.iter().map(|d| format!("{d:+.3}")).collect();
+        per_round.sort_by(f64::total_cmp);
+        println!(
+            "{}: p99 overhead per round (against that round's direct) [{}] ms, median {:+.3} ms",
+            t.name,
+            shown.join(", "),
+            per_round[per_round.len() / 2]
+        );
+    }
     println!(
         "standalone gateway RSS: {} idle with routes, {} after the load, peak (VmHWM) {}",
         mib(gateway_idle_rss),
@@ -442,5 +480,9 @@ async fn main() {
         "load average (1, 5, 15 min) before the rounds: {load_before}; after: {}",
         loadavg()
     );
+    if let Some(path) = &args.dump {
+        std::fs::write(path, dump).unwrap();
+        println!("every request: {}", path.display());
+    }
     drop(gateway);
 }
