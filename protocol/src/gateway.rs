@@ -125,6 +125,12 @@ pub struct TrafficSecond {
     /// streamed answers, which hold a replica long after their first byte.
     #[serde(default)]
     pub busy_us: u64,
+    /// The most requests at the gateway at once since its last report — held on replicas
+    /// plus waiting in the queue (the whole service's row only). Counted at each arrival, so
+    /// a burst shows even when it lasts less than a second; the autoscaler sizes replicas for
+    /// a high quantile of these per-second peaks, the headroom a mean cannot show.
+    #[serde(default)]
+    pub peak_in_system: u64,
 }
 
 /// The answer to a report: sent only once its rows are committed.

@@ -255,6 +255,7 @@ fn scale(
         span_mean_ms: recent.mean_ms,
         span_queued: recent.queued_mean,
         span_in_flight: recent.in_flight_mean,
+        span_peak: recent.peak_quantile(autoscale::PEAK_QUANTILE),
         ready,
     };
     let schedule = service::schedule_minimum(spec, now);

@@ -37,6 +37,20 @@ struct Held {
     now: u64,
     since: Instant,
     busy_us: u64,
+    /// The most requests at the gateway at once since the last report: held, plus waiting
+    /// in the queue when one joined it.
+    peak: u64,
+}
+
+impl Held {
+    fn new(at: Instant) -> Held {
+        Held {
+            now: 0,
+            since: at,
+            busy_us: 0,
+            peak: 0,
+        }
+    }
 }
 
 impl Held {
@@ -55,8 +69,9 @@ struct Inner {
     open: HashMap<(Uuid, Option<JobId>, i64), Acc>,
     /// Replicas whose last report said something was in flight: the next says when it is 0.
     busy: HashMap<(Uuid, JobId), u64>,
-    /// Per service, requests held on its replicas now, since when that count holds, and the
-    /// microseconds of holding summed since the last report.
+    /// Per service, requests held on its replicas now, since when that count holds, the
+    /// microseconds of holding summed since the last report, and the most requests at the
+    /// gateway at once since then.
     held: HashMap<Uuid, Held>,
     next_batch: u64,
     unsent: VecDeque<(u64, Vec<TrafficSecond>)>,
@@ -115,27 +130,34 @@ impl Meter {
     fn hold(&self, service: Uuid, began: bool) {
         let at = Instant::now();
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let held = inner.held.entry(service).or_insert(Held {
-            now: 0,
-            since: at,
-            busy_us: 0,
-        });
+        let held = inner.held.entry(service).or_insert_with(|| Held::new(at));
         held.settle(at);
-        held.now = if began {
-            held.now + 1
+        if began {
+            held.now += 1;
+            // A request dispatched at once arrived to an empty queue (the queue is served
+            // first): what is at the gateway is what is held. One dispatched from the queue
+            // only moves, and `now` is then a lower bound the queue's own count has passed.
+            held.peak = held.peak.max(held.now);
         } else {
-            held.now.saturating_sub(1)
-        };
+            held.now = held.now.saturating_sub(1);
+        }
     }
 
-    /// `depth` requests wait in the service's queue now.
+    /// `depth` requests wait in the service's queue now (one just joined it): with the ones
+    /// held, that many are at the gateway at once.
     pub fn queued(&self, service: Uuid, now: Timestamp, depth: usize) {
+        let depth = u64::try_from(depth).unwrap_or(u64::MAX);
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let acc = inner
             .open
             .entry((service, None, second_of(now)))
             .or_default();
-        acc.queue_peak = acc.queue_peak.max(u64::try_from(depth).unwrap_or(u64::MAX));
+        acc.queue_peak = acc.queue_peak.max(depth);
+        let held = inner
+            .held
+            .entry(service)
+            .or_insert_with(|| Held::new(Instant::now()));
+        held.peak = held.peak.max(held.now.saturating_add(depth));
     }
 
     /// Closes what was seen into a new batch, with `in_flight` (service, replica, requests in
@@ -165,6 +187,7 @@ impl Meter {
                     queue_peak: acc.queue_peak,
                     in_flight: 0,
                     busy_us: 0,
+                    peak_in_system: 0,
                 };
                 ((service, replica, second), row)
             })
@@ -191,6 +214,7 @@ impl Meter {
                     queue_peak: 0,
                     in_flight: 0,
                     busy_us: 0,
+                    peak_in_system: 0,
                 })
                 .in_flight = n;
         };
@@ -202,18 +226,22 @@ impl Meter {
                 busy.get(&(service, job)).copied().unwrap_or(0),
             );
         }
-        // Each service's holding since the last report, on its row of this second.
+        // Each service's holding since the last report and its peak at the gateway (at least
+        // what is still held: it was there at the start of the next report's span too), on
+        // its row of this second.
         let instant = Instant::now();
-        let mut held: Vec<(Uuid, u64)> = Vec::new();
+        let mut held: Vec<(Uuid, u64, u64)> = Vec::new();
         inner.held.retain(|service, h| {
             h.settle(instant);
-            if h.busy_us > 0 {
-                held.push((*service, h.busy_us));
+            let peak = h.peak.max(h.now);
+            if h.busy_us > 0 || peak > 0 {
+                held.push((*service, h.busy_us, peak));
                 h.busy_us = 0;
             }
+            h.peak = h.now;
             h.now > 0
         });
-        for (service, busy_us) in held {
+        for (service, busy_us, peak) in held {
             let row = rows
                 .entry((service, None, at))
                 .or_insert_with(|| TrafficSecond {
@@ -228,8 +256,10 @@ impl Meter {
                     queue_peak: 0,
                     in_flight: 0,
                     busy_us: 0,
+                    peak_in_system: 0,
                 });
             row.busy_us = busy_us;
+            row.peak_in_system = peak;
         }
         inner.busy = busy;
         let mut rows: Vec<TrafficSecond> = rows.into_values().collect();
@@ -328,5 +358,53 @@ mod tests {
         // Nothing held since: no row.
         m.acknowledged(all.batch);
         assert!(m.close(Timestamp(11_500), &[]).is_empty());
+    }
+
+    fn peak(rows: &[TrafficSecond]) -> u64 {
+        rows.iter()
+            .find(|r| r.replica.is_none())
+            .map_or(0, |r| r.peak_in_system)
+    }
+
+    #[test]
+    fn the_peak_at_the_gateway_counts_held_and_queued_requests_per_report() {
+        let m = Meter::default();
+        let t = Timestamp(10_500);
+        // Three dispatched at once, then two join the queue: five at the gateway at once,
+        // though never more than three are held.
+        for _ in 0..3 {
+            m.began(SVC);
+        }
+        m.queued(SVC, t, 1);
+        m.queued(SVC, t, 2);
+        // One ends and a queued one takes its place (a move, not an arrival), then all end.
+        m.ended(SVC);
+        m.began(SVC);
+        for _ in 0..3 {
+            m.ended(SVC);
+        }
+        let rows = m.close(t, &[]);
+        assert_eq!(peak(&rows), 5);
+        let all = rows.iter().find(|r| r.replica.is_none()).unwrap();
+        assert_eq!(all.queue_peak, 2);
+        m.acknowledged(all.batch);
+        // The next report counts from what is held at its start: two still held over a
+        // second with no arrival are two at once; when they end, nothing more is reported.
+        m.began(SVC);
+        m.began(SVC);
+        m.acknowledged(peak_batch(&m.close(Timestamp(11_500), &[])));
+        let rows = m.close(Timestamp(12_500), &[]);
+        assert_eq!(peak(&rows), 2);
+        m.acknowledged(peak_batch(&rows));
+        m.ended(SVC);
+        m.ended(SVC);
+        let rows = m.close(Timestamp(13_500), &[]);
+        assert_eq!(peak(&rows), 2, "held at the start of the span");
+        m.acknowledged(peak_batch(&rows));
+        assert!(m.close(Timestamp(14_500), &[]).is_empty());
+    }
+
+    fn peak_batch(rows: &[TrafficSecond]) -> u64 {
+        rows.iter().map(|r| r.batch).max().unwrap()
     }
 }

@@ -59,6 +59,8 @@ struct Second {
     queued: u64,
     /// Microseconds requests held replicas during the second.
     busy_us: u64,
+    /// The most requests at the gateways at once (held and queued) during the second.
+    peak: u64,
     hist: Box<[u32; BUCKETS]>,
 }
 
@@ -71,6 +73,7 @@ impl Second {
             latency_us: 0,
             queued: 0,
             busy_us: 0,
+            peak: 0,
             hist: Box::new([0; BUCKETS]),
         }
     }
@@ -106,8 +109,9 @@ impl Series {
         &mut self.seconds[i]
     }
 
-    /// Adds one report row's figures to its second (queue peaks of several gateways add up:
-    /// each has its own queue).
+    /// Adds one report row's figures to its second (queue peaks and peaks at the gateway of
+    /// several gateways add up: each has its own queue and its own callers; a gateway reports
+    /// each second once, its report period being at least a second).
     fn add(&mut self, row: &TrafficSecond) {
         let s = self.second(row.second);
         s.requests += row.requests;
@@ -115,6 +119,7 @@ impl Series {
         s.latency_us = s.latency_us.saturating_add(row.latency_sum_us);
         s.queued += row.queue_peak;
         s.busy_us = s.busy_us.saturating_add(row.busy_us);
+        s.peak = s.peak.saturating_add(row.peak_in_system);
         for (h, n) in s.hist.iter_mut().zip(row.buckets.iter()) {
             *h = h.saturating_add(u32::try_from(*n).unwrap_or(u32::MAX));
         }
@@ -142,11 +147,13 @@ impl Series {
         let mut latency_us = 0u64;
         let mut queued = 0u64;
         let mut busy_us = 0u64;
+        let mut peaks = Vec::with_capacity(usize::try_from(window_s.max(1)).unwrap_or(0));
         for s in self
             .seconds
             .iter()
             .filter(|s| s.at > now - window_s && s.at <= now)
         {
+            peaks.push(s.peak);
             w.requests += s.requests;
             w.errors += s.errors;
             latency_us = latency_us.saturating_add(s.latency_us);
@@ -178,6 +185,15 @@ impl Series {
         w.mean_ms = (w.requests > 0).then(|| latency_us as f64 / 1000.0 / w.requests as f64);
         w.queued_mean = queued as f64 / window_s.max(1) as f64;
         w.in_flight_mean = busy_us as f64 / 1e6 / window_s.max(1) as f64;
+        // A second with no row had nobody at the gateway: its peak is 0.
+        peaks.resize(
+            usize::try_from(window_s.max(1))
+                .unwrap_or(1)
+                .max(peaks.len()),
+            0,
+        );
+        peaks.sort_unstable();
+        w.peaks = peaks;
         w
     }
 }
@@ -198,6 +214,22 @@ pub struct Window {
     pub queued_mean: f64,
     /// Requests in service on replicas (dispatch to last byte), averaged over the window.
     pub in_flight_mean: f64,
+    /// Each second's peak of requests at the gateways at once (held and queued), ascending,
+    /// one per second of the window (0 for a second nobody was there).
+    pub peaks: Vec<u64>,
+}
+
+impl Window {
+    /// The `q` quantile (nearest rank) of the seconds' peaks at the gateways: in that share
+    /// of the window's seconds, never more requests were there at once. 0 for no seconds.
+    pub fn peak_quantile(&self, q: f64) -> f64 {
+        if self.peaks.is_empty() || q.is_nan() {
+            return 0.0;
+        }
+        let n = self.peaks.len();
+        let rank = ((q.clamp(0.0, 1.0) * n as f64).ceil() as usize).clamp(1, n);
+        self.peaks[rank - 1] as f64
+    }
 }
 
 #[derive(Default)]
@@ -356,6 +388,16 @@ impl Traffic {
             .saturating_add(u64::try_from(busy.as_micros()).unwrap_or(u64::MAX));
     }
 
+    /// At most `n` requests were at the gateway at once during the second of `now` (it keeps
+    /// the most it is told). For tests and replays, like [`Traffic::record`].
+    pub fn in_system(&self, service: Uuid, now: Timestamp, n: u64) {
+        let at = now.millis().div_euclid(1000);
+        let mut services = self.services.lock().unwrap_or_else(|e| e.into_inner());
+        let s = services.entry(service).or_default();
+        let second = s.all.second(at);
+        second.peak = second.peak.max(n);
+    }
+
     /// The service's traffic over the last `window_s` seconds up to `now`.
     pub fn service(&self, service: Uuid, now: Timestamp, window_s: i64) -> Window {
         let services = self.services.lock().unwrap_or_else(|e| e.into_inner());
@@ -483,7 +525,34 @@ mod tests {
             queue_peak: 0,
             in_flight,
             busy_us: 0,
+            peak_in_system: 0,
         }
+    }
+
+    #[test]
+    fn the_window_reads_a_quantile_of_the_seconds_peaks() {
+        let t = Traffic::default();
+        let svc = Uuid::from_u128(1);
+        // Over 20 s: 17 seconds with peaks 1..=17 (reported by two gateways, which add up),
+        // one with a burst of 90, two with nobody at the gateway (no row).
+        for i in 1..=17u64 {
+            let mut a = row(1_000 + i as i64, 0, None, 0, 0);
+            a.peak_in_system = i - i / 2;
+            t.apply("a", &a);
+            let mut b = row(1_000 + i as i64, 0, None, 0, 0);
+            b.peak_in_system = i / 2;
+            t.apply("b", &b);
+        }
+        t.in_system(svc, Timestamp(1_018_200), 90);
+        t.in_system(svc, Timestamp(1_018_700), 40);
+        let w = t.service(svc, Timestamp(1_020_000), 20);
+        assert_eq!(w.peaks.len(), 20);
+        assert_eq!(&w.peaks[..3], &[0, 0, 1]);
+        // Nearest rank: the 19th of 20 for p95 is 17, the 20th (the burst) for p99.
+        assert_eq!(w.peak_quantile(0.95), 17.0);
+        assert_eq!(w.peak_quantile(0.99), 90.0);
+        assert_eq!(w.peak_quantile(0.5), 8.0);
+        assert_eq!(Window::default().peak_quantile(0.95), 0.0);
     }
 
     #[test]

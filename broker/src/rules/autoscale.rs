@@ -4,18 +4,28 @@
 //!
 //! **Signals** (each a replica count, with the reason in words):
 //! - *rate*: `⌈rps / target_rps_per_replica⌉`;
-//! - *load*: the requests at the gateway at once — held on replicas (the gateways integrate
-//!   that, from dispatch to the answer's last byte, so a streamed answer counts for as long as
-//!   it holds its replica) plus those waiting in the queue —
-//!   `⌈that / (max_concurrency_per_replica × 0.8)⌉`: replicas kept at 80 % of their
-//!   concurrency bound, so a burst finds room. (Reports without that integral fall back to
-//!   Little's law, `rps × mean latency`, exact only for answers not streamed.) A queue that
-//!   holds (its mean depth) asks for at least enough replicas to serve it as well;
+//! - *load*: `⌈A / max_concurrency_per_replica⌉` replicas for the requests at the gateway at
+//!   once, `A`, held on replicas (dispatch to the answer's last byte, so a streamed answer
+//!   counts for as long as it holds its replica) plus those waiting in the queue. A request
+//!   waits, and so risks the latency target, only when it arrives while every replica is at
+//!   its bound: with room for the [`PEAK_QUANTILE`] (95 %) quantile of the span's per-second
+//!   peaks of `A` (`Measured::span_peak`, reported by the gateways), in 95 % of seconds nobody
+//!   waits at all, and in the rest only the excess over the room does — so the share of
+//!   requests that wait stays under the 5 % a p95 target allows, whatever the arrivals'
+//!   burstiness. A mean cannot say that: bursts shorter than the 90 s a replica takes to
+//!   start are invisible in it, and no reaction catches them; only room sized to the bursts
+//!   already seen does. `A` is at least its mean (less room than the mean number present is
+//!   a queue that grows without bound). Reports without peaks (an older gateway) fall back to
+//!   the mean — the gateways' integral, or Little's law `rps × mean latency` without it —
+//!   with the headroom of Poisson arrivals: in an M/G/∞ system the number present is
+//!   Poisson, whose 95th percentile is about `mean + 1.645 √mean`. A queue that holds (its
+//!   mean depth) asks for at least enough replicas to serve it as well;
 //! - *latency*: p95 above `target_p95_latency_ms` asks for `ready × p95 / target` (at least one
 //!   more, at most twice as many), but only when the replicas are busy (requests queue, or they
 //!   run at least half their concurrency bound): when a replica alone is slower than the
-//!   target, more replicas would not help, and the reason says so. A p95 within 80 % of the
-//!   target holds the ready count (no scale-down into a latency miss);
+//!   target, more replicas would not help, and the reason says so. (No band below the target
+//!   holds the ready count: the load signal lets the count fall only when the bursts seen
+//!   fit in fewer replicas, so a fall does not bring the queueing that makes latency.);
 //! - *schedule*: the schedule's minimum now (`rules/service.rs`).
 //!
 //! The recommendation is the largest signal, clamped to `replicas.min..=replicas.max`.
@@ -40,10 +50,12 @@ use crate::rules::service::{self, DEFAULT_WINDOW_S};
 /// Defaults of the delays (seconds).
 pub const DEFAULT_UP_DELAY_S: i64 = 15;
 pub const DEFAULT_DOWN_DELAY_S: i64 = 120;
-/// The share of a replica's concurrency bound the load signal fills.
-pub const LOAD_TARGET: f64 = 0.8;
-/// Below this share of the latency target, the latency signal lets the count fall.
-pub const LATENCY_HOLD: f64 = 0.8;
+/// The quantile of the per-second peaks at the gateway the load signal makes room for: the
+/// latency target is a p95, so 95 % of seconds must see no request wait (see the module's
+/// documentation).
+pub const PEAK_QUANTILE: f64 = 0.95;
+/// The standard normal's 95th percentile: the Poisson headroom of the fallback without peaks.
+const Z_95: f64 = 1.6449;
 /// The shortest span latency and load are read over, in seconds.
 pub const MIN_SPAN_S: i64 = 5;
 /// Fewer requests than this in the span say nothing about latency.
@@ -115,6 +127,9 @@ pub struct Measured {
     pub span_queued: f64,
     /// Requests held on replicas, on average over the span (0: not reported).
     pub span_in_flight: f64,
+    /// The [`PEAK_QUANTILE`] quantile of the span's per-second peaks of requests at the
+    /// gateways at once, held and queued (0: not reported).
+    pub span_peak: f64,
     /// Replicas ready now.
     pub ready: u32,
 }
@@ -165,14 +180,27 @@ pub fn recommend(t: &Targets, m: &Measured, schedule: Option<(u32, String)>) -> 
         ((in_system - m.span_queued).max(0.0), in_system)
     };
     if let Some(conc) = t.max_concurrency {
-        let n = ceil_u32(in_system / (conc * LOAD_TARGET));
-        consider(
-            n,
-            format!(
-                "{in_system:.1} requests at the gateway at {:.1} per replica: {n}",
-                conc * LOAD_TARGET
-            ),
-        );
+        if m.span_peak > 0.0 {
+            let at_once = m.span_peak.max(in_system);
+            let n = ceil_u32(at_once / conc);
+            consider(
+                n,
+                format!(
+                    "{at_once:.0} requests at the gateway at once (p95 of the seconds' peaks; \
+                     {in_system:.1} on average) at {conc} per replica: {n}"
+                ),
+            );
+        } else {
+            let at_once = in_system + Z_95 * in_system.max(0.0).sqrt();
+            let n = ceil_u32(at_once / conc);
+            consider(
+                n,
+                format!(
+                    "{in_system:.1} requests at the gateway on average, {at_once:.1} with \
+                     Poisson bursts, at {conc} per replica: {n}"
+                ),
+            );
+        }
         if m.span_queued >= 0.5 {
             let n = m.ready.saturating_add(ceil_u32(m.span_queued / conc));
             consider(
@@ -209,11 +237,6 @@ pub fn recommend(t: &Targets, m: &Measured, schedule: Option<(u32, String)>) -> 
                     ),
                 );
             }
-        } else if p95 > target * LATENCY_HOLD {
-            consider(
-                ready,
-                format!("p95 {p95:.0} ms near the {target:.0} ms target: holding {ready}"),
-            );
         }
     }
     let bounded = best.n.clamp(t.min, t.max.max(t.min));
@@ -355,8 +378,9 @@ mod tests {
 
     #[test]
     fn the_load_signal_counts_what_is_at_the_gateway_and_the_queue() {
-        // Without the gateway's integral (an older report), Little's law: 40 req/s × 0.8 s =
-        // 32 at the gateway (12 of them queued), over 6.4 per replica.
+        // Without the gateway's integral or peaks (an older report), Little's law: 40 req/s ×
+        // 0.8 s = 32 at the gateway (12 of them queued); with Poisson bursts 32 + 1.645 √32 =
+        // 41.3, over 8 per replica: 6.
         let m = Measured {
             rps: 0.0,
             span_rps: 40.0,
@@ -365,14 +389,16 @@ mod tests {
             span_requests: 400,
             span_p95_ms: Some(200.0),
             span_in_flight: 0.0,
+            span_peak: 0.0,
             ready: 3,
         };
         let mut t = targets();
         t.rps_per_replica = None;
         let r = recommend(&t, &m, None);
-        assert_eq!(r.n, 5, "{}", r.reason);
+        assert_eq!(r.n, 6, "{}", r.reason);
         assert!(
-            r.reason.contains("32.0 requests at the gateway"),
+            r.reason
+                .contains("32.0 requests at the gateway on average, 41.3 with"),
             "{}",
             r.reason
         );
@@ -390,7 +416,7 @@ mod tests {
     #[test]
     fn the_load_signal_reads_the_requests_held_when_reported() {
         // Streamed answers: 10 req/s whose first byte comes after 0.2 s but which hold their
-        // replica 5 s: 50 held, not 2.
+        // replica 5 s: 50 held, not 2 (61.6 with Poisson bursts).
         let mut t = targets();
         t.rps_per_replica = None;
         let m = Measured {
@@ -408,6 +434,43 @@ mod tests {
             "{}",
             r.reason
         );
+    }
+
+    #[test]
+    fn the_load_signal_makes_room_for_the_bursts_the_gateways_saw() {
+        let mut t = targets();
+        t.rps_per_replica = None;
+        t.max_concurrency = Some(16.0);
+        // The same 40 requests at the gateway on average; steady arrivals peak at 44 in 95 %
+        // of seconds, bursty ones at 100.
+        let steady = Measured {
+            span_in_flight: 40.0,
+            span_requests: 400,
+            span_rps: 20.0,
+            span_peak: 44.0,
+            ready: 3,
+            ..Measured::default()
+        };
+        let r = recommend(&t, &steady, None);
+        assert_eq!(r.n, 3, "{}", r.reason);
+        let bursty = Measured {
+            span_peak: 100.0,
+            ..steady.clone()
+        };
+        let r = recommend(&t, &bursty, None);
+        assert_eq!(r.n, 7, "{}", r.reason);
+        assert!(
+            r.reason
+                .starts_with("100 requests at the gateway at once (p95 of the seconds' peaks"),
+            "{}",
+            r.reason
+        );
+        // A peak below the mean (a report that lost seconds) never asks for less than the mean.
+        let low = Measured {
+            span_peak: 10.0,
+            ..steady
+        };
+        assert_eq!(recommend(&t, &low, None).n, 3);
     }
 
     #[test]

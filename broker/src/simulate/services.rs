@@ -44,11 +44,12 @@
 //!   constant rate at which ONE replica behind the gateway keeps 99 % of requests under the
 //!   latency target (found by search, the same way for every trace);
 //! - `switchyard`: the live rule, fed each second exactly as `control/services.rs` feeds it:
-//!   `span_s`, the window's rps, the span's requests, rps, p95, mean latency and queue depth,
-//!   the schedule's minimum, `recommend`, `step`;
-//! - `switchyard-held` (a what-if, not the live rule): the same, but with the span's mean
-//!   latency replaced by the mean time a request holds its replica (arrival at the replica to
-//!   its last token), the figure Little's law needs for requests in flight.
+//!   `span_s`, the window's rps, the span's requests, rps, p95, mean latency, queue depth,
+//!   requests held and the p95 of the seconds' peaks at the gateway, the schedule's minimum,
+//!   `recommend`, `step`. The simulated gateway reports what the live meter
+//!   (`gateway/meter.rs`) counts: the integral of requests held each second, and the most at
+//!   the gateway at once — held plus queued when a request joins the queue, held when one is
+//!   dispatched, and what is still held when the second closes.
 //!
 //! **Batch work.** The engine in `core::sim` has a fixed on-prem capacity, so replicas are not
 //! coupled into it request by request: when a service's pool is on-prem, the most replicas its
@@ -546,8 +547,6 @@ pub enum Policy {
     Rps(f64),
     /// The live rule.
     Switchyard,
-    /// The live rule fed the mean time requests hold a replica as their latency (what-if).
-    SwitchyardHeld,
 }
 
 impl Policy {
@@ -556,7 +555,6 @@ impl Policy {
             Policy::Fixed(n) => format!("fixed ({n})"),
             Policy::Rps(r) => format!("rps ({r:.2}/replica)"),
             Policy::Switchyard => "switchyard".into(),
-            Policy::SwitchyardHeld => "switchyard-held (what-if)".into(),
         }
     }
 
@@ -565,7 +563,6 @@ impl Policy {
             Policy::Fixed(_) => "fixed",
             Policy::Rps(_) => "rps",
             Policy::Switchyard => "switchyard",
-            Policy::SwitchyardHeld => "switchyard-held",
         }
     }
 }
@@ -611,7 +608,21 @@ impl Replica {
 enum Event {
     Ready(usize),
     FirstToken { latency_us: u64 },
-    Finish { replica: usize, held_us: u64 },
+    Finish { replica: usize },
+}
+
+/// How the gateway took a request: the anatomy of misses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Served {
+    /// Dispatched on arrival: a miss is the replica's own time (a long prompt, a full batch).
+    #[default]
+    AtOnce,
+    /// Waited in the queue while no replica was starting: the rule had not asked for more.
+    Waited,
+    /// Waited in the queue while a replica was starting: the rule had asked, start-up is slow.
+    WaitedStarting,
+    /// A 503: the queue was full, or the wait reached 30 s.
+    Refused,
 }
 
 /// One run's outcome.
@@ -619,6 +630,8 @@ enum Event {
 pub struct RunOut {
     /// Per arrival: its time to first token, or `None` when the gateway answered 503.
     pub ttft_us: Vec<Option<u64>>,
+    /// Per arrival: how the gateway took it.
+    pub served: Vec<Served>,
     /// Replica time billed within the run, launch to stop.
     pub replica_us: u64,
     /// The most replicas held at once (starting, ready and draining).
@@ -668,11 +681,9 @@ pub fn run_policy(
     let mut queue: VecDeque<usize> = VecDeque::new();
     let mut out = RunOut {
         ttft_us: vec![None; arrivals.len()],
+        served: vec![Served::AtOnce; arrivals.len()],
         ..RunOut::default()
     };
-    // What the what-if reads: per second, requests that finished and the time they held.
-    let seconds = ((to_us.saturating_sub(from_us)) / 1_000_000 + 2) as usize;
-    let mut held: Vec<(u64, u64)> = vec![(0, 0); seconds];
     let new_replica = |at: u64, ready: bool| Replica {
         launched_us: at,
         ready,
@@ -692,8 +703,10 @@ pub fn run_policy(
     let mut next_tick = from_us.div_ceil(1_000_000) * 1_000_000;
     let mut next_arrival = 0usize;
     // The live gateway's integral of requests held on replicas (`TrafficSecond::busy_us`):
-    // summed between events, handed to the traffic each second.
+    // summed between events, handed to the traffic each second; and its peak at the gateway
+    // (`TrafficSecond::peak_in_system`), counted as the meter counts it.
     let (mut busy_us, mut busy_since) = (0u64, from_us);
+    let (mut held_now, mut peak) = (0u64, 0u64);
     loop {
         let t_event = heap.peek().map(|Reverse((at, _, _))| *at);
         let t_expiry = queue
@@ -708,7 +721,6 @@ pub fn run_policy(
         else {
             break;
         };
-        let held_now: u64 = replicas.iter().map(|r| u64::from(r.in_flight)).sum();
         busy_us = busy_us.saturating_add(held_now.saturating_mul(now.saturating_sub(busy_since)));
         busy_since = now;
         let mut dispatch = false;
@@ -728,17 +740,13 @@ pub fn run_policy(
                 Event::FirstToken { latency_us } => {
                     traffic.record(id, None, ts(now), Duration::from_micros(latency_us), false);
                 }
-                Event::Finish { replica, held_us } => {
+                Event::Finish { replica } => {
                     if let Some(rep) = replicas.get_mut(replica) {
                         rep.in_flight = rep.in_flight.saturating_sub(1);
+                        held_now = held_now.saturating_sub(1);
                         if rep.draining && rep.in_flight == 0 && rep.stopped_us.is_none() {
                             rep.stopped_us = Some(now);
                         }
-                    }
-                    let s = ((now.saturating_sub(from_us)) / 1_000_000) as usize;
-                    if let Some(h) = held.get_mut(s) {
-                        h.0 += 1;
-                        h.1 += held_us;
                     }
                     dispatch = true;
                 }
@@ -753,6 +761,7 @@ pub fn run_policy(
                     true,
                 );
                 out.ttft_us[k] = None;
+                out.served[k] = Served::Refused;
             }
         } else if t_tick == Some(now) {
             next_tick += 1_000_000;
@@ -761,14 +770,16 @@ pub fn run_policy(
                 ts(now.saturating_sub(1)),
                 Duration::from_micros(busy_us),
             );
+            traffic.in_system(id, ts(now.saturating_sub(1)), peak.max(held_now));
             busy_us = 0;
+            peak = held_now;
             let ready = replicas.iter().filter(|r| r.routable()).count() as u32;
             if !matches!(policy, Policy::Fixed(_)) {
                 let at = ts(now);
                 let span = scaler.span_s(&targets, ready, at);
                 let window = traffic.service(id, at, targets.window_s);
                 let recent = traffic.service(id, at, span);
-                let mut measured = Measured {
+                let measured = Measured {
                     rps: window.rps,
                     span_requests: recent.requests,
                     span_rps: recent.rps,
@@ -776,16 +787,9 @@ pub fn run_policy(
                     span_mean_ms: recent.mean_ms,
                     span_queued: recent.queued_mean,
                     span_in_flight: recent.in_flight_mean,
+                    span_peak: recent.peak_quantile(autoscale::PEAK_QUANTILE),
                     ready,
                 };
-                if policy == Policy::SwitchyardHeld {
-                    let s = ((now - from_us) / 1_000_000) as usize;
-                    let lo = s.saturating_sub(span.max(1) as usize);
-                    let (n, sum) = held[lo..s.min(held.len())]
-                        .iter()
-                        .fold((0u64, 0u64), |a, h| (a.0 + h.0, a.1 + h.1));
-                    measured.span_mean_ms = (n > 0).then(|| sum as f64 / n as f64 / 1000.0);
-                }
                 let schedule = match policy {
                     Policy::Rps(_) => None,
                     _ => service::schedule_minimum(spec, at),
@@ -828,8 +832,8 @@ pub fn run_policy(
                     }
                 }
             }
-            let held_now = replicas.iter().filter(|r| r.stopped_us.is_none()).count() as u32;
-            out.peak_held = out.peak_held.max(held_now);
+            let live = replicas.iter().filter(|r| r.stopped_us.is_none()).count() as u32;
+            out.peak_held = out.peak_held.max(live);
             out.timeline.push((desired, ready));
         } else {
             let k = next_arrival;
@@ -842,9 +846,16 @@ pub fn run_policy(
                 if queue.len() > cap {
                     queue.pop_back();
                     traffic.record(id, None, ts(now), Duration::ZERO, true);
+                    out.served[k] = Served::Refused;
                     continue;
                 }
+                out.served[k] = if replicas.iter().any(|r| r.active() && !r.ready) {
+                    Served::WaitedStarting
+                } else {
+                    Served::Waited
+                };
                 traffic.queued(id, ts(now), queue.len());
+                peak = peak.max(held_now + queue.len() as u64);
             }
             dispatch = true;
         }
@@ -857,6 +868,8 @@ pub fn run_policy(
                 let a = arrivals[k];
                 let rep = &mut replicas[r];
                 rep.in_flight += 1;
+                held_now += 1;
+                peak = peak.max(held_now);
                 let got = rep.queue.admit(now, a.prompt, a.output);
                 let first = got
                     .start_us
@@ -867,14 +880,7 @@ pub fn run_policy(
                 let latency_us = first.saturating_sub(a.at_us);
                 out.ttft_us[k] = Some(latency_us);
                 push(&mut heap, first, Event::FirstToken { latency_us });
-                push(
-                    &mut heap,
-                    got.finish_us,
-                    Event::Finish {
-                        replica: r,
-                        held_us: got.finish_us.saturating_sub(now),
-                    },
-                );
+                push(&mut heap, got.finish_us, Event::Finish { replica: r });
             }
         }
     }
@@ -935,6 +941,12 @@ pub struct PolicyReport {
     /// Misses among requests that arrived in the [`STEP_WATCH_S`] after the step, and the rest.
     pub misses_after_step: usize,
     pub misses_elsewhere: usize,
+    /// Misses by how the gateway took them ([`Served`]): answered slow after no wait (the
+    /// replica's own time), after a wait while no replica was starting, after a wait while
+    /// one was; and 503s.
+    pub misses_at_once: usize,
+    pub misses_waited: usize,
+    pub misses_waited_starting: usize,
 }
 
 /// One service's report: its assumptions and every policy side by side.
@@ -1129,6 +1141,13 @@ pub fn summarize(
         .collect();
     answered.sort_by(f64::total_cmp);
     let misses = out.ttft_us.iter().filter(|t| miss(t)).count();
+    let missed_as = |how: Served| {
+        out.ttft_us
+            .iter()
+            .zip(&out.served)
+            .filter(|(t, s)| **s == how && miss(t))
+            .count()
+    };
     let (mut after, mut reaction) = (0, None);
     if let Some(s) = step {
         let from = (s.hour * 3_600_000_000.0) as u64;
@@ -1182,6 +1201,9 @@ pub fn summarize(
         reaction_s: reaction,
         misses_after_step: after,
         misses_elsewhere: misses - after,
+        misses_at_once: missed_as(Served::AtOnce),
+        misses_waited: missed_as(Served::Waited),
+        misses_waited_starting: missed_as(Served::WaitedStarting),
     }
 }
 
@@ -1232,7 +1254,6 @@ pub fn simulate_service(
         Policy::Fixed(fixed),
         Policy::Rps(rps_target),
         Policy::Switchyard,
-        Policy::SwitchyardHeld,
     ];
     let mut reports = Vec::new();
     let mut reserve_peak = 0;
@@ -1430,6 +1451,13 @@ pub fn table(s: &ServiceReport) -> String {
             p.peak_replicas,
             p.reaction_s.map_or("-".into(), |r| format!("{r:.0} s")),
             format!("{}/{}", p.misses_after_step, p.misses_elsewhere),
+        ));
+    }
+    for p in &s.policies {
+        t.push_str(&format!(
+            "  {} misses: {} answered slow without waiting, {} after a wait with no replica \
+             starting, {} after a wait while replicas started, {} 503s\n",
+            p.policy, p.misses_at_once, p.misses_waited, p.misses_waited_starting, p.refused
         ));
     }
     for g in &s.goals {
@@ -1637,6 +1665,15 @@ mod tests {
             Money::from_micros(1_500_000),
         );
         assert_eq!((r.misses, r.refused), (2, 0));
+        // Both misses waited in the queue, with no replica starting.
+        assert_eq!(
+            out.served,
+            vec![Served::AtOnce, Served::Waited, Served::Waited]
+        );
+        assert_eq!(
+            (r.misses_at_once, r.misses_waited, r.misses_waited_starting),
+            (0, 2, 0)
+        );
         // 10 s at $1.50 an hour.
         assert!((r.cost_usd - 0.004166).abs() < 1e-6, "{}", r.cost_usd);
     }
@@ -1651,6 +1688,10 @@ mod tests {
         let out = run_policy(&setup(&s, 0), &a, Policy::Fixed(1), 0, 200_000_000);
         assert_eq!(out.ttft_us[0], Some(1_000));
         assert_eq!(out.ttft_us.iter().filter(|t| t.is_none()).count(), 65);
+        assert_eq!(
+            out.served.iter().filter(|s| **s == Served::Refused).count(),
+            65
+        );
     }
 
     #[test]

@@ -282,15 +282,7 @@ fn services_beside_batch_work_cost_and_hold_onprem_nodes() {
         .iter()
         .map(|p| p["policy"].as_str().expect("present"))
         .collect();
-    assert_eq!(
-        names,
-        [
-            "fixed (9)",
-            "rps (1.00/replica)",
-            "switchyard",
-            "switchyard-held (what-if)"
-        ]
-    );
+    assert_eq!(names, ["fixed (9)", "rps (1.00/replica)", "switchyard"]);
     // Both on-prem nodes are the service's: the batch jobs run in the cloud, where the same
     // jobs without the service used on-prem.
     for name in ["switchyard", "cheapest", "fifo-burst"] {

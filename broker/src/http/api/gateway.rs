@@ -122,12 +122,19 @@ pub fn check_report(report: &GatewayReport, now: Timestamp) -> Result<(), ApiErr
         if s.replica.is_some() && s.busy_us > 0 {
             return bad(f("busy_us"), "only the whole service's row has busy time");
         }
+        if s.replica.is_some() && s.peak_in_system > 0 {
+            return bad(
+                f("peak_in_system"),
+                "only the whole service's row has a peak at the gateway",
+            );
+        }
         for (name, v) in [
             ("requests", s.requests),
             ("latency_sum_us", s.latency_sum_us),
             ("queue_peak", s.queue_peak),
             ("in_flight", s.in_flight),
             ("busy_us", s.busy_us),
+            ("peak_in_system", s.peak_in_system),
             ("batch", s.batch),
         ] {
             if i64::try_from(v).is_err() {
@@ -279,4 +286,50 @@ pub async fn revoke_token(
     let mut view = token_view(&before);
     view.revoked = true;
     Ok(Json(view))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use switchyard_protocol::gateway::TrafficSecond;
+
+    fn report(replica: Option<Uuid>, peak_in_system: u64) -> GatewayReport {
+        GatewayReport {
+            gateway: "test/gw".into(),
+            seconds: vec![TrafficSecond {
+                service: Uuid::from_u128(1),
+                replica,
+                second: 1_000,
+                batch: 0,
+                requests: 0,
+                errors: 0,
+                latency_sum_us: 0,
+                buckets: Vec::new(),
+                queue_peak: 3,
+                in_flight: 0,
+                busy_us: 0,
+                peak_in_system,
+            }],
+        }
+    }
+
+    fn field(r: Result<(), ApiError>) -> Option<String> {
+        match r {
+            Err(ApiError::Unprocessable { field, .. }) => field,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_peak_at_the_gateway_is_the_whole_services_and_named_when_wrong() {
+        let now = Timestamp::from_secs(1_000);
+        assert!(check_report(&report(None, 9), now).is_ok());
+        // A replica's row says nothing about the gateway's queue.
+        assert!(check_report(&report(Some(Uuid::from_u128(2)), 0), now).is_ok());
+        let r = check_report(&report(Some(Uuid::from_u128(2)), 9), now);
+        assert_eq!(field(r).as_deref(), Some("seconds[0].peak_in_system"));
+        let r = check_report(&report(None, u64::MAX), now);
+        assert_eq!(field(r).as_deref(), Some("seconds[0].peak_in_system"));
+    }
 }

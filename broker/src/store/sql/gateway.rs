@@ -239,8 +239,8 @@ impl Store {
             let done = query(
                 "INSERT INTO gateway_reports (gateway, service_id, replica, at_s, batch, \
                  requests, errors, latency_sum_us, queue_peak, in_flight, buckets, received_at, \
-                 busy_us) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                 busy_us, peak_in_system) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
                  ON CONFLICT (gateway, service_id, replica, at_s, batch) DO NOTHING",
             )
             .bind(gateway)
@@ -256,6 +256,7 @@ impl Store {
             .bind(buckets)
             .bind(now)
             .bind(count(s.busy_us))
+            .bind(count(s.peak_in_system))
             .execute(&mut tx)
             .await?;
             accepted += done.rows_affected();
@@ -303,6 +304,7 @@ impl Store {
                     queue_peak: uncount(r, "queue_peak")?,
                     in_flight: uncount(r, "in_flight")?,
                     busy_us: uncount(r, "busy_us")?,
+                    peak_in_system: uncount(r, "peak_in_system")?,
                 },
                 received_at: r.time("received_at")?,
             })
