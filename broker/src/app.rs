@@ -118,6 +118,7 @@ impl App {
             burst: Arc::new(Notify::new()),
             services: Arc::new(Notify::new()),
             traffic: Default::default(),
+            spread: Default::default(),
             metrics: crate::http::metrics::Metrics::default(),
             leadership,
             heartbeats: Default::default(),

@@ -33,6 +33,12 @@ pub struct AppInner {
     pub burst: Arc<Notify>,
     /// Wakes the services reconciler when a service was deployed, changed or deleted.
     pub services: Arc<Notify>,
+    /// Queued service replicas kept off a node, so that a service spreads over nodes: set by
+    /// the services reconciler, read into each plan's snapshot by the scheduler (both in the
+    /// leader).
+    pub spread: std::sync::Mutex<
+        std::collections::BTreeMap<switchyard_core::JobId, Vec<switchyard_core::NodeId>>,
+    >,
     /// What the services gateway saw (`gateway/traffic.rs`).
     pub traffic: Arc<crate::gateway::traffic::Traffic>,
     /// Counters and histograms for `/metrics`.

@@ -202,8 +202,11 @@ async fn a_critical_service_takes_gpus_back_from_training_spills_to_the_cloud_an
     assert_eq!(service["desired_replicas"], 5, "{service}");
     // Both training jobs gave their GPUs; the normal one only after the low one.
     let normal_job = up.get(&format!("/api/v1/jobs/{normal}")).await;
-    assert_ne!(normal_job["state"], "running", "{normal_job}");
     let events = up.get(&format!("/api/v1/services/{id}/events")).await;
+    assert_ne!(
+        normal_job["state"], "running",
+        "{normal_job}\n{service}\n{events}"
+    );
     let scaled: Vec<&str> = events["events"]
         .as_array()
         .unwrap()
@@ -225,7 +228,14 @@ async fn a_critical_service_takes_gpus_back_from_training_spills_to_the_cloud_an
             .then_some(s)
     })
     .await;
-    assert_eq!(failed, 0, "failed calls during the morning: {service}");
+    let events = up.get(&format!("/api/v1/services/{id}/events")).await;
+    for e in events["events"].as_array().into_iter().flatten() {
+        eprintln!("EVENT {} {} {}", e["at"], e["kind"], e["message"]);
+    }
+    assert_eq!(
+        failed, 0,
+        "failed calls during the morning: {service}\n{events}"
+    );
     // Training runs again on the GPUs the service gave back.
     up.job_where(&normal, 90, |j| j["state"] == "running").await;
 }

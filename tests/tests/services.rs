@@ -69,6 +69,16 @@ fn ready_versions(service: &Value) -> Vec<i64> {
 
 /// Where the service's ready replicas listen, from their `replica_ready` events.
 async fn ready_endpoints(up: &Up, id: &str) -> Vec<String> {
+    let service = up.get(&format!("/api/v1/services/{id}")).await;
+    let ready: Vec<String> = service["replicas"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .filter(|r| r["state"] == "ready")
+                .filter_map(|r| r["job_id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
     let events = up.get(&format!("/api/v1/services/{id}/events")).await;
     events["events"]
         .as_array()
@@ -76,6 +86,7 @@ async fn ready_endpoints(up: &Up, id: &str) -> Vec<String> {
             es.iter()
                 .filter(|e| e["kind"] == "replica_ready")
                 .filter_map(|e| e["message"].as_str())
+                .filter(|m| ready.iter().any(|j| m.contains(j.as_str())))
                 .filter_map(|m| m.split(" at ").nth(1))
                 .filter_map(|rest| rest.split(' ').next())
                 .map(str::to_string)
@@ -98,13 +109,22 @@ async fn a_service_deploys_its_replicas_rolls_to_a_new_version_and_drains_on_del
     let id = created["id"].as_str().unwrap().to_string();
     assert_eq!(created["desired_replicas"], 2);
 
-    // Two replicas start; each becomes ready only once its probe passes.
+    // Two replicas start; each becomes ready only once its probe passes; with `min` 2 they
+    // end up on two nodes (one more starts off the node the first two share, if they do).
     let service = eventually(
-        "two ready replicas of version 1",
+        "two ready replicas of version 1, on two nodes",
         Duration::from_secs(60),
         || async {
             let s = up.get(&format!("/api/v1/services/{id}")).await;
-            (ready_versions(&s) == [1, 1] && s["state"] == "ready").then_some(s)
+            let nodes: std::collections::BTreeSet<&str> = s["replicas"]
+                .as_array()?
+                .iter()
+                .filter(|r| r["state"] == "ready")
+                .filter_map(|r| r["node"].as_str())
+                .collect();
+            let all = s["replicas"].as_array()?.len();
+            (ready_versions(&s) == [1, 1] && s["state"] == "ready" && nodes.len() == 2 && all == 2)
+                .then_some(s.clone())
         },
     )
     .await;
@@ -306,10 +326,18 @@ async fn a_replica_that_fails_its_probe_gets_no_traffic_and_is_replaced() {
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
     let endpoint = created["endpoint"].as_str().unwrap().to_string();
-    eventually("two ready replicas", Duration::from_secs(60), || async {
-        let s = up.get(&format!("/api/v1/services/{id}")).await;
-        (ready_versions(&s) == [1, 1]).then_some(())
-    })
+    // Two ready replicas, spread over the two nodes, and no other.
+    eventually(
+        "two ready replicas on two nodes",
+        Duration::from_secs(60),
+        || async {
+            let s = up.get(&format!("/api/v1/services/{id}")).await;
+            let replicas = s["replicas"].as_array()?;
+            let nodes: std::collections::BTreeSet<&str> =
+                replicas.iter().filter_map(|r| r["node"].as_str()).collect();
+            (ready_versions(&s) == [1, 1] && replicas.len() == 2 && nodes.len() == 2).then_some(())
+        },
+    )
     .await;
     let endpoints = ready_endpoints(&up, &id).await;
     assert_eq!(endpoints.len(), 2, "{endpoints:?}");
@@ -377,12 +405,17 @@ async fn a_replica_that_fails_its_probe_gets_no_traffic_and_is_replaced() {
         },
     )
     .await;
+    // Stopped as unhealthy, or — when its replacement (started to keep the service on two
+    // nodes) was ready first — as the one replica too many, not ready.
     let events = up.get(&format!("/api/v1/services/{id}/events")).await;
     let replaced = events["events"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|e| e["message"].as_str())
-        .any(|m| m.contains(&sick_job) && m.contains("readiness probe has failed"));
+        .any(|m| {
+            m.contains(&format!("stopping replica {sick_job}"))
+                && (m.contains("readiness probe has failed") || m.contains("scaled down"))
+        });
     assert!(replaced, "{events}");
 }

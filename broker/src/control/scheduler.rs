@@ -151,6 +151,10 @@ fn gpu_set<'a>(indexes: impl IntoIterator<Item = &'a u32>) -> GpuSet {
     set
 }
 
+/// How long past the grace period a job's claim on its victims' node holds (their agents
+/// report the end on their next heartbeat).
+const CLAIM_SLACK_S: i64 = 30;
+
 /// The scheduler's mirror of the world.
 #[derive(Default)]
 struct State {
@@ -164,6 +168,11 @@ struct State {
     waiting_for_instance: HashMap<JobId, String>,
     /// Pools that may not launch now (capacity or quota errors lately).
     backed_off: HashMap<switchyard_core::PoolId, Timestamp>,
+    /// Jobs whose preemption's victims are stopping, with the node they stop on and until
+    /// when the claim holds: such a job is kept off every other node (not a new one) until it
+    /// is placed there, so that work is never stopped for nothing (a job that went elsewhere
+    /// would leave the victims' GPUs to be taken back by the work it stopped).
+    claims: HashMap<JobId, (NodeId, Timestamp)>,
     /// The planner's index of the catalogue and of the node set, kept between rounds while
     /// they do not change.
     plan_cache: PlanCache,
@@ -305,10 +314,11 @@ impl State {
                 .values()
                 .map(|a| {
                     // An attempt being preempted frees its GPUs within the grace period, and
-                    // cannot be taken twice: the planner sees it ending soon, not preemptible.
+                    // cannot be taken twice: the planner sees it ending soon, not preemptible
+                    // (`high` is never a victim; `normal` batch work is, of urgent services).
                     let (priority, expected_end) = if a.stopping {
                         let by = now.plus_secs(grace_s as i64);
-                        (a.priority.max(Priority::Normal), a.expected_end.min(by))
+                        (a.priority.max(Priority::High), a.expected_end.min(by))
                     } else {
                         (a.priority, a.expected_end)
                     };
@@ -524,6 +534,31 @@ impl Worker {
         // the on-prem rates new attempts are charged at.
         let round = crate::rules::budget::round_policies(app.store.as_ref(), now).await?;
         snapshot.policies = round.policies;
+        // Service replicas kept off a node (spreading), and jobs whose victims are stopping
+        // kept off every node but theirs, for the jobs of this round.
+        {
+            let spread = app.spread.lock().unwrap_or_else(|e| e.into_inner());
+            state
+                .claims
+                .retain(|job, (_, until)| *until > now && state.pending.contains_key(job));
+            if !spread.is_empty() || !state.claims.is_empty() {
+                let mut avoid = BTreeMap::new();
+                for j in &snapshot.queued {
+                    if let Some((node, _)) = state.claims.get(&j.id) {
+                        let others: Vec<NodeId> = snapshot
+                            .nodes
+                            .iter()
+                            .filter(|n| n.id != *node)
+                            .map(|n| n.id.clone())
+                            .collect();
+                        avoid.insert(j.id, others);
+                    } else if let Some(nodes) = spread.get(&j.id) {
+                        avoid.insert(j.id, nodes.clone());
+                    }
+                }
+                snapshot.avoid = avoid;
+            }
+        }
         let rates = round.rates;
         let queued = snapshot.queued.len();
         let started = std::time::Instant::now();
@@ -540,6 +575,12 @@ impl Worker {
         // placed in a later round, once the GPUs are free.
         let waits_for_victims: std::collections::HashSet<JobId> =
             plan.preemptions.iter().map(|p| p.for_job).collect();
+        let claim_until = now.plus_secs(app.config.grace_s as i64 + CLAIM_SLACK_S);
+        for p in &plan.preemptions {
+            state
+                .claims
+                .insert(p.for_job, (p.node.clone(), claim_until));
+        }
         self.preempt(app, state, &plan.preemptions, now).await?;
         for a in &plan.assignments {
             if waits_for_victims.contains(&a.job) {

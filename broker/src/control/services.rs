@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::time::Duration;
-use switchyard_core::{JobId, JobState, Market, Timestamp};
+use switchyard_core::{JobId, JobState, Market, NodeId, Timestamp};
 use switchyard_protocol::api::{ServiceSpec, SpotRule};
 use uuid::Uuid;
 
@@ -148,7 +148,33 @@ async fn reconcile_one(
         }
     };
     let backoffs = &mut memory.backoffs;
-    let decision = replicas::decide(record.spec_version, desired, deleted, &live);
+    // A service with `replicas.min ≥ 2` spreads over nodes: one replica more while all the
+    // ready ones share a node, and replicas not yet placed kept off it (the planner reads
+    // `App::spread`).
+    let (min, _) = service::replica_range(&spec);
+    let spread = replicas::spread(min, desired, &live);
+    {
+        let mut avoid = app.spread.lock().unwrap_or_else(|e| e.into_inner());
+        for r in &replicas {
+            let unplaced = live
+                .iter()
+                .any(|s| s.job == r.job && !s.stopping && s.node.is_none());
+            match &spread.avoid {
+                Some(node) if unplaced && !deleted => {
+                    avoid.insert(r.job, vec![node.clone()]);
+                }
+                _ => {
+                    avoid.remove(&r.job);
+                }
+            }
+        }
+    }
+    let decision = replicas::decide(
+        record.spec_version,
+        desired.saturating_add(spread.surge),
+        deleted,
+        &live,
+    );
     if decision.start > 0 {
         let failed_at: Vec<Timestamp> = replicas
             .iter()
@@ -167,7 +193,12 @@ async fn reconcile_one(
                     })
                     .count();
                 let on_demand = u32::try_from(on_demand).unwrap_or(u32::MAX);
-                start_replicas(app, record, &spec, decision.start, on_demand).await?
+                let starts = Starts {
+                    count: decision.start,
+                    on_demand,
+                    avoid: spread.avoid.clone(),
+                };
+                start_replicas(app, record, &spec, starts).await?
             }
             Some(until) => {
                 // Said once per failure, not on every pass of the wait.
@@ -277,16 +308,29 @@ fn seen(r: &ServiceReplicaRow) -> Option<Seen> {
         version: r.service_version,
         ready: r.job_state == JobState::Running && r.attempt.as_ref().is_some_and(|a| a.ready),
         stopping: r.cancel_requested || r.drain_at.is_some(),
+        node: r.attempt.as_ref().map(|a| a.node.clone()),
     })
+}
+
+/// Replicas to start: how many, how many live ones are on on-demand capacity already, and the
+/// node they are kept off (spreading).
+struct Starts {
+    count: u32,
+    on_demand: u32,
+    avoid: Option<NodeId>,
 }
 
 async fn start_replicas(
     app: &App,
     record: &ServiceRecord,
     spec: &ServiceSpec,
-    count: u32,
-    on_demand: u32,
+    starts: Starts,
 ) -> Result<(), StoreError> {
+    let Starts {
+        count,
+        on_demand,
+        avoid,
+    } = starts;
     let now = app.clock.now();
     let wire = service::replica_job_spec(spec);
     // Replicas that may take spot keep `spot.min_on_demand` (default 1) on on-demand capacity.
@@ -339,6 +383,13 @@ async fn start_replicas(
             }),
         };
         app.store.insert_job(&job).await?;
+        if let Some(node) = &avoid {
+            // Before the scheduler hears of it: its first plan already keeps it off.
+            app.spread
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(job.id, vec![node.clone()]);
+        }
         if let Some(job) = app.store.job(job.id).await? {
             started.push(job.id);
             app.scheduler

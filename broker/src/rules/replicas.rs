@@ -12,7 +12,7 @@
 //! - A replica already being stopped (its job's cancel requested) counts for nothing: it
 //!   finishes its in-flight work and ends.
 
-use switchyard_core::{JobId, Timestamp};
+use switchyard_core::{JobId, NodeId, Timestamp};
 
 /// A live replica (its job not finished) as the reconciler sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,6 +23,8 @@ pub struct Seen {
     pub ready: bool,
     /// Already being stopped.
     pub stopping: bool,
+    /// The node it was placed on (`None`: not placed yet).
+    pub node: Option<NodeId>,
 }
 
 /// What to do now.
@@ -127,6 +129,42 @@ pub fn on_demand_starts(count: u32, min_on_demand: u32, on_demand: u32) -> u32 {
     min_on_demand.saturating_sub(on_demand).min(count)
 }
 
+/// How a service with `replicas.min ≥ 2` spreads over nodes: while every ready replica is on
+/// one node, one replica more than desired runs (a surge of one, as in a rolling update), kept
+/// off that node; once it is ready elsewhere, the count falls back to the desired one and the
+/// replica stopped is one on the crowded node ([`decide`]'s order). New replicas are kept off
+/// the node while every placed replica is on it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Spread {
+    /// Replicas above the desired count now.
+    pub surge: u32,
+    /// The node replicas not yet placed are kept off.
+    pub avoid: Option<NodeId>,
+}
+
+pub fn spread(min: u32, desired: u32, live: &[Seen]) -> Spread {
+    if min < 2 || desired < 2 {
+        return Spread::default();
+    }
+    let active: Vec<&Seen> = live.iter().filter(|r| !r.stopping).collect();
+    let one_node = |nodes: Vec<&NodeId>| -> Option<NodeId> {
+        let first = *nodes.first()?;
+        nodes.iter().all(|n| *n == first).then(|| first.clone())
+    };
+    let placed = one_node(active.iter().filter_map(|r| r.node.as_ref()).collect());
+    let ready = one_node(
+        active
+            .iter()
+            .filter(|r| r.ready)
+            .filter_map(|r| r.node.as_ref())
+            .collect(),
+    );
+    Spread {
+        surge: u32::from(ready.is_some()),
+        avoid: placed,
+    }
+}
+
 pub const WHY_DELETED: &str = "the service was deleted";
 pub const WHY_SCALE_DOWN: &str = "scaled down";
 pub const WHY_REPLACED: &str = "replaced by the new spec version";
@@ -146,8 +184,24 @@ pub fn decide(version: i64, desired: u32, deleted: bool, live: &[Seen]) -> Decis
     if current.len() < desired_n {
         decision.start = u32::try_from(desired_n - current.len()).unwrap_or(u32::MAX);
     } else if current.len() > desired_n {
-        // Not ready first, then the newest.
-        current.sort_by(|a, b| a.ready.cmp(&b.ready).then(b.job.0.cmp(&a.job.0)));
+        // Not ready first, then those on the node with the most of them (the service stays
+        // spread), then the newest.
+        let crowd = |r: &Seen| {
+            r.node.as_ref().map_or(0, |n| {
+                current
+                    .iter()
+                    .filter(|c| c.node.as_ref() == Some(n))
+                    .count()
+            })
+        };
+        let mut keyed: Vec<(bool, usize, &Seen)> =
+            current.iter().map(|r| (r.ready, crowd(r), *r)).collect();
+        keyed.sort_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then(b.1.cmp(&a.1))
+                .then(b.2.job.0.cmp(&a.2.job.0))
+        });
+        current = keyed.into_iter().map(|(_, _, r)| r).collect();
         let extra = current.len() - desired_n;
         decision
             .stop
@@ -176,6 +230,7 @@ mod tests {
             version,
             ready,
             stopping: false,
+            node: None,
         }
     }
 
@@ -297,6 +352,41 @@ mod tests {
         assert_eq!(on_demand_starts(3, 2, 1), 1);
         assert_eq!(on_demand_starts(3, 1, 1), 0);
         assert_eq!(on_demand_starts(1, 4, 0), 1);
+    }
+
+    fn on(mut r: Seen, node: &str) -> Seen {
+        r.node = Some(NodeId(node.into()));
+        r
+    }
+
+    #[test]
+    fn a_service_on_one_node_surges_one_replica_onto_another() {
+        let n1 = || NodeId("n1".into());
+        // Two ready on n1: one more, kept off n1.
+        let live = [on(r(1, 1, true, 0), "n1"), on(r(2, 1, true, 1), "n1")];
+        let s = spread(2, 2, &live);
+        assert_eq!(
+            s,
+            Spread {
+                surge: 1,
+                avoid: Some(n1())
+            }
+        );
+        assert_eq!(decide(1, 2 + s.surge, false, &live).start, 1);
+        // It waits for a place (or starts elsewhere, not yet ready): still one more.
+        let mut live3 = live.to_vec();
+        live3.push(r(3, 1, false, 2));
+        assert_eq!(spread(2, 2, &live3).surge, 1);
+        assert_eq!(decide(1, 3, false, &live3), Decision::default());
+        live3[2] = on(r(3, 1, false, 2), "n2");
+        let s = spread(2, 2, &live3);
+        assert_eq!((s.surge, s.avoid), (1, None));
+        // Ready on n2: back to two, and the one stopped is the newest on n1.
+        live3[2] = on(r(3, 1, true, 2), "n2");
+        assert_eq!(spread(2, 2, &live3), Spread::default());
+        assert_eq!(stopped(&decide(1, 2, false, &live3)), [2]);
+        // A service with min 1 is left where it is.
+        assert_eq!(spread(1, 2, &live), Spread::default());
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! the flow is a sort by saving.
 //!
 //! The result is a set of pins the per-job loop carries out with its usual checks, so nothing
-//! here can break a hard constraint. Beyond [`MAX_QUEUE`] jobs, [`MAX_JOBS`] in a class or
+//! here can break a hard constraint. Urgent services and jobs kept off nodes take no part: the
+//! per-job loop places them, first (see `options`). Beyond [`MAX_QUEUE`] jobs, [`MAX_JOBS`] in a class or
 //! [`MAX_ARCS`] arcs, the class (or the round) is left to the per-job loop: a size budget, not a
 //! clock, so the plan stays deterministic.
 
@@ -165,6 +166,18 @@ pub(crate) fn pins(round: &mut Round, queue: &[&QueuedJob]) -> IdMap<JobId, Pin>
 fn options(round: &mut Round, job: &QueuedJob, most_free: &[(usize, u32)]) -> Options {
     let mut ctx = JobCtx::new(&round.index, &job.spec);
     ctx.avoid = round.index.avoided(job.id);
+    if ctx.preempts_before_bursting() || !ctx.avoid.is_empty() {
+        // An urgent service (it goes first in the queue and takes GPUs back from batch work)
+        // or a job kept off nodes is left to the per-job loop: a flow that weighs cost alone
+        // could send it to a new node so that batch work keeps the GPUs it would take.
+        return Options {
+            job: job.id,
+            gpus: ctx.gpus,
+            free_now: Vec::new(),
+            first_choice: None,
+            other: None,
+        };
+    }
     let pools: Vec<usize> = most_free
         .iter()
         .filter(|&&(_, m)| m >= ctx.gpus)

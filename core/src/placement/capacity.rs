@@ -529,8 +529,8 @@ impl Capacity {
         fit
     }
 
-    /// [`Capacity::best_fit_in`] leaving out the nodes in `avoid` (not memoised: few jobs are
-    /// kept off nodes).
+    /// [`Capacity::best_fit_in`] leaving out the nodes in `avoid` (sorted; not memoised: few
+    /// jobs are kept off nodes).
     pub(crate) fn best_fit_avoiding(
         &self,
         index: &Index,
@@ -545,7 +545,9 @@ impl Capacity {
         self.fit[pool]
             .from((gpus, 0))
             .map(|&(_, node)| node)
-            .find(|&node| markets.allows(index.nodes[node].market) && !avoid.contains(&node))
+            .find(|&node| {
+                markets.allows(index.nodes[node].market) && avoid.binary_search(&node).is_err()
+            })
     }
 
     /// [`Capacity::best_fit_n`] among the nodes of the `markets` allowed.

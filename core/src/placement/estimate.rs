@@ -171,7 +171,7 @@ pub(crate) struct JobCtx<'a> {
     /// Launches are left out for now: a service looks for batch work to preempt first
     /// ([`JobCtx::preempts_before_bursting`]).
     pub defer_launch: bool,
-    /// Positions of the nodes the job is kept off ([`Snapshot::avoid`]; usually none).
+    /// Positions of the nodes the job is kept off ([`Snapshot::avoid`]; usually none), sorted.
     ///
     /// [`Snapshot::avoid`]: crate::domain::Snapshot::avoid
     pub avoid: Vec<usize>,
@@ -803,7 +803,7 @@ pub(crate) fn evaluate(
         // The node that frees first is one the job is kept off: no wait here (the next one
         // to free is not worked out; a job kept off a node is a service's replica, which
         // rarely waits).
-        Some((_, node)) if job.avoid.contains(&node) => {}
+        Some((_, node)) if job.avoid.binary_search(&node).is_ok() => {}
         Some((at, _)) if out(CandidateKind::Wait, at) => {}
         Some((at, node)) => {
             viable.push(job.on_node(index, pool, node, CandidateKind::Wait, at));
@@ -862,7 +862,7 @@ pub(crate) fn on_demand_nodes(
     if let Some(node) = free_now {
         viable.push(job.on_node(index, pool, node, CandidateKind::FreeNow, index.now));
     } else if let Some((at, node)) = capacity.earliest_free_n_in(index, pool, job.gpus, 1, markets)
-        && !job.avoid.contains(&node)
+        && job.avoid.binary_search(&node).is_err()
     {
         viable.push(job.on_node(index, pool, node, CandidateKind::Wait, at));
     }

@@ -347,12 +347,14 @@ impl<'a> Round<'a> {
         self.on_demand_fallback(&ctx, Some(job.id));
         let mut victims = self.preemption(&ctx, remaining);
         if ctx.defer_launch {
+            // Free now, a preemption, or GPUs a preemption is freeing (a wait no longer than
+            // its grace period): no new node.
+            let soon = self.index.now.plus_secs(PREEMPTION_GRACE_S);
             let best = self.viable.iter().min_by_key(|e| e.score);
-            let now = best.is_some_and(|e| {
-                matches!(
-                    e.score.kind,
-                    CandidateKind::FreeNow | CandidateKind::Preempt
-                )
+            let now = best.is_some_and(|e| match e.score.kind {
+                CandidateKind::FreeNow | CandidateKind::Preempt => true,
+                CandidateKind::Wait => e.ready <= soon,
+                CandidateKind::Launch => false,
             });
             if !now {
                 // Nothing runs it now without a new node: weigh new nodes too, as for any job.

@@ -14,8 +14,8 @@
 
 use super::estimate::DEFAULT_INGRESS_GBPS;
 use crate::domain::{
-    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, JobId, Market, Node, NodeId, Pool, PoolId, Priority, Region,
-    RegionId, RunningAttempt, Snapshot, SpotRule, TeamPolicy,
+    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, JobId, Market, Node, NodeId, Pool, PoolId, Priority,
+    Region, RegionId, RunningAttempt, Snapshot, SpotRule, TeamPolicy,
 };
 use crate::money::Money;
 use crate::time::Timestamp;
@@ -524,12 +524,15 @@ impl<'a> Index<'a> {
         }
     }
 
-    /// The positions of the nodes `job` is kept off (usually none).
+    /// The positions of the nodes `job` is kept off (usually none), sorted.
     pub(crate) fn avoided(&self, job: JobId) -> Vec<usize> {
         self.avoid.get(&job).map_or_else(Vec::new, |ids| {
-            ids.iter()
+            let mut nodes: Vec<usize> = ids
+                .iter()
                 .filter_map(|id| self.nodes.binary_search_by(|n| n.id.cmp(id)).ok())
-                .collect()
+                .collect();
+            nodes.sort_unstable();
+            nodes
         })
     }
 

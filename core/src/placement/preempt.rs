@@ -36,7 +36,7 @@ pub(crate) fn best_preemption(
         let pick = nodes
             .iter()
             .filter(|&&node| markets.allows(index.nodes[node].market))
-            .filter(|node| !job.avoid.contains(node))
+            .filter(|node| job.avoid.binary_search(node).is_err())
             .filter_map(|&node| {
                 let victims = capacity.preemption_on(index, node, job.gpus, allowed)?;
                 let (mut normal, mut taken) = (0u32, 0u32);

@@ -226,7 +226,12 @@ fn keep_some_off_nodes(snapshot: &mut crate::domain::Snapshot, seed: u64) {
         return;
     }
     let n = snapshot.nodes.len();
-    for (i, job) in snapshot.queued.iter().enumerate().filter(|(i, _)| i % 5 == 0) {
+    for (i, job) in snapshot
+        .queued
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 5 == 0)
+    {
         let a = (seed as usize).wrapping_add(i * 7) % n;
         let b = (seed as usize).wrapping_add(i * 13 + 1) % n;
         let mut nodes = vec![snapshot.nodes[a].id.clone()];

@@ -449,3 +449,44 @@ fn a_nearly_full_on_prem_pool_is_kept_for_jobs_that_cannot_use_spot() {
     check(nearly_full(0, 16.8).job(8).spot(SpotRule::Allowed).deadline_in(86_400), "launch aws:use1/p5 spot");
     check(nearly_full(0, 16.8).job(8).deadline_in(86_400), "wait onprem:dc1/dgx +36000s");
 }
+
+#[test]
+fn several_urgent_replicas_in_one_round_take_training_gpus_before_bursting() {
+    let world = w()
+        .onprem("dgx", 16.0)
+        .node(DGX, "d1", 2)
+        .node(DGX, "d2", 0)
+        .busy("d2", 4, 36_000)
+        .pool(P5, "H100", 8, 80.0, None)
+        .job(2)
+        .service(10_000)
+        .priority(Priority::Critical)
+        .job(2)
+        .service(10_000)
+        .priority(Priority::Critical)
+        .job(2)
+        .service(10_000)
+        .priority(Priority::Critical)
+        .job(2)
+        .service(10_000)
+        .priority(Priority::Critical);
+    let p = plan_of(world);
+    let outcomes: Vec<String> = (1..=4u128)
+        .map(|i| {
+            outcome(
+                &p.explanation(&JobId(Uuid::from_u128(i)))
+                    .expect("explained"),
+            )
+        })
+        .collect();
+    eprintln!(
+        "{outcomes:?} preemptions {:?} launches {:?}",
+        p.preemptions, p.launches
+    );
+    assert_eq!(p.preemptions.len(), 1, "{outcomes:?}");
+    assert_eq!(
+        p.launches.len(),
+        1,
+        "one new node for the fourth: {outcomes:?}"
+    );
+}
