@@ -873,7 +873,7 @@ async fn send(
             Ok(answer) => {
                 let status = answer.status();
                 let first = FirstByte {
-                    gw: Arc::clone(&gw),
+                    gw: Arc::clone(gw),
                     service: route.id,
                     job: upstream.job,
                     started,

@@ -219,6 +219,7 @@ pub fn decide(version: i64, desired: u32, deleted: bool, live: &[Seen]) -> Decis
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use uuid::Uuid;
