@@ -638,6 +638,8 @@ pub struct RunOut {
     pub peak_held: u32,
     /// How often the desired count changed.
     pub changes: u32,
+    /// Replicas added to the desired count, by the signal that asked for them.
+    pub rises: BTreeMap<String, u32>,
     /// Per second of the run: (desired, ready).
     pub timeline: Vec<(u32, u32)>,
 }
@@ -800,6 +802,9 @@ pub fn run_policy(
                     if r.n != desired {
                         out.changes += 1;
                     }
+                    if r.n > desired {
+                        *out.rises.entry(signal_of(&r.reason)).or_default() += r.n - desired;
+                    }
                     desired = r.n;
                 }
             }
@@ -815,6 +820,7 @@ pub fn run_policy(
                     version: 1,
                     ready: r.ready,
                     stopping: r.draining,
+                    node: None,
                 })
                 .collect();
             let decision = rules::replicas::decide(1, desired, false, &live);
@@ -896,6 +902,24 @@ pub fn run_policy(
     out
 }
 
+/// Which signal a recommendation's reason (`rules::autoscale::recommend`) comes from.
+fn signal_of(reason: &str) -> String {
+    let signal = if reason.contains("requests at the gateway") {
+        "load"
+    } else if reason.contains("requests queued") {
+        "queue"
+    } else if reason.starts_with("p95 ") {
+        "latency"
+    } else if reason.contains("req/s at a target") {
+        "rate"
+    } else if reason.starts_with("replicas.min") {
+        "min"
+    } else {
+        "schedule"
+    };
+    signal.to_string()
+}
+
 fn has_room(replicas: &[Replica], conc: Option<u32>) -> bool {
     free_replica(replicas, conc).is_some()
 }
@@ -935,6 +959,8 @@ pub struct PolicyReport {
     pub peak_replicas: u32,
     pub mean_replicas: f64,
     pub desired_changes: u32,
+    /// Replicas added to the desired count over the day, by the signal that asked for them.
+    pub rises_by_signal: BTreeMap<String, u32>,
     /// From the load step to the end of the last second, within [`STEP_WATCH_S`], at which
     /// the p95 over the last [`SLIDING_S`] seconds of arrivals was above the target (0: never).
     pub reaction_s: Option<f64>,
@@ -1198,6 +1224,7 @@ pub fn summarize(
         peak_replicas: out.peak_held,
         mean_replicas: out.replica_us as f64 / 1e6 / seconds,
         desired_changes: out.changes,
+        rises_by_signal: out.rises.clone(),
         reaction_s: reaction,
         misses_after_step: after,
         misses_elsewhere: misses - after,
@@ -1459,6 +1486,18 @@ pub fn table(s: &ServiceReport) -> String {
              starting, {} after a wait while replicas started, {} 503s\n",
             p.policy, p.misses_at_once, p.misses_waited, p.misses_waited_starting, p.refused
         ));
+        if !p.rises_by_signal.is_empty() {
+            let by: Vec<String> = p
+                .rises_by_signal
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            t.push_str(&format!(
+                "  {} replicas added, by signal: {}\n",
+                p.policy,
+                by.join(", ")
+            ));
+        }
     }
     for g in &s.goals {
         t.push_str(&format!(
