@@ -173,6 +173,7 @@ async fn reconcile_one(
         record.spec_version,
         desired.saturating_add(spread.surge),
         deleted,
+        min >= 2,
         &live,
     );
     if decision.start > 0 {
@@ -309,6 +310,11 @@ fn seen(r: &ServiceReplicaRow) -> Option<Seen> {
         ready: r.job_state == JobState::Running && r.attempt.as_ref().is_some_and(|a| a.ready),
         stopping: r.cancel_requested || r.drain_at.is_some(),
         node: r.attempt.as_ref().map(|a| a.node.clone()),
+        // Region ids are `provider:code`; the company's own capacity is `onprem:…`.
+        burst: r
+            .attempt
+            .as_ref()
+            .is_some_and(|a| !a.region.is_empty() && !a.region.starts_with("onprem:")),
     })
 }
 

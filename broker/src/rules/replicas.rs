@@ -12,6 +12,7 @@
 //! - A replica already being stopped (its job's cancel requested) counts for nothing: it
 //!   finishes its in-flight work and ends.
 
+use std::cmp::Reverse;
 use switchyard_core::{JobId, NodeId, Timestamp};
 
 /// A live replica (its job not finished) as the reconciler sees it.
@@ -25,6 +26,9 @@ pub struct Seen {
     pub stopping: bool,
     /// The node it was placed on (`None`: not placed yet).
     pub node: Option<NodeId>,
+    /// Placed on capacity bought for the burst (a cloud region), not the company's own: the
+    /// first to go in a scale-down.
+    pub burst: bool,
 }
 
 /// What to do now.
@@ -169,7 +173,9 @@ pub const WHY_DELETED: &str = "the service was deleted";
 pub const WHY_SCALE_DOWN: &str = "scaled down";
 pub const WHY_REPLACED: &str = "replaced by the new spec version";
 
-pub fn decide(version: i64, desired: u32, deleted: bool, live: &[Seen]) -> Decision {
+/// What to start and stop. `spreads`: the service keeps its replicas on two nodes at least
+/// ([`spread`]), so a scale-down keeps them apart before it keeps them cheap.
+pub fn decide(version: i64, desired: u32, deleted: bool, spreads: bool, live: &[Seen]) -> Decision {
     let active = live.iter().filter(|r| !r.stopping);
     if deleted {
         return Decision {
@@ -184,24 +190,27 @@ pub fn decide(version: i64, desired: u32, deleted: bool, live: &[Seen]) -> Decis
     if current.len() < desired_n {
         decision.start = u32::try_from(desired_n - current.len()).unwrap_or(u32::MAX);
     } else if current.len() > desired_n {
-        // Not ready first, then those on the node with the most of them (the service stays
-        // spread), then the newest.
+        // Not ready first; then, for a service that spreads, those on the node with the most
+        // of them (it stays spread); then those on burst capacity (the company's own is paid
+        // for anyway); then those on the node with the most of them; then the newest.
+        let nodes: Vec<Option<NodeId>> = current.iter().map(|c| c.node.clone()).collect();
         let crowd = |r: &Seen| {
             r.node.as_ref().map_or(0, |n| {
-                current
-                    .iter()
-                    .filter(|c| c.node.as_ref() == Some(n))
-                    .count()
+                nodes.iter().filter(|c| c.as_ref() == Some(n)).count()
             })
         };
-        let mut keyed: Vec<(bool, usize, &Seen)> =
-            current.iter().map(|r| (r.ready, crowd(r), *r)).collect();
-        keyed.sort_by(|a, b| {
-            a.0.cmp(&b.0)
-                .then(b.1.cmp(&a.1))
-                .then(b.2.job.0.cmp(&a.2.job.0))
-        });
-        current = keyed.into_iter().map(|(_, _, r)| r).collect();
+        let key = |r: &Seen| {
+            let crowd = crowd(r);
+            let spreading = if spreads { crowd } else { 0 };
+            (
+                r.ready,
+                Reverse(spreading),
+                Reverse(r.burst),
+                Reverse(crowd),
+                Reverse(r.job.0),
+            )
+        };
+        current.sort_by_cached_key(|r| key(r));
         let extra = current.len() - desired_n;
         decision
             .stop
@@ -232,6 +241,7 @@ mod tests {
             ready,
             stopping: false,
             node: None,
+            burst: false,
         }
     }
 
@@ -241,8 +251,8 @@ mod tests {
 
     #[test]
     fn missing_replicas_are_started() {
-        assert_eq!(decide(1, 3, false, &[]).start, 3);
-        let d = decide(1, 3, false, &[r(1, 1, true, 0)]);
+        assert_eq!(decide(1, 3, false, false, &[]).start, 3);
+        let d = decide(1, 3, false, false, &[r(1, 1, true, 0)]);
         assert_eq!((d.start, d.stop.len()), (2, 0));
     }
 
@@ -254,7 +264,7 @@ mod tests {
             r(3, 1, true, 30),
             r(4, 1, true, 20),
         ];
-        let d = decide(1, 2, false, &live);
+        let d = decide(1, 2, false, false, &live);
         assert_eq!(d.start, 0);
         assert_eq!(stopped(&d), [2, 3]);
         assert!(d.stop.iter().all(|(_, why)| *why == WHY_SCALE_DOWN));
@@ -264,7 +274,7 @@ mod tests {
     fn replicas_being_stopped_count_for_nothing() {
         let mut going = r(1, 1, true, 0);
         going.stopping = true;
-        let d = decide(1, 1, false, &[going]);
+        let d = decide(1, 1, false, false, &[going]);
         assert_eq!((d.start, d.stop.len()), (1, 0));
     }
 
@@ -272,7 +282,7 @@ mod tests {
     fn a_rolling_update_keeps_old_replicas_until_new_ones_are_ready() {
         // Two old replicas serving; the new version just deployed.
         let old = [r(1, 1, true, 0), r(2, 1, true, 1)];
-        let d = decide(2, 2, false, &old);
+        let d = decide(2, 2, false, false, &old);
         assert_eq!((d.start, stopped(&d)), (2, vec![]));
         // One new replica ready: one old one goes, the oldest.
         let live = [
@@ -281,7 +291,7 @@ mod tests {
             r(3, 2, true, 5),
             r(4, 2, false, 6),
         ];
-        let d = decide(2, 2, false, &live);
+        let d = decide(2, 2, false, false, &live);
         assert_eq!((d.start, stopped(&d)), (0, vec![1]));
         assert_eq!(d.stop[0].1, WHY_REPLACED);
         // Both new ones ready: every old one goes.
@@ -291,20 +301,26 @@ mod tests {
             r(3, 2, true, 5),
             r(4, 2, true, 6),
         ];
-        assert_eq!(stopped(&decide(2, 2, false, &live)), [1, 2]);
+        assert_eq!(stopped(&decide(2, 2, false, false, &live)), [1, 2]);
     }
 
     #[test]
     fn an_old_replica_that_is_not_ready_goes_first_in_an_update() {
         let live = [r(1, 1, true, 0), r(2, 1, false, 1), r(3, 2, true, 5)];
-        assert_eq!(stopped(&decide(2, 2, false, &live)), [2]);
+        assert_eq!(stopped(&decide(2, 2, false, false, &live)), [2]);
     }
 
     #[test]
     fn a_deleted_service_stops_everything_and_starts_nothing() {
         let mut going = r(3, 1, true, 0);
         going.stopping = true;
-        let d = decide(2, 4, true, &[r(1, 1, true, 0), r(2, 2, false, 1), going]);
+        let d = decide(
+            2,
+            4,
+            true,
+            false,
+            &[r(1, 1, true, 0), r(2, 2, false, 1), going],
+        );
         assert_eq!((d.start, stopped(&d)), (0, vec![1, 2]));
         assert!(d.stop.iter().all(|(_, why)| *why == WHY_DELETED));
     }
@@ -373,26 +389,48 @@ mod tests {
                 avoid: Some(n1())
             }
         );
-        assert_eq!(decide(1, 2 + s.surge, false, &live).start, 1);
+        assert_eq!(decide(1, 2 + s.surge, false, true, &live).start, 1);
         // It waits for a place (or starts elsewhere, not yet ready): still one more.
         let mut live3 = live.to_vec();
         live3.push(r(3, 1, false, 2));
         assert_eq!(spread(2, 2, &live3).surge, 1);
-        assert_eq!(decide(1, 3, false, &live3), Decision::default());
+        assert_eq!(decide(1, 3, false, true, &live3), Decision::default());
         live3[2] = on(r(3, 1, false, 2), "n2");
         let s = spread(2, 2, &live3);
         assert_eq!((s.surge, s.avoid), (1, None));
         // Ready on n2: back to two, and the one stopped is the newest on n1.
         live3[2] = on(r(3, 1, true, 2), "n2");
         assert_eq!(spread(2, 2, &live3), Spread::default());
-        assert_eq!(stopped(&decide(1, 2, false, &live3)), [2]);
+        assert_eq!(stopped(&decide(1, 2, false, true, &live3)), [2]);
         // A service with min 1 is left where it is.
         assert_eq!(spread(1, 2, &live), Spread::default());
     }
 
     #[test]
+    fn a_scale_down_stops_burst_replicas_before_the_companys_own() {
+        let mut cloud = on(r(1, 1, true, 0), "c1");
+        cloud.burst = true;
+        let live = [
+            cloud,
+            on(r(2, 1, true, 5), "n1"),
+            on(r(3, 1, true, 6), "n2"),
+        ];
+        assert_eq!(stopped(&decide(1, 2, false, false, &live)), [1]);
+        // A service that spreads keeps two nodes first: here any one keeps two.
+        assert_eq!(stopped(&decide(1, 2, false, true, &live)), [1]);
+        let crowded = [on(r(1, 1, true, 0), "n1"), on(r(2, 1, true, 1), "n1"), {
+            let mut c = on(r(3, 1, true, 2), "c1");
+            c.burst = true;
+            c
+        }];
+        // Spreading: one of n1's goes (n1 and c1 remain); otherwise the burst one.
+        assert_eq!(stopped(&decide(1, 2, false, true, &crowded)), [2]);
+        assert_eq!(stopped(&decide(1, 2, false, false, &crowded)), [3]);
+    }
+
+    #[test]
     fn zero_desired_stops_every_current_replica() {
-        let d = decide(1, 0, false, &[r(1, 1, true, 0), r(2, 1, true, 1)]);
+        let d = decide(1, 0, false, false, &[r(1, 1, true, 0), r(2, 1, true, 1)]);
         assert_eq!((d.start, stopped(&d)), (0, vec![2, 1]));
     }
 }
