@@ -821,9 +821,10 @@ pub fn run_policy(
                     ready: r.ready,
                     stopping: r.draining,
                     node: None,
+                    burst: false,
                 })
                 .collect();
-            let decision = rules::replicas::decide(1, desired, false, &live);
+            let decision = rules::replicas::decide(1, desired, false, false, &live);
             for _ in 0..decision.start {
                 let r = replicas.len();
                 replicas.push(new_replica(now, setup.startup_us == 0));
