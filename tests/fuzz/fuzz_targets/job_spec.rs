@@ -303,6 +303,7 @@ fuzz_target!(|data: &[u8]| {
         burst_enabled: true,
         policies,
         spot_interruptions_per_hour_ppm: Default::default(),
+        avoid: Default::default(),
     };
     let plan = core::plan(&snapshot, NOW);
     assert!(plan.assignments.len() <= 1);
