@@ -183,8 +183,26 @@ async fn a_critical_service_takes_gpus_back_from_training_spills_to_the_cloud_an
         "no cloud node for the first replica"
     );
 
+    // The gateway routes the service once it has read its routes again (within 500 ms).
+    let url = format!("{endpoint}v1/completions");
+    eventually(
+        "an answer through the gateway",
+        Duration::from_secs(10),
+        || async {
+            let r = up
+                .http
+                .post(&url)
+                .bearer_auth(&up.token)
+                .json(&json!({"prompt_tokens": 10, "max_tokens": 1}))
+                .send()
+                .await
+                .ok()?;
+            r.status().is_success().then_some(())
+        },
+    )
+    .await;
     // Load rises: ten callers on replicas that serve two at once.
-    let load = Load::start(format!("{endpoint}v1/completions"), up.token.clone(), 10);
+    let load = Load::start(url, up.token.clone(), 10);
     let service = eventually(
         "the service scaled to five, one in the cloud",
         Duration::from_secs(120),
