@@ -308,6 +308,19 @@ async fn main() {
         "the bench service's replicas to be ready",
         Duration::from_secs(120),
         || async {
+            // Settled: exactly the replicas asked for, all ready, and (with two or more) on
+            // two nodes at least — a service that spreads starts one more while its first
+            // replicas share a node, then stops one.
+            let view = up.get(&format!("/api/v1/services/{id}")).await;
+            let replicas = view["replicas"].as_array()?;
+            let nodes: std::collections::BTreeSet<&str> =
+                replicas.iter().filter_map(|r| r["node"].as_str()).collect();
+            let settled = replicas.len() == args.replicas as usize
+                && replicas.iter().all(|r| r["state"] == "ready")
+                && nodes.len() >= (args.replicas as usize).min(2);
+            if !settled {
+                return None;
+            }
             ready_replicas(&up, &id)
                 .await
                 .filter(|(a, _)| a.len() == args.replicas as usize)
