@@ -100,6 +100,7 @@ pub struct Upstream {
 pub struct Route {
     pub id: Uuid,
     pub team: String,
+    pub name: String,
     pub public: bool,
     pub max_concurrency: Option<usize>,
     pub upstreams: Vec<Arc<Upstream>>,
@@ -355,6 +356,7 @@ impl Gateway {
             let route = Arc::new(Route {
                 id: s.id,
                 team: s.team,
+                name: s.name,
                 public: s.public,
                 max_concurrency: s
                     .max_concurrency
@@ -632,13 +634,8 @@ async fn acquire(
     let mut queued = false;
     let result = loop {
         let latest = gw
-            .table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .routes
-            .values()
-            .find(|r| r.id == queue.id)
-            .cloned();
+            .route(&queue.team, &queue.name)
+            .filter(|r| r.id == queue.id);
         let route = latest.unwrap_or_else(|| Arc::clone(queue));
         let ready: Vec<&Arc<Upstream>> = route
             .upstreams
