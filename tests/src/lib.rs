@@ -660,6 +660,25 @@ impl Up {
         r.json().await.unwrap_or(Value::Null)
     }
 
+    /// A call of the API with the admin token: the status and the JSON answer.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.token);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
     /// Submits a job; returns its id.
     pub async fn submit(&self, spec: Value) -> String {
         let r = self
@@ -725,4 +744,89 @@ pub fn open_to_jobs(parent: &Path, dir: &Path) {
     // Not sticky: see `Broker::job_writable_dir`.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711)).unwrap();
+}
+
+/// Closed-loop callers of a service: each sends `body` to `url` with `token`, waits for the
+/// whole answer, and sends the next, until stopped. Every failure is kept with when it
+/// happened (seconds since `t0`) and why.
+pub struct Callers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ok: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failures: std::sync::Arc<std::sync::Mutex<Vec<(f64, String)>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Callers {
+    pub fn start(url: &str, token: &str, callers: usize, body: Value, t0: Instant) -> Callers {
+        use std::sync::atomic::Ordering;
+        let stop: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
+        let ok: std::sync::Arc<std::sync::atomic::AtomicU64> = Default::default();
+        let failures: std::sync::Arc<std::sync::Mutex<Vec<(f64, String)>>> = Default::default();
+        let client = reqwest::Client::new();
+        let tasks = (0..callers)
+            .map(|_| {
+                let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
+                let (client, url, token, body) = (
+                    client.clone(),
+                    url.to_string(),
+                    token.to_string(),
+                    body.clone(),
+                );
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        let r = client
+                            .post(&url)
+                            .bearer_auth(&token)
+                            .json(&body)
+                            .timeout(Duration::from_secs(60))
+                            .send()
+                            .await;
+                        let failure = match r {
+                            Ok(r) if r.status().is_success() => match r.bytes().await {
+                                Ok(_) => None,
+                                Err(e) => Some(format!("body: {e}")),
+                            },
+                            Ok(r) => {
+                                let status = r.status();
+                                Some(format!("{status} {}", r.text().await.unwrap_or_default()))
+                            }
+                            Err(e) => Some(e.to_string()),
+                        };
+                        match failure {
+                            None => {
+                                ok.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Some(why) => {
+                                let at = t0.elapsed().as_secs_f64();
+                                failures.lock().unwrap().push((at, why));
+                                // A failing gateway answers at once: do not spin.
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Callers {
+            stop,
+            ok,
+            failures,
+            tasks,
+        }
+    }
+
+    /// Answers so far.
+    pub fn ok(&self) -> u64 {
+        self.ok.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stops the callers; the answers and the failures.
+    pub async fn stop(self) -> (u64, Vec<(f64, String)>) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        let failures = self.failures.lock().unwrap().clone();
+        (self.ok.load(std::sync::atomic::Ordering::SeqCst), failures)
+    }
 }

@@ -17,8 +17,6 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchyard_tests::*;
 
@@ -167,83 +165,6 @@ async fn served(http: &reqwest::Client, addr: &str) -> Option<u64> {
     r.json::<Value>().await.ok()?["served"].as_u64()
 }
 
-/// Closed-loop callers: each sends a completion through the gateway, waits for the whole
-/// answer, and sends the next, until stopped. Every failure is kept with when it happened
-/// (since `t0`) and why.
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failures: Arc<Mutex<Vec<(f64, String)>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(url: String, token: String, callers: usize, t0: Instant) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let failures: Arc<Mutex<Vec<(f64, String)>>> = Arc::default();
-        let client = reqwest::Client::new();
-        let tasks = (0..callers)
-            .map(|_| {
-                let (stop, ok, failures) = (stop.clone(), ok.clone(), failures.clone());
-                let (client, url, token) = (client.clone(), url.clone(), token.clone());
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::SeqCst) {
-                        let r = client
-                            .post(&url)
-                            .bearer_auth(&token)
-                            .json(&json!({"prompt_tokens": 200, "max_tokens": 40}))
-                            .timeout(Duration::from_secs(30))
-                            .send()
-                            .await;
-                        let failure = match r {
-                            Ok(r) if r.status().is_success() => match r.bytes().await {
-                                Ok(_) => None,
-                                Err(e) => Some(format!("body: {e}")),
-                            },
-                            Ok(r) => {
-                                let status = r.status();
-                                Some(format!("{status} {}", r.text().await.unwrap_or_default()))
-                            }
-                            Err(e) => Some(e.to_string()),
-                        };
-                        match failure {
-                            None => {
-                                ok.fetch_add(1, Ordering::SeqCst);
-                            }
-                            Some(why) => {
-                                let at = t0.elapsed().as_secs_f64();
-                                failures.lock().unwrap().push((at, why));
-                                // A failing gateway answers at once: do not spin.
-                                tokio::time::sleep(Duration::from_millis(20)).await;
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            ok,
-            failures,
-            tasks,
-        }
-    }
-
-    fn ok(&self) -> u64 {
-        self.ok.load(Ordering::SeqCst)
-    }
-
-    async fn stop(self) -> (u64, Vec<(f64, String)>) {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.tasks {
-            t.await.unwrap();
-        }
-        let failures = self.failures.lock().unwrap().clone();
-        (self.ok.load(Ordering::SeqCst), failures)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_leader_keeps_a_service_answering_through_the_gateway() {
     let Some(server) = std::env::var("SWITCHYARD_TEST_PG_URL")
@@ -390,7 +311,13 @@ async fn killing_the_leader_keeps_a_service_answering_through_the_gateway() {
         },
     )
     .await;
-    let load = Load::start(url.clone(), admin.clone(), 4, t0);
+    let load = Callers::start(
+        &url,
+        &admin,
+        4,
+        json!({"prompt_tokens": 200, "max_tokens": 40}),
+        t0,
+    );
     eventually("calls to flow", Duration::from_secs(30), || async {
         (load.ok() >= 50).then_some(())
     })

@@ -40,19 +40,6 @@ fn spec(version: &str, min: i64) -> Value {
     })
 }
 
-async fn send(up: &Up, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut req = up
-        .http
-        .request(method, format!("{}{path}", up.url))
-        .bearer_auth(&up.token);
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 fn ready_versions(service: &Value) -> Vec<i64> {
     let mut v: Vec<i64> = service["replicas"]
         .as_array()
@@ -98,13 +85,13 @@ async fn ready_endpoints(up: &Up, id: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_deploys_its_replicas_rolls_to_a_new_version_and_drains_on_delete() {
     let up = Up::start(&[], 8).await;
-    let (status, created) = send(
-        &up,
-        reqwest::Method::POST,
-        "/api/v1/services",
-        Some(spec("v1", 2)),
-    )
-    .await;
+    let (status, created) = up
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/services",
+            Some(spec("v1", 2)),
+        )
+        .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
     assert_eq!(created["desired_replicas"], 2);
@@ -193,13 +180,13 @@ async fn a_service_deploys_its_replicas_rolls_to_a_new_version_and_drains_on_del
             answers
         })
     };
-    let (status, updated) = send(
-        &up,
-        reqwest::Method::PUT,
-        &format!("/api/v1/services/{id}"),
-        Some(spec("v2", 2)),
-    )
-    .await;
+    let (status, updated) = up
+        .send(
+            reqwest::Method::PUT,
+            &format!("/api/v1/services/{id}"),
+            Some(spec("v2", 2)),
+        )
+        .await;
     assert_eq!(status, 200, "{updated}");
     assert_eq!(updated["spec_version"], 2);
     let fewest_ready = std::cell::Cell::new(usize::MAX);
@@ -250,13 +237,13 @@ async fn a_service_deploys_its_replicas_rolls_to_a_new_version_and_drains_on_del
     );
 
     // Delete: every replica drains; the service reads stopped, then leaves the list.
-    let (status, _) = send(
-        &up,
-        reqwest::Method::DELETE,
-        &format!("/api/v1/services/{id}"),
-        None,
-    )
-    .await;
+    let (status, _) = up
+        .send(
+            reqwest::Method::DELETE,
+            &format!("/api/v1/services/{id}"),
+            None,
+        )
+        .await;
     assert_eq!(status, 202);
     eventually("no replica left", Duration::from_secs(60), || async {
         let list = up.get("/api/v1/services").await;
@@ -322,7 +309,9 @@ async fn a_replica_that_fails_its_probe_gets_no_traffic_and_is_replaced() {
         "replicas": {"min": 2, "max": 2},
         "readiness": {"path": "/health", "period_s": 1, "timeout_s": 1, "failure_threshold": 2}
     });
-    let (status, created) = send(&up, reqwest::Method::POST, "/api/v1/services", Some(spec)).await;
+    let (status, created) = up
+        .send(reqwest::Method::POST, "/api/v1/services", Some(spec))
+        .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
     let endpoint = created["endpoint"].as_str().unwrap().to_string();
