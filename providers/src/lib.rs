@@ -10,6 +10,7 @@
 
 #[cfg(feature = "aws")]
 pub mod aws;
+pub mod bootstrap;
 pub mod catalogue;
 pub mod fake;
 pub mod local;
@@ -84,6 +85,10 @@ pub enum ProviderError {
     UnknownPool(PoolId),
     #[error("transient provider failure: {0}")]
     Transient(String),
+    /// The cloud refused the request itself (a bad image, an unknown instance type, a
+    /// malformed bootstrap): retrying cannot help.
+    #[error("rejected by the provider: {0}")]
+    Rejected(String),
 }
 
 /// What a provider offers: the regions and pools it can serve, priced.

@@ -127,8 +127,8 @@ async fn launch_list_and_terminate_against_moto() {
     assert!(
         script.contains("SWITCHYARD_INTERRUPTION_URL=\"http://127.0.0.1:9/spot/instance-action\"")
     );
-    assert!(script.contains("chmod 0600 /etc/switchyard/agent.env"));
-    assert!(script.contains("EnvironmentFile=/etc/switchyard/agent.env"));
+    assert!(script.contains("chmod 0600 \"$R/etc/switchyard/agent.env\""));
+    assert!(script.contains("EnvironmentFile=$R/etc/switchyard/agent.env"));
     assert!(script.contains("systemctl enable --now switchyard-agent.service"));
     let exec = script
         .lines()

@@ -5,17 +5,9 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
 
-/// Environment variables the provider itself writes into the agent's env file; `agent.env`
-/// may not override them.
-pub const RESERVED_AGENT_ENV: [&str; 5] = [
-    "SWITCHYARD_BROKER",
-    "SWITCHYARD_ENROL_TOKEN",
-    "SWITCHYARD_STATE_DIR",
-    "SWITCHYARD_AGENT_NAME",
-    "SWITCHYARD_CA_CERT",
-];
+pub use crate::bootstrap::AgentInstall;
+use std::time::Duration;
 
 /// How Switchyard launches and finds its EC2 instances.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -140,31 +132,6 @@ impl Default for RetrySettings {
     }
 }
 
-/// How the instance gets and starts `switchyard-agent` (cloud-init user-data). The broker URL
-/// and the enrolment token come with each launch.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AgentInstall {
-    /// Where to download the agent binary from (curl), or…
-    #[serde(default)]
-    pub download_url: Option<String>,
-    /// …the SHA-256 (hex) the download must have.
-    #[serde(default)]
-    pub sha256: Option<String>,
-    /// …a shell command that installs the binary at `binary_path` (e.g. from a package).
-    #[serde(default)]
-    pub install_command: Option<String>,
-    #[serde(default = "default_binary_path")]
-    pub binary_path: String,
-    /// Extra `SWITCHYARD_*` settings for the agent (e.g. its interruption-notice URL).
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// PEM CA certificate(s) the agent trusts for the broker (its `--ca-cert`), written to
-    /// the instance with the env file. The broker fills it from its `agent_ca_cert` file.
-    #[serde(default)]
-    pub ca_cert_pem: Option<String>,
-}
-
 /// A configuration that cannot work.
 #[derive(Debug, thiserror::Error)]
 #[error("aws config: {0}")]
@@ -224,80 +191,8 @@ impl AwsConfig {
         if self.request_timeout_s == 0 {
             return fail("request_timeout_s must be positive".into());
         }
-        self.agent.validate()
+        self.agent.validate().map_err(AwsConfigError)
     }
-}
-
-impl AgentInstall {
-    fn validate(&self) -> Result<(), AwsConfigError> {
-        let fail = |m: String| Err(AwsConfigError(m));
-        match (&self.download_url, &self.install_command) {
-            (Some(_), Some(_)) => {
-                return fail("agent: give download_url or install_command, not both".into());
-            }
-            (None, None) => return fail("agent: give download_url or install_command".into()),
-            (Some(url), None) if !(url.starts_with("https://") || url.starts_with("http://")) => {
-                return fail(format!("agent.download_url {url:?} is not an http(s) URL"));
-            }
-            (None, Some(_)) if self.sha256.is_some() => {
-                return fail("agent.sha256 applies only to download_url".into());
-            }
-            _ => {}
-        }
-        if let Some(sum) = &self.sha256
-            && (sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()))
-        {
-            return fail("agent.sha256 must be 64 hex digits".into());
-        }
-        if !self.binary_path.starts_with('/') || !is_plain(&self.binary_path) {
-            return fail(format!(
-                "agent.binary_path {:?} must be an absolute path without spaces or quotes",
-                self.binary_path
-            ));
-        }
-        if let Some(pem) = &self.ca_cert_pem
-            && !ca_pem_is_plain(pem)
-        {
-            return fail(
-                "agent.ca_cert_pem must be PEM certificates: printable ASCII lines with a \
-                 BEGIN CERTIFICATE block"
-                    .into(),
-            );
-        }
-        for (key, value) in &self.env {
-            if !key.starts_with("SWITCHYARD_")
-                || !key
-                    .bytes()
-                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-            {
-                return fail(format!("agent.env: {key:?} is not a SWITCHYARD_* name"));
-            }
-            if RESERVED_AGENT_ENV.contains(&key.as_str()) {
-                return fail(format!("agent.env: {key} is set by the provider"));
-            }
-            if value.chars().any(char::is_control) {
-                return fail(format!("agent.env.{key} contains a control character"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// PEM text safe inside the user-data's quoted here document: printable ASCII lines, at
-/// least one certificate, no line that could end the document.
-pub(crate) fn ca_pem_is_plain(pem: &str) -> bool {
-    pem.contains("-----BEGIN CERTIFICATE-----")
-        && pem
-            .bytes()
-            .all(|b| b == b'\n' || b == b'\r' || (b' '..=b'~').contains(&b))
-        && !pem.lines().any(|l| l.trim().starts_with("SWITCHYARD_"))
-}
-
-/// Safe to write unquoted into a shell script and a systemd unit.
-pub(crate) fn is_plain(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@".contains(&b))
 }
 
 fn default_boot_time_s() -> u32 {
@@ -329,7 +224,4 @@ fn default_max_delay_ms() -> u64 {
 }
 fn default_owners() -> Vec<String> {
     vec!["self".into()]
-}
-fn default_binary_path() -> String {
-    "/usr/local/bin/switchyard-agent".into()
 }

@@ -18,7 +18,6 @@ mod error;
 mod instances;
 mod offers;
 mod retry;
-mod user_data;
 
 pub use config::{
     AgentInstall, AwsConfig, AwsConfigError, ImageConfig, RegionSettings, RetrySettings,
@@ -324,12 +323,12 @@ impl AwsProvider {
             return Ok(info);
         }
         let image = self.image_for(region).await?;
-        let enrolment = user_data::Enrolment {
+        let enrolment = crate::bootstrap::Enrolment {
             broker_url: &request.broker_url,
             token: &request.enrolment_token,
             agent_name: &request.instance_key,
         };
-        let script = user_data::render(&self.config.agent, &enrolment)
+        let script = crate::bootstrap::render(&self.config.agent, &enrolment)
             .map_err(|e| Failure::new(Class::Rejected, format!("refusing to launch: {e}")))?;
         let run = self.run_request(client, request, region, instance_type, &image, &script);
         let output = self
