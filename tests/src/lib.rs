@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod clouds;
 pub mod ledger;
 pub mod proxy;
 

@@ -73,11 +73,8 @@ impl Failure {
             },
             Class::Throttled => ProviderError::Throttled(detail),
             Class::Auth => ProviderError::Auth(detail),
-            // `ProviderError` has no variant for a refused request; the code in the message
-            // says it is not worth an immediate retry.
-            Class::NotFound | Class::Transient | Class::Rejected => {
-                ProviderError::Transient(detail)
-            }
+            Class::Rejected => ProviderError::Rejected(detail),
+            Class::NotFound | Class::Transient => ProviderError::Transient(detail),
         }
     }
 }
