@@ -10,9 +10,12 @@
 
 #[cfg(feature = "aws")]
 pub mod aws;
+pub mod azure;
 pub mod bootstrap;
 pub mod catalogue;
 pub mod fake;
+pub mod gcp;
+pub mod lambda;
 pub mod local;
 
 use async_trait::async_trait;

@@ -12,8 +12,11 @@
 //!
 //! These are fakes, not the clouds: they model what Switchyard relies on, and nothing else.
 
+pub mod azure;
 pub mod boot;
 pub mod contract;
+pub mod gce;
+pub mod lambda;
 
 use std::time::Duration;
 

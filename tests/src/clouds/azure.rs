@@ -1,0 +1,1 @@
+//! Fake Azure ARM (Microsoft.Compute, Microsoft.Network) server: work in progress.

@@ -1,0 +1,1 @@
+//! Fake GCE (compute v1) server: work in progress.

@@ -1,0 +1,1 @@
+//! Fake Lambda Cloud API server: work in progress.
