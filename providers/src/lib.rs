@@ -13,10 +13,12 @@ pub mod aws;
 pub mod azure;
 pub mod bootstrap;
 pub mod catalogue;
+pub mod failure;
 pub mod fake;
 pub mod gcp;
 pub mod lambda;
 pub mod local;
+pub mod retry;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};

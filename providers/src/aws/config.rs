@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub use crate::bootstrap::AgentInstall;
+pub use crate::retry::RetrySettings;
 use std::time::Duration;
 
 /// How Switchyard launches and finds its EC2 instances.
@@ -108,30 +109,6 @@ pub struct RegionSettings {
     pub security_group_ids: Vec<String>,
 }
 
-/// Throttling and transient failures are retried with jittered exponential backoff. The SDK's
-/// own retries are off, so every attempt is counted here.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RetrySettings {
-    /// Attempts per API call, the first included.
-    #[serde(default = "default_max_attempts")]
-    pub max_attempts: u32,
-    #[serde(default = "default_base_delay_ms")]
-    pub base_delay_ms: u64,
-    #[serde(default = "default_max_delay_ms")]
-    pub max_delay_ms: u64,
-}
-
-impl Default for RetrySettings {
-    fn default() -> Self {
-        RetrySettings {
-            max_attempts: default_max_attempts(),
-            base_delay_ms: default_base_delay_ms(),
-            max_delay_ms: default_max_delay_ms(),
-        }
-    }
-}
-
 /// A configuration that cannot work.
 #[derive(Debug, thiserror::Error)]
 #[error("aws config: {0}")]
@@ -212,15 +189,6 @@ fn default_spot_price_max_age_s() -> u64 {
 }
 fn default_request_timeout_s() -> u64 {
     30
-}
-fn default_max_attempts() -> u32 {
-    4
-}
-fn default_base_delay_ms() -> u64 {
-    200
-}
-fn default_max_delay_ms() -> u64 {
-    5_000
 }
 fn default_owners() -> Vec<String> {
     vec!["self".into()]

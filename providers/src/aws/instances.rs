@@ -3,7 +3,7 @@
 //! idempotency client token, and `TerminateInstances`.
 
 use super::error::{Class, Failure, classify};
-use super::retry::Backoff;
+use crate::retry::Backoff;
 use crate::{INSTANCE_TAG, InstanceInfo, InstanceState};
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::types::{Filter, Instance, InstanceLifecycleType, InstanceStateName};

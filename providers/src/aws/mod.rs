@@ -17,7 +17,6 @@ mod config;
 mod error;
 mod instances;
 mod offers;
-mod retry;
 
 pub use config::{
     AgentInstall, AwsConfig, AwsConfigError, ImageConfig, RegionSettings, RetrySettings,
@@ -26,6 +25,7 @@ pub use config::{
 pub use instances::{CLUSTER_TAG, POOL_TAG};
 
 use crate::catalogue::{Catalogue, CatalogueError, pool_from_entry, region_id};
+use crate::retry::Backoff;
 use crate::{INSTANCE_TAG, InstanceInfo, LaunchRequest, Offers, Provider, ProviderError};
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
@@ -41,7 +41,6 @@ use aws_sdk_ec2::types::{
 use base64::Engine as _;
 use error::{Class, Failure, classify};
 use instances::{filter, info_of};
-use retry::Backoff;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -8,7 +8,7 @@
 //! record there means a quiet market — the age bound keeps a dead feed from freezing prices).
 
 use super::error::{Failure, classify};
-use super::retry::Backoff;
+use crate::retry::Backoff;
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::types::{InstanceType, InstanceTypeInfo, RiProductDescription};
 use std::collections::{BTreeMap, HashMap};

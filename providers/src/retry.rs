@@ -1,16 +1,51 @@
-//! Retries of EC2 calls: throttling and transient failures are retried with jittered
-//! exponential backoff, a bounded number of times. The SDK's own retries are disabled (see
-//! `AwsProvider::new`), so this is the only place that decides, and every attempt is logged.
-//! Retrying is safe: reads are idempotent and `RunInstances` carries a client token.
+//! Retries of cloud API calls, for every provider: throttling and transient failures are
+//! retried with jittered exponential backoff, a bounded number of times. The clients' own
+//! retries are off (the AWS SDK's in `AwsProvider::new`), so this is the only place that
+//! decides, and every attempt is logged. Each provider makes its retried calls safe to repeat
+//! (EC2's client token, GCE's `requestId`, looking the instance up by its tag first).
 
-use super::config::RetrySettings;
-use super::error::Failure;
+use crate::failure::Failure;
 use rand::Rng;
+use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::time::Duration;
 
+/// Throttling and transient failures are retried with jittered exponential backoff. The SDK's
+/// own retries are off, so every attempt is counted here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Attempts per API call, the first included.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "default_base_delay_ms")]
+    pub base_delay_ms: u64,
+    #[serde(default = "default_max_delay_ms")]
+    pub max_delay_ms: u64,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            max_attempts: default_max_attempts(),
+            base_delay_ms: default_base_delay_ms(),
+            max_delay_ms: default_max_delay_ms(),
+        }
+    }
+}
+
+fn default_max_attempts() -> u32 {
+    4
+}
+fn default_base_delay_ms() -> u64 {
+    200
+}
+fn default_max_delay_ms() -> u64 {
+    5_000
+}
+
 #[derive(Clone, Debug)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     max_attempts: u32,
     base: Duration,
     max: Duration,
@@ -57,12 +92,12 @@ impl Backoff {
                 Err(failure) if failure.retryable() && attempt < self.max_attempts => {
                     let delay = self.delay(attempt);
                     tracing::warn!(
-                        aws.operation = operation,
+                        provider.operation = operation,
                         attempt,
                         max_attempts = self.max_attempts,
                         delay_ms = delay.as_millis() as u64,
                         error = %failure.detail(),
-                        "EC2 call failed, retrying"
+                        "cloud API call failed, retrying"
                     );
                     tokio::time::sleep(delay).await;
                     attempt += 1;
@@ -75,8 +110,8 @@ impl Backoff {
 
 #[cfg(test)]
 mod tests {
-    use super::super::error::Class;
     use super::*;
+    use crate::failure::Class;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     fn backoff(max_attempts: u32) -> Backoff {
