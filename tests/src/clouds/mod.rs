@@ -17,6 +17,7 @@ pub mod boot;
 pub mod contract;
 pub mod gce;
 pub mod lambda;
+pub mod openapi;
 
 use std::time::Duration;
 
