@@ -90,6 +90,7 @@ fn jobs(n: usize) -> Vec<SimJob> {
                     data: None,
                     kind: JobKind::Batch,
                     max_latency_ms: None,
+                    callers: Vec::new(),
                 },
             }
         })

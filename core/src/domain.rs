@@ -287,6 +287,19 @@ pub struct JobSpec {
     pub data: Option<DataLocation>,
     pub kind: JobKind,
     pub max_latency_ms: Option<u32>,
+    /// A service's callers: where its calls come from and in what shares. With callers,
+    /// `max_latency_ms` bounds the share-weighted latency from them to a replica's region;
+    /// without, the region's own latency.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub callers: Vec<CallerShare>,
+}
+
+/// One region a service's calls come from, and its share of them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallerShare {
+    pub region: RegionId,
+    /// The share in basis points (1/10,000): shares of one service add up to 10,000.
+    pub share_bp: u32,
 }
 
 /// Runtime assumed for a job that gives no estimate.

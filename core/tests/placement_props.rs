@@ -161,6 +161,7 @@ prop_compose! {
             data: data.map(|(r, size_gb)| DataLocation { region: RegionId::new(REGIONS[r]), size_gb }),
             kind: if service { JobKind::Service } else { JobKind::Batch },
             max_latency_ms,
+            callers: Vec::new(),
         }
     }
 }
@@ -720,6 +721,7 @@ proptest! {
                     data: None,
                     kind: JobKind::Batch,
                     max_latency_ms: None,
+                    callers: Vec::new(),
                 },
                 submitted_at: NOW,
             })

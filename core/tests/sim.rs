@@ -91,6 +91,7 @@ fn job(submit_s: i64, runtime_s: i64, deadline_factor: Option<f64>, spot: SpotRu
             data: None,
             kind: JobKind::Batch,
             max_latency_ms: None,
+            callers: Vec::new(),
         },
         measured: true,
     }

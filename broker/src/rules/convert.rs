@@ -250,6 +250,7 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
         data,
         kind,
         max_latency_ms: spec.max_latency_ms,
+        callers: Vec::new(),
     })
 }
 

@@ -179,7 +179,7 @@ pub fn service_error(e: ApiError) -> ApiError {
 pub fn check_spec(spec: &ServiceSpec, now: Timestamp) -> Result<core::JobSpec, ApiError> {
     // The name is part of the endpoint's path (`/svc/TEAM/NAME/`).
     convert::check_slug("name", &spec.name).map_err(service_error)?;
-    let replica = convert::job_spec(&replica_job_spec(spec), now).map_err(service_error)?;
+    let mut replica = convert::job_spec(&replica_job_spec(spec), now).map_err(service_error)?;
     if spec.env.contains_key("PORT") {
         return Err(invalid(
             "env.PORT",
@@ -194,6 +194,7 @@ pub fn check_spec(spec: &ServiceSpec, now: Timestamp) -> Result<core::JobSpec, A
     check_schedule(spec, max)?;
     check_readiness(spec)?;
     check_callers(spec)?;
+    replica.callers = caller_shares(spec);
     if let Some(spot) = &spec.spot
         && let Some(n) = spot.min_on_demand
         && !(0..=max).contains(&n)
@@ -380,6 +381,18 @@ fn check_readiness(spec: &ServiceSpec) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// The service's callers as placement weighs them (shares in basis points); validated by
+/// [`check_spec`].
+pub fn caller_shares(spec: &ServiceSpec) -> Vec<core::CallerShare> {
+    spec.callers
+        .iter()
+        .map(|c| core::CallerShare {
+            region: core::RegionId(c.region.clone()),
+            share_bp: (c.share.clamp(0.0, 1.0) * 10_000.0).round() as u32,
+        })
+        .collect()
 }
 
 fn check_callers(spec: &ServiceSpec) -> Result<(), ApiError> {
@@ -768,7 +781,9 @@ mod tests {
             json!({"priority": "critical", "spot": {"rule": "never", "min_on_demand": 1},
                             "regions": ["onprem:dc1"], "max_latency_ms": 40,
                             "max_price_per_hour": 20.0, "env": {"MODEL": "small"},
-                            "project": "assistant"}),
+                            "project": "assistant",
+                            "callers": [{"region": "aws:us-east-1", "share": 0.6},
+                                        {"region": "onprem:dc1", "share": 0.4}]}),
         );
         let j = replica_job_spec(&s);
         assert_eq!(j.kind, Some(JobKind::Service));
@@ -783,6 +798,16 @@ mod tests {
         let core = check_spec(&s, at(2026, 12, 2, 3, 0)).unwrap();
         assert_eq!(core.priority, core::Priority::Critical);
         assert_eq!(core.kind, core::JobKind::Service);
+        // Placement weighs the callers' shares (basis points).
+        let shares: Vec<(&str, u32)> = core
+            .callers
+            .iter()
+            .map(|c| (c.region.as_str(), c.share_bp))
+            .collect();
+        assert_eq!(
+            shares,
+            vec![("aws:us-east-1", 6_000), ("onprem:dc1", 4_000)]
+        );
     }
 
     #[test]
@@ -864,6 +889,7 @@ mod tests {
                 serve_host: Some("127.0.0.1".into()),
                 serve_port: Some(41000),
                 ready,
+                node_draining: false,
             }),
         }
     }

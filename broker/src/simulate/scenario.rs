@@ -477,6 +477,7 @@ impl Scenario {
                         data: data_loc,
                         kind: JobKind::Batch,
                         max_latency_ms: None,
+                        callers: Vec::new(),
                     },
                     measured: t.submit_s >= start_s,
                 }

@@ -197,6 +197,7 @@ pub fn fleet(seed: u64, jobs: usize, pools: usize, nodes: usize) -> Snapshot {
                         JobKind::Batch
                     },
                     max_latency_ms: rng.chance(10).then_some(100),
+                    callers: Vec::new(),
                 },
                 submitted_at: NOW.plus_secs(-(rng.below(86_400) as i64)),
             }

@@ -8,7 +8,7 @@
 //! This module knows nothing about nodes, running work or time.
 
 use super::Rejection;
-use crate::domain::{JobKind, JobSpec, Pool, Region, SpotRule};
+use crate::domain::{CallerShare, JobKind, JobSpec, Pool, Region, RegionId, SpotRule};
 use crate::money::Money;
 
 /// Why a pool cannot take a job: [`Rejection`] without the allocation (`GpuModelNotAllowed`
@@ -265,13 +265,52 @@ pub(crate) fn shape_violation(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
     None
 }
 
-/// A service's latency bound against the pool's region. A region the snapshot does not describe
-/// has unknown latency, reported as `u32::MAX`: a bound that cannot be checked is not met.
-pub(crate) fn latency_violation(spec: &JobSpec, region: Option<&Region>) -> Option<Reject> {
+/// A service's latency bound against the pool's region. Without callers, the bound applies to
+/// the region's own latency (measured from the broker). With callers, it applies to the
+/// share-weighted latency from them: zero from a caller in the region itself, else the two
+/// regions' latencies added (the broker's vantage point as the hub, as the gateway ranks
+/// regions). A region the snapshot does not describe has unknown latency, reported as
+/// `u32::MAX`: a bound that cannot be checked is not met.
+pub(crate) fn latency_violation<'r>(
+    spec: &JobSpec,
+    region: Option<&'r Region>,
+    regions: impl Fn(&RegionId) -> Option<&'r Region>,
+) -> Option<Reject> {
     if spec.kind != JobKind::Service {
         return None;
     }
     let max_ms = spec.max_latency_ms?;
-    let latency_ms = region.map_or(u32::MAX, |r| r.latency_ms);
+    let latency_ms = match region {
+        None => u32::MAX,
+        Some(r) if spec.callers.is_empty() => r.latency_ms,
+        Some(r) => caller_latency_ms(&spec.callers, r, regions),
+    };
     (latency_ms > max_ms).then_some(Reject::LatencyTooHigh { latency_ms, max_ms })
+}
+
+/// The share-weighted latency from `callers` to `region`, rounded up; `u32::MAX` when a
+/// caller's region is unknown.
+pub(crate) fn caller_latency_ms<'r>(
+    callers: &[CallerShare],
+    region: &Region,
+    regions: impl Fn(&RegionId) -> Option<&'r Region>,
+) -> u32 {
+    let mut weighted: u64 = 0;
+    let mut total: u64 = 0;
+    for c in callers {
+        let ms = if c.region == region.id {
+            0
+        } else {
+            match regions(&c.region) {
+                Some(from) => u64::from(from.latency_ms) + u64::from(region.latency_ms),
+                None => return u32::MAX,
+            }
+        };
+        weighted += ms * u64::from(c.share_bp);
+        total += u64::from(c.share_bp);
+    }
+    if total == 0 {
+        return region.latency_ms;
+    }
+    u32::try_from(weighted.div_ceil(total)).unwrap_or(u32::MAX)
 }

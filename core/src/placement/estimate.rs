@@ -237,7 +237,7 @@ impl<'a> JobCtx<'a> {
                 index
                     .region_ids
                     .iter()
-                    .map(|id| latency_violation(spec, index.region(id)))
+                    .map(|id| latency_violation(spec, index.region(id), |r| index.region(r)))
                     .collect()
             }),
         };

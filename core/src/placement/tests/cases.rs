@@ -122,6 +122,25 @@ fn latency_bounds_services_only() {
     check(w().pool("azure:weu/nd", "H100", 8, 8.0, None).node("azure:weu/nd", "z1", 8).job(1).service(500), &hold(&[("region latency above the service's maximum of 500 ms", 1)]));
 }
 
+/// With callers, the bound is on the share-weighted latency from them: zero from callers in
+/// the replica's own region, else both regions' latencies (onprem 5, aws 20, gcp 120 ms).
+#[rustfmt::skip]
+#[test]
+fn latency_from_the_callers_is_weighed_by_their_shares() {
+    let far = || w().pool("gcp:euw4/a3", "H100", 8, 8.0, None).node("gcp:euw4/a3", "g1", 8).pool(P5, "H100", 8, 80.0, None).node(P5, "a1", 8);
+    let callers = |shares: &[(&str, u32)]| {
+        let c: Vec<CallerShare> = shares.iter().map(|(r, bp)| CallerShare { region: RegionId::new(*r), share_bp: *bp }).collect();
+        move |j: &mut JobSpec| j.callers = c.clone()
+    };
+    // All callers in gcp: its own latency (120 ms) does not count, the cheap pool wins.
+    check(far().job(1).service(50).with(callers(&[("gcp:euw4", 10_000)])), "assign g1 on_demand");
+    // 60 % in aws, 40 % in gcp: gcp is 0.6 × 140 = 84 ms away, aws 0.4 × 140 = 56 ms.
+    check(far().job(1).service(60).with(callers(&[("aws:use1", 6_000), ("gcp:euw4", 4_000)])), "assign a1 on_demand");
+    check(far().job(1).service(50).with(callers(&[("aws:use1", 6_000), ("gcp:euw4", 4_000)])), &hold(&[("region latency above the service's maximum of 50 ms", 2)]));
+    // Callers in a region the snapshot does not describe: the bound cannot be checked.
+    check(far().job(1).service(500).with(callers(&[("azure:weu", 10_000)])), &hold(&[("region latency above the service's maximum of 500 ms", 2)]));
+}
+
 #[rustfmt::skip]
 #[test]
 fn data_gravity_moves_the_winner() {

@@ -195,6 +195,7 @@ impl W {
                 data: None,
                 kind: JobKind::Batch,
                 max_latency_ms: None,
+                callers: Vec::new(),
             },
             // Later jobs were submitted later.
             submitted_at: NOW.plus_secs(n as i64 - 1000),
