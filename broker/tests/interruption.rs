@@ -275,3 +275,135 @@ async fn an_interrupted_burst_instance_drains_and_its_job_gets_a_new_one() {
         "{job}"
     );
 }
+
+/// A heartbeat from `agent` running `attempt` as a replica serving on `port`, ready or not.
+async fn serving(
+    app: &TestApp,
+    agent: &TestAgent,
+    attempt: &Value,
+    port: u16,
+    ready: bool,
+    notice: Option<Value>,
+) -> Value {
+    let mut body = json!({"inventory": inventory(4), "running": [attempt],
+        "serving": [{"attempt": attempt, "host": "127.0.0.1", "port": port, "ready": ready}]});
+    if let Some(n) = notice {
+        body["interruption"] = n;
+    }
+    let r = app
+        .call(
+            Method::POST,
+            "/agent/v1/heartbeat",
+            Some(&agent.token),
+            Some(body),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    r.body
+}
+
+/// A service replica on a node with notice of its end is not stopped at the notice: a
+/// replacement starts elsewhere, and only once it is ready does the doomed replica drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_serves_through_the_notice_until_its_replacement_is_ready() {
+    let app = TestApp::spawn().await;
+    let a = app.agent(4).await;
+    let spec = json!({"name": "chat", "team": "ml", "command": ["serve"],
+        "resources": {"gpus": 1}, "replicas": {"min": 1, "max": 1}});
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/services",
+            Some(&app.admin),
+            Some(spec),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let service = r.body["id"].as_str().unwrap().to_string();
+    let old = lease(&app, &a).await;
+    assert_eq!(
+        events(
+            &app,
+            &a,
+            json!([{"type": "started", "attempt": old, "pid": 7}])
+        )
+        .await,
+        ["accepted"]
+    );
+    serving(&app, &a, &old, 41000, true, None).await;
+
+    // The notice: the replica is not in `stop`, the node drains, the replica still runs.
+    let r = serving(&app, &a, &old, 41000, true, Some(notice())).await;
+    assert_eq!(r["stop"], json!([]), "{r}");
+    assert_eq!(r["drain"], true);
+
+    // A replacement is placed on the other node; the old replica keeps serving meanwhile.
+    let b = app.agent(4).await;
+    let new = lease(&app, &b).await;
+    assert_ne!(new["job_id"], old["job_id"]);
+    assert_eq!(
+        events(
+            &app,
+            &b,
+            json!([{"type": "started", "attempt": new, "pid": 8}])
+        )
+        .await,
+        ["accepted"]
+    );
+    serving(&app, &b, &new, 41001, false, None).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = serving(&app, &a, &old, 41000, true, Some(notice())).await;
+    assert_eq!(
+        r["stop"],
+        json!([]),
+        "stopped before its replacement was ready: {r}"
+    );
+    let path = format!("/api/v1/services/{service}");
+    let s = app
+        .call(Method::GET, &path, Some(&app.admin), None)
+        .await
+        .body;
+    let states: Vec<&str> = s["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["state"].as_str())
+        .collect();
+    assert!(states.contains(&"ready"), "{s}");
+
+    // The replacement is ready: the doomed replica drains, with the reason in the events.
+    serving(&app, &b, &new, 41001, true, None).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let s = app
+            .call(Method::GET, &path, Some(&app.admin), None)
+            .await
+            .body;
+        let draining = s["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["job_id"] == old["job_id"] && r["state"] == "draining");
+        if draining {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the old replica never drained: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = app
+        .call(
+            Method::GET,
+            &format!("{path}/events"),
+            Some(&app.admin),
+            None,
+        )
+        .await
+        .body;
+    assert!(
+        events.to_string().contains("its node is going away"),
+        "{events}"
+    );
+}

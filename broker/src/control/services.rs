@@ -315,6 +315,7 @@ fn seen(r: &ServiceReplicaRow) -> Option<Seen> {
             .attempt
             .as_ref()
             .is_some_and(|a| !a.region.is_empty() && !a.region.starts_with("onprem:")),
+        doomed: r.attempt.as_ref().is_some_and(|a| a.node_draining),
     })
 }
 
@@ -350,7 +351,10 @@ async fn start_replicas(
     let mut pinned = wire.clone();
     pinned.spot = Some(SpotRule::Never);
     let pinned_core = if must > 0 {
-        convert::job_spec(&pinned, now).ok()
+        convert::job_spec(&pinned, now).ok().map(|mut core| {
+            core.callers = service::caller_shares(spec);
+            core
+        })
     } else {
         None
     };
@@ -359,7 +363,10 @@ async fn start_replicas(
     // Validated when the service was deployed; a spec the job rules refuse now (a rule that
     // changed since) starts nothing and says why.
     let core = match convert::job_spec(&wire, now) {
-        Ok(core) => core,
+        Ok(mut core) => {
+            core.callers = service::caller_shares(spec);
+            core
+        }
         Err(e) => {
             let message = format!("cannot start replicas: {e}");
             app.store

@@ -29,6 +29,9 @@ pub struct Seen {
     /// Placed on capacity bought for the burst (a cloud region), not the company's own: the
     /// first to go in a scale-down.
     pub burst: bool,
+    /// Its node is going away (a spot interruption notice, a drain): it is replaced like a
+    /// replica of an old version — it serves until its replacement is ready, then drains.
+    pub doomed: bool,
 }
 
 /// What to do now.
@@ -172,6 +175,8 @@ pub fn spread(min: u32, desired: u32, live: &[Seen]) -> Spread {
 pub const WHY_DELETED: &str = "the service was deleted";
 pub const WHY_SCALE_DOWN: &str = "scaled down";
 pub const WHY_REPLACED: &str = "replaced by the new spec version";
+pub const WHY_RECLAIMED: &str =
+    "its node is going away (spot interruption notice or drain): replaced, then drained";
 
 /// What to start and stop. `spreads`: the service keeps its replicas on two nodes at least
 /// ([`spread`]), so a scale-down keeps them apart before it keeps them cheap.
@@ -184,7 +189,7 @@ pub fn decide(version: i64, desired: u32, deleted: bool, spreads: bool, live: &[
         };
     }
     let (mut current, mut old): (Vec<&Seen>, Vec<&Seen>) =
-        active.partition(|r| r.version == version);
+        active.partition(|r| r.version == version && !r.doomed);
     let desired_n = desired as usize;
     let mut decision = Decision::default();
     if current.len() < desired_n {
@@ -221,9 +226,14 @@ pub fn decide(version: i64, desired: u32, deleted: bool, spreads: bool, live: &[
     // Old ones not ready go first, then the oldest.
     old.sort_by(|a, b| a.ready.cmp(&b.ready).then(a.job.0.cmp(&b.job.0)));
     let stop_old = old.len() - keep_old;
-    decision
-        .stop
-        .extend(old.iter().take(stop_old).map(|r| (r.job, WHY_REPLACED)));
+    decision.stop.extend(old.iter().take(stop_old).map(|r| {
+        let why = if r.version == version {
+            WHY_RECLAIMED
+        } else {
+            WHY_REPLACED
+        };
+        (r.job, why)
+    }));
     decision
 }
 
@@ -242,6 +252,7 @@ mod tests {
             stopping: false,
             node: None,
             burst: false,
+            doomed: false,
         }
     }
 
@@ -276,6 +287,26 @@ mod tests {
         going.stopping = true;
         let d = decide(1, 1, false, false, &[going]);
         assert_eq!((d.start, d.stop.len()), (1, 0));
+    }
+
+    #[test]
+    fn a_replica_whose_node_goes_away_serves_until_its_replacement_is_ready() {
+        let doomed = Seen {
+            doomed: true,
+            ..r(1, 1, true, 0)
+        };
+        // The notice: a replacement starts; the doomed replica keeps serving.
+        let d = decide(1, 2, false, false, &[doomed.clone(), r(2, 1, true, 1)]);
+        assert_eq!((d.start, d.stop.len()), (1, 0));
+        // The replacement starts but is not ready yet: nothing more changes.
+        let starting = [doomed.clone(), r(2, 1, true, 1), r(3, 1, false, 2)];
+        assert_eq!(decide(1, 2, false, false, &starting), Decision::default());
+        // Ready: the doomed replica drains, and says why.
+        let ready = [doomed, r(2, 1, true, 1), r(3, 1, true, 2)];
+        let d = decide(1, 2, false, false, &ready);
+        assert_eq!(d.start, 0);
+        assert_eq!(stopped(&d), vec![1]);
+        assert_eq!(d.stop[0].1, WHY_RECLAIMED);
     }
 
     #[test]

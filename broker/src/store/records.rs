@@ -632,4 +632,7 @@ pub struct ReplicaAttemptRow {
     pub serve_port: Option<u16>,
     /// Its readiness probe passes (the agent's last report).
     pub ready: bool,
+    /// Its node is draining: a spot interruption notice, or an operator's drain. The replica
+    /// serves on until a replacement is ready.
+    pub node_draining: bool,
 }

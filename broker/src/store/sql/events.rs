@@ -202,13 +202,17 @@ pub(super) async fn end_node_work(
     attempt_state: &'static str,
     why: &str,
     now: Timestamp,
+    keep: NodeWorkKept,
 ) -> StoreResult<(Vec<AttemptRef>, Vec<JobId>)> {
     let rows = query(
         "SELECT id, job_id, epoch FROM attempts \
          WHERE node_id = $1 AND state IN ('assigned', 'running', 'preempting') \
+         AND NOT ($2 AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = attempts.job_id \
+                                 AND j.service_id IS NOT NULL AND attempts.state = 'running')) \
          ORDER BY created_at, id",
     )
     .bind(node)
+    .bind(keep == NodeWorkKept::RunningReplicas)
     .fetch_all(&mut *tx)
     .await?;
     let mut stopped = Vec::with_capacity(rows.len());
@@ -240,6 +244,16 @@ pub(super) async fn end_node_work(
         stopped.push(attempt);
     }
     Ok((stopped, requeued))
+}
+
+/// What [`end_node_work`] leaves running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NodeWorkKept {
+    Nothing,
+    /// Running service replicas: the node has notice of its end (a spot interruption), and a
+    /// replica serves on until the reconciler's replacement is ready (then it drains), or
+    /// until the node is gone.
+    RunningReplicas,
 }
 
 /// The end of an attempt that puts its job back in the queue (or `cancelled`): stopped for a

@@ -169,7 +169,15 @@ impl Store {
                 .execute(&mut tx)
                 .await?;
             let why = format!("instance {id} ended: {}", reason.unwrap_or("terminated"));
-            end_node_work(&mut tx, node.as_str(), "lost", &why, now).await?;
+            end_node_work(
+                &mut tx,
+                node.as_str(),
+                "lost",
+                &why,
+                now,
+                NodeWorkKept::Nothing,
+            )
+            .await?;
         }
         if let Some(job) = inst.for_job {
             let why = format!("instance {id} ended before the job was placed");

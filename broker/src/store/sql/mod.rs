@@ -40,7 +40,7 @@ use super::postgres;
 use super::sqlite;
 use super::*;
 use crate::rules::lease::{self, AttemptState, Requeue, Verdict};
-use events::{end_node_work, requeue_provisioning};
+use events::{NodeWorkKept, end_node_work, requeue_provisioning};
 use policies::insert_audit;
 use switchyard_core::{Pool, Region};
 use switchyard_protocol::agent::{AgentEvent, EventResult, Inventory};

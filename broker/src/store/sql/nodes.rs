@@ -121,7 +121,15 @@ impl Store {
         if marked.rows_affected() != 1 {
             return Ok(None);
         }
-        let (_, requeued) = end_node_work(&mut tx, node.as_str(), "lost", why, now).await?;
+        let (_, requeued) = end_node_work(
+            &mut tx,
+            node.as_str(),
+            "lost",
+            why,
+            now,
+            NodeWorkKept::Nothing,
+        )
+        .await?;
         tx.commit().await?;
         Ok(Some(requeued))
     }
@@ -226,6 +234,7 @@ impl Store {
                     "lost",
                     "node lost: no heartbeat within the lease TTL",
                     now,
+                    NodeWorkKept::Nothing,
                 )
                 .await?
                 .1,
@@ -374,8 +383,15 @@ impl Store {
                 .execute(&mut tx)
                 .await?;
         }
-        let (stopped, requeued) =
-            end_node_work(&mut tx, node.as_str(), "preempted", why, now).await?;
+        let (stopped, requeued) = end_node_work(
+            &mut tx,
+            node.as_str(),
+            "preempted",
+            why,
+            now,
+            NodeWorkKept::RunningReplicas,
+        )
+        .await?;
         tx.commit().await?;
         Ok(NodeInterruption {
             newly_draining: marked.rows_affected() == 1,

@@ -67,6 +67,7 @@ fn replica_from_row(r: &Row) -> StoreResult<ServiceReplicaRow> {
                 serve_host: r.get("a_serve_host")?,
                 serve_port: port,
                 ready: r.get("a_ready")?,
+                node_draining: r.get::<Option<bool>>("a_node_draining")?.unwrap_or(false),
             })
         }
     };
@@ -387,9 +388,10 @@ impl Store {
             "SELECT j.id, j.service_version, j.state, j.cancel_requested, j.drain_at, j.finished_at, \
              j.reason, j.spec_json, a.id AS a_id, a.state AS a_state, a.node_id AS a_node, \
              a.pool_id AS a_pool, p.region_id AS a_region, a.market AS a_market, \
-             a.serve_host AS a_serve_host, a.serve_port AS a_serve_port, a.ready AS a_ready \
+             a.serve_host AS a_serve_host, a.serve_port AS a_serve_port, a.ready AS a_ready, \
+             n.draining AS a_node_draining \
              FROM jobs j LEFT JOIN attempts a ON a.id = j.current_attempt \
-             LEFT JOIN pools p ON p.id = a.pool_id \
+             LEFT JOIN pools p ON p.id = a.pool_id LEFT JOIN nodes n ON n.id = a.node_id \
              WHERE j.service_id = $1 AND (j.state NOT IN {TERMINAL} OR j.finished_at >= $2) \
              ORDER BY j.id"
         )))
