@@ -37,10 +37,12 @@ fn defaults_follow_lambdas_documentation() {
     assert_eq!(c.name_prefix(), "sy-prod1-");
 }
 
+type Change = Box<dyn Fn(&mut LambdaConfig)>;
+
 #[test]
 fn validation_names_the_field() {
     let key = key_file("k");
-    let cases: Vec<(Box<dyn Fn(&mut LambdaConfig)>, &str)> = vec![
+    let cases: Vec<(Change, &str)> = vec![
         (Box::new(|c| c.cluster = "Prod-1".into()), "cluster"),
         (Box::new(|c| c.cluster = "a".repeat(17)), "cluster"),
         (Box::new(|c| c.regions.clear()), "regions is empty"),
