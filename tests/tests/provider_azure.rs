@@ -443,3 +443,76 @@ fn alive(pid: i32) -> bool {
         })
         .is_some_and(|zombie| !zombie)
 }
+
+#[tokio::test]
+async fn the_fake_refuses_requests_outside_the_description() {
+    let r = rig(FakeOptions::default()).await;
+    // A token, as the provider would get it.
+    r.provider.list().await.expect("list");
+    let o = r.fake.options().clone();
+    let http = reqwest::Client::new();
+    let token: serde_json::Value = http
+        .post(format!(
+            "{}/{}/oauth2/v2.0/token",
+            r.fake.url(),
+            o.tenant_id
+        ))
+        .form(&[
+            ("grant_type", "client_credentials"),
+            ("client_id", o.client_id.as_str()),
+            ("client_secret", o.client_secret.as_str()),
+            ("scope", &format!("{}/.default", r.fake.url())),
+        ])
+        .send()
+        .await
+        .expect("token")
+        .json()
+        .await
+        .expect("json");
+    let bearer = token["access_token"].as_str().expect("token").to_owned();
+    let vm = |version: &str| {
+        format!(
+            "{}/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Compute/virtualMachines/x?api-version={version}",
+            r.fake.url(),
+            o.subscription_id,
+            o.resource_group
+        )
+    };
+    let cases = [
+        // A misspelt property, a wrong type, a missing required property (location).
+        (
+            vm("2024-07-01"),
+            serde_json::json!({"location": "eastus", "properties": {"hardwareProfile": {"vmSize": 1}, "priorty": "Spot"}}),
+        ),
+        (vm("2024-07-01"), serde_json::json!({"properties": {}})),
+        // A read-only property, and an api-version the description is not.
+        (
+            vm("2024-07-01"),
+            serde_json::json!({"location": "eastus", "properties": {"vmId": "x"}}),
+        ),
+        (vm("2019-03-01"), serde_json::json!({"location": "eastus"})),
+    ];
+    for (url, body) in &cases {
+        let status = http
+            .put(url)
+            .bearer_auth(&bearer)
+            .json(body)
+            .send()
+            .await
+            .expect("send")
+            .status();
+        assert_eq!(status, 400, "{url} {body}");
+    }
+    let invalid = r.fake.invalid_requests();
+    assert_eq!(invalid.len(), cases.len(), "{invalid:#?}");
+    let all = invalid.join("\n");
+    for expected in [
+        "priorty: unknown property",
+        "vmSize: expected string",
+        "required property \"location\"",
+        "vmId: read-only",
+        "api-version must be 2024-07-01",
+    ] {
+        assert!(all.contains(expected), "{expected:?} not in\n{all}");
+    }
+}
