@@ -366,6 +366,38 @@ async fn a_booted_instance_runs_its_bootstrap_and_terminate_powers_it_off() {
 }
 
 #[tokio::test]
+async fn a_lost_insert_answer_is_retried_with_the_same_request_id() {
+    let fake = gce::start(Options::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(&fake, dir.path()).await;
+    p.list().await.unwrap(); // the token, fetched before counting
+    fake.inject(Fault::LoseNextLaunchAnswer);
+    let before = fake.requests();
+    let info = p
+        .launch(&request("lost", POOL, Market::OnDemand))
+        .await
+        .expect("the retried insert finds the same operation");
+    // The lookup, the lost insert, the retried insert (the same operation), at least one poll.
+    assert!(
+        fake.requests() - before >= 4,
+        "{}",
+        fake.requests() - before
+    );
+    assert_eq!(fake.live_instances(), vec![info.provider_id.clone()]);
+    let again = p
+        .launch(&request("lost", POOL, Market::OnDemand))
+        .await
+        .unwrap();
+    assert_eq!(again.provider_id, info.provider_id);
+    assert_eq!(fake.live_instances().len(), 1);
+    assert!(
+        fake.invalid_requests().is_empty(),
+        "{:?}",
+        fake.invalid_requests()
+    );
+}
+
+#[tokio::test]
 async fn requests_outside_the_discovery_document_are_refused_and_recorded() {
     let fake = gce::start(Options::default()).await;
     let http = reqwest::Client::new();
