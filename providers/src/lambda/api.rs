@@ -224,6 +224,21 @@ impl LaunchLimiter {
         }
     }
 
+    /// How long a launch asked for now would wait for its slot.
+    pub fn wait_ahead(&self) -> Duration {
+        let now = Instant::now();
+        self.next
+            .lock()
+            .ok()
+            .and_then(|n| *n)
+            .map_or(Duration::ZERO, |n| n.saturating_duration_since(now))
+    }
+
+    /// Whether a launch asked for now would wait longer than it may.
+    pub fn over_max_wait(&self) -> bool {
+        self.wait_ahead() > self.max_wait
+    }
+
     /// Takes the next launch slot and waits for it.
     pub async fn acquire(&self) -> Result<(), Failure> {
         let now = Instant::now();
@@ -267,6 +282,8 @@ mod tests {
         assert!(at[0] < Duration::from_millis(30), "{at:?}");
         assert!(at[1] >= Duration::from_millis(60), "{at:?}");
         assert!(at[2] >= Duration::from_millis(120), "{at:?}");
+        assert!(limiter.wait_ahead() > Duration::from_millis(20));
+        assert!(!limiter.over_max_wait());
 
         // Four callers at once: the slots are 0, 60, 120 ms away; a fourth would wait 180 ms.
         let limiter = LaunchLimiter::new(Duration::from_millis(60), Duration::from_millis(150));

@@ -7,7 +7,7 @@
 //! - Launch: `POST /instance-operations/launch` with the agent bootstrap as `user_data` (plain
 //!   text cloud-init user-data, at most 1 MB). The instance is named `sy-{cluster}-{key}` and
 //!   tagged `switchyard:cluster` / `switchyard:instance`; the name is what `list` and the
-//!   idempotency look-up go by (it is on every instance; tags came later to the API). Each
+//!   idempotency look-up go by, and tags, where an instance has them, must agree with it. Each
 //!   launch attempt first looks the name up (`GET /instances`), so a retry after a lost answer
 //!   adopts the instance instead of starting a second one: Lambda offers no idempotency token.
 //! - Rate limit: Lambda allows one launch request per 12 s (five a minute); [`LaunchLimiter`]
@@ -295,6 +295,18 @@ impl LambdaProvider {
                 },
             ],
         };
+        // A slot further away than operation_timeout_s: refused now, not retried attempt by
+        // attempt (each attempt would look the name up again for nothing).
+        if self.limiter.over_max_wait() {
+            return Err(Failure::new(
+                Class::Throttled,
+                format!(
+                    "the next launch slot is {:?} away (launch_min_interval_ms {})",
+                    self.limiter.wait_ahead(),
+                    self.config.launch_min_interval_ms
+                ),
+            ));
+        }
         let pool = request.pool.clone();
         let key = request.instance_key.clone();
         // Every attempt looks the name up first: after a lost answer, the retry adopts.

@@ -14,7 +14,8 @@
 //! Where the document is silent the fake chooses, and says so here: a 429 carries a plain-text
 //! body (the document defines no 429 body); an instance is `booting` for
 //! [`Fault::SlowOperations`]'s duration (else until it is first read) and then `active`;
-//! a terminated instance leaves the list at once.
+//! a terminated instance leaves the list at once. The document's general limit of one request
+//! per second is not enforced (the suite's retries would only slow down); the launch limit is.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
