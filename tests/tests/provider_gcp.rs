@@ -311,6 +311,31 @@ async fn a_stockout_in_one_zone_moves_to_the_next_and_failures_are_classified() 
 }
 
 #[tokio::test]
+async fn a_launch_moves_past_a_zone_without_capacity() {
+    let fake = gce::start(Options {
+        stockout_zones: vec!["us-central1-a".into()],
+        ..Options::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = provider(&fake, dir.path()).await;
+    let info = p
+        .launch(&request("moved", POOL, Market::Spot))
+        .await
+        .expect("launched in the second zone");
+    assert!(info.provider_id.starts_with("us-central1-b/"), "{info:?}");
+    assert_eq!(fake.live_instances(), vec![info.provider_id.clone()]);
+    let listed = p.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].pool, PoolId::new(POOL));
+    assert!(
+        fake.invalid_requests().is_empty(),
+        "{:?}",
+        fake.invalid_requests()
+    );
+}
+
+#[tokio::test]
 async fn a_booted_instance_runs_its_bootstrap_and_terminate_powers_it_off() {
     let fake = gce::start(Options {
         run_bootstrap: true,

@@ -67,6 +67,9 @@ pub struct Options {
     pub token_lifetime: Duration,
     /// How long an insert or delete operation runs before it is `DONE`.
     pub operation_time: Duration,
+    /// Zones that are always out of capacity (inserts there fail with
+    /// `ZONE_RESOURCE_POOL_EXHAUSTED`), besides [`Fault::Capacity`], which empties every zone.
+    pub stockout_zones: Vec<String>,
 }
 
 impl Default for Options {
@@ -77,6 +80,7 @@ impl Default for Options {
             page_size: 2,
             token_lifetime: Duration::from_secs(3600),
             operation_time: Duration::from_millis(30),
+            stockout_zones: Vec::new(),
         }
     }
 }
@@ -1001,7 +1005,7 @@ async fn insert(state: &Arc<State>, call: &Call) -> Response {
                 ),
             );
         }
-        let error = if inner.capacity {
+        let error = if inner.capacity || state.options.stockout_zones.contains(&zone) {
             Some((
                 "ZONE_RESOURCE_POOL_EXHAUSTED",
                 format!(
