@@ -72,7 +72,8 @@ fn unknown_fields_are_refused() {
 fn validation_names_the_field() {
     let file = secret_file();
     let base = example(&file);
-    let cases: Vec<(&str, Box<dyn Fn(&mut AzureConfig)>)> = vec![
+    type Change = Box<dyn Fn(&mut AzureConfig)>;
+    let cases: Vec<(&str, Change)> = vec![
         (
             "client_secret_file",
             Box::new(|c| c.client_secret_file = "/nonexistent/secret".into()),

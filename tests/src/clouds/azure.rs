@@ -98,7 +98,6 @@ struct Vm {
     location: String,
     body: Value,
     vm_id: String,
-    created: Instant,
     ready_at: Instant,
     /// Why the creation fails (capacity), once `ready_at` passes.
     failure: Option<(String, String)>,
@@ -349,7 +348,7 @@ impl State {
             }
         }
         self.nics
-            .retain(|_, n| !n.deleting_at.is_some_and(|t| t <= now));
+            .retain(|_, n| n.deleting_at.is_none_or(|t| t > now));
     }
 
     /// What goes with a deleted VM: its NIC and disk when their deleteOption says so.
@@ -401,7 +400,7 @@ fn json_response(status: StatusCode, body: Value, headers: &[(&'static str, Stri
 }
 
 fn query_pairs(uri: &Uri) -> Vec<(String, String)> {
-    uri.query().map(|q| url_decode_pairs(q)).unwrap_or_default()
+    uri.query().map(url_decode_pairs).unwrap_or_default()
 }
 
 fn url_decode_pairs(q: &str) -> Vec<(String, String)> {
@@ -759,7 +758,6 @@ fn vm_view(o: &FakeOptions, name: &str, vm: &Vm) -> Value {
         if let Some(os) = p.get_mut("osProfile").and_then(Value::as_object_mut) {
             os.remove("customData");
         }
-        let _ = vm.created;
     }
     v
 }
@@ -985,7 +983,6 @@ async fn put_vm(fake: &Arc<Shared>, name: &str, body: Value) -> Response {
         location: location.clone(),
         body,
         vm_id: uuid_like(st.next_id),
-        created: now,
         ready_at,
         failure: failure.clone(),
         deleting_at: None,
@@ -1215,7 +1212,7 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
         } as u32)
     };
     let bytes = s.as_bytes();
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
