@@ -75,6 +75,12 @@ pub struct Config {
     pub catalogue_regions: Vec<CatalogueRegion>,
     /// Burst to AWS EC2 (see `providers/src/aws/config.rs` for every field).
     pub aws: Option<switchyard_providers::aws::AwsConfig>,
+    /// Burst to GCP Compute Engine (`providers/src/gcp/config.rs`).
+    pub gcp: Option<switchyard_providers::gcp::GcpConfig>,
+    /// Burst to Azure Virtual Machines (`providers/src/azure/config.rs`).
+    pub azure: Option<switchyard_providers::azure::AzureConfig>,
+    /// Burst to Lambda Cloud (`providers/src/lambda/config.rs`).
+    pub lambda: Option<switchyard_providers::lambda::LambdaConfig>,
     // ---- Hostile input (`limits.rs`): body size and time, per-token request rate. ----
     /// Largest body of an agent-protocol request (`/agent/v1`): event batches carry up to
     /// 1 MiB of job output, more once JSON-escaped. Larger bodies are answered 413;
@@ -227,6 +233,9 @@ impl Default for Config {
             pools: Vec::new(),
             catalogue_regions: Vec::new(),
             aws: None,
+            gcp: None,
+            azure: None,
+            lambda: None,
             agent_max_body_bytes: 16 * 1024 * 1024,
             body_timeout_ms: 30_000,
             rate_limit_per_s: 1_000,
@@ -460,7 +469,7 @@ mod tests {
                 toml::Value::Integer(i) => i.to_string(),
                 toml::Value::Boolean(b) => b.to_string(),
                 toml::Value::Float(f) => f.to_string(),
-                // Lists and tables (regions, pools, aws) are the file's.
+                // Lists and tables (regions, pools, the clouds) are the file's.
                 _ => continue,
             };
             assert_eq!(

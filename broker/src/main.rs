@@ -12,6 +12,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 use switchyard_broker::http::server;
 use switchyard_broker::{cli, config::Config, up};
@@ -901,6 +902,42 @@ async fn gateway(
     .await
 }
 
+/// Adds a cloud provider with its offers (a failure stops the start, naming the provider),
+/// and checks its credentials with one `list` call: a failure there is reported (and shown in
+/// `GET /regions`) but does not stop the broker, whose other capacity still works.
+async fn add_cloud(
+    providers: &mut switchyard_broker::app::ProviderSet,
+    provider: Arc<dyn switchyard_providers::Provider>,
+) -> anyhow::Result<()> {
+    let name = provider.name().to_string();
+    let offers = provider
+        .offers()
+        .await
+        .with_context(|| format!("[{name}]: reading the offers (catalogue, live prices)"))?;
+    eprintln!(
+        "{name}: {} pools in {} regions",
+        offers.pools.len(),
+        offers.regions.len()
+    );
+    let check = match tokio::time::timeout(CREDENTIALS_CHECK, provider.list()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "no answer within {} s",
+            CREDENTIALS_CHECK.as_secs()
+        )),
+    };
+    if let Err(e) = &check {
+        eprintln!("{name}: the credentials check (listing instances) failed: {e}");
+    }
+    providers.set_credentials(&name, check);
+    providers.add_with_offers(provider, offers);
+    Ok(())
+}
+
+/// How long the start waits for a provider's credentials check.
+const CREDENTIALS_CHECK: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// `switchyard serve`: the broker alone, from a config file, the environment and flags.
 async fn serve(
     config: Option<PathBuf>,
@@ -934,27 +971,41 @@ async fn serve(
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     let mut providers = switchyard_broker::app::ProviderSet::default();
+    // The instances' agents trust the broker's private CA, when it has one (the bootstrap
+    // writes it next to the agent's settings).
+    let ca_pem = match &cfg.agent_ca_cert {
+        Some(ca) => Some(
+            std::fs::read_to_string(ca)
+                .with_context(|| format!("reading agent_ca_cert {}", ca.display()))?,
+        ),
+        None => None,
+    };
     if let Some(mut aws) = cfg.aws.clone() {
-        use switchyard_providers::Provider;
-        if let Some(ca) = &cfg.agent_ca_cert {
-            // The instances' agents trust the broker's private CA (cloud-init).
-            let pem = std::fs::read_to_string(ca)
-                .with_context(|| format!("reading agent_ca_cert {}", ca.display()))?;
-            aws.agent.ca_cert_pem = Some(pem);
-        }
+        aws.agent.ca_cert_pem.clone_from(&ca_pem);
         let provider = switchyard_providers::aws::AwsProvider::new(aws)
             .await
-            .context("setting up the AWS provider")?;
-        let offers = provider
-            .offers()
+            .context("[aws]: setting up the AWS provider")?;
+        add_cloud(&mut providers, Arc::new(provider)).await?;
+    }
+    if let Some(mut gcp) = cfg.gcp.clone() {
+        gcp.agent.ca_cert_pem.clone_from(&ca_pem);
+        let provider = switchyard_providers::gcp::GcpProvider::new(gcp)
             .await
-            .context("reading AWS offers (catalogue, spot prices, instance types)")?;
-        eprintln!(
-            "aws: {} pools in {} regions",
-            offers.pools.len(),
-            offers.regions.len()
-        );
-        providers.add_with_offers(std::sync::Arc::new(provider), offers);
+            .context("[gcp]: setting up the GCP provider")?;
+        add_cloud(&mut providers, Arc::new(provider)).await?;
+    }
+    if let Some(mut azure) = cfg.azure.clone() {
+        azure.agent.ca_cert_pem.clone_from(&ca_pem);
+        let provider = switchyard_providers::azure::AzureProvider::new(azure)
+            .await
+            .context("[azure]: setting up the Azure provider")?;
+        add_cloud(&mut providers, Arc::new(provider)).await?;
+    }
+    if let Some(mut lambda) = cfg.lambda.clone() {
+        lambda.agent.ca_cert_pem.clone_from(&ca_pem);
+        let provider = switchyard_providers::lambda::LambdaProvider::new(lambda)
+            .context("[lambda]: setting up the Lambda provider")?;
+        add_cloud(&mut providers, Arc::new(provider)).await?;
     }
     let running = switchyard_broker::app::App::start(cfg.clone(), providers).await?;
     if running.created_admin_token.is_some() {

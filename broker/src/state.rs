@@ -59,6 +59,9 @@ pub struct ProviderSet {
     /// Regions and pools that providers offer beyond the configured catalogue; seeded into
     /// the store at start.
     pub(crate) offers: Vec<Offers>,
+    /// Whether each provider's credentials worked when the broker started, by provider name:
+    /// `Ok(())`, or the failure (`GET /regions` shows it).
+    credentials: HashMap<String, Result<(), String>>,
 }
 
 impl ProviderSet {
@@ -84,6 +87,16 @@ impl ProviderSet {
 
     pub fn all(&self) -> &[Arc<dyn Provider>] {
         &self.providers
+    }
+
+    /// Records whether `provider`'s credentials worked (a `list` call at start).
+    pub fn set_credentials(&mut self, provider: &str, check: Result<(), String>) {
+        self.credentials.insert(provider.to_string(), check);
+    }
+
+    /// What [`ProviderSet::set_credentials`] recorded for `provider`, if anything.
+    pub fn credentials(&self, provider: &str) -> Option<&Result<(), String>> {
+        self.credentials.get(provider)
     }
 }
 

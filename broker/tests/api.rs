@@ -1019,6 +1019,34 @@ async fn openapi_health_and_regions() {
     assert_eq!(r["id"], "onprem:test-dc");
     assert_eq!(r["provider"], "onprem");
     assert_eq!(r["pools"], 1);
+    // Nothing launches on-prem machines: no provider, no credentials to check.
+    assert_eq!(r["backing"], "none");
+    assert_eq!(r["launched_by"], Value::Null);
+    assert_eq!(r["credentials"], Value::Null);
+}
+
+/// Each region says which provider launches its machines, and whether its credentials
+/// worked when the broker started.
+#[tokio::test]
+async fn regions_name_the_provider_behind_them_and_its_credentials() {
+    let (app, _fake) = spawn_two_clouds(|_| {}).await;
+    let regions = app
+        .call(Method::GET, "/api/v1/regions", Some(&app.admin), None)
+        .await;
+    assert_eq!(regions.status, StatusCode::OK);
+    let by_id = |id: &str| {
+        regions.body["regions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} missing: {}", regions.body))
+    };
+    let east = by_id("aws:test-east");
+    assert_eq!(east["launched_by"], "fake");
+    assert_eq!(east["backing"], "real");
+    assert_eq!(east["credentials"], "not authorised: key revoked");
 }
 
 /// The served `/openapi.json`, as a snapshot: any change to the contract (a route, a field, a

@@ -350,6 +350,24 @@ pub struct RegionView {
     pub egress_per_gb_usd: f64,
     pub pools: u32,
     pub nodes: u32,
+    /// The provider that launches machines in this region (`aws`, `gcp`, `azure`, `lambda`,
+    /// `local`), or none: capacity the broker does not launch (on-prem), or a catalogue
+    /// region without a configured provider.
+    pub launched_by: Option<String>,
+    /// `real`: a cloud's machines; `local`: agent processes on the broker's machine (`up`);
+    /// `none`: nothing launches here.
+    pub backing: RegionBacking,
+    /// Whether the launching provider's credentials worked when the broker started: `ok`, or
+    /// the failure. Absent where nothing was checked (no provider, or the local one).
+    pub credentials: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RegionBacking {
+    Real,
+    Local,
+    None,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -107,6 +107,11 @@ pub struct Offers {
 pub trait Provider: Send + Sync {
     /// Short name, e.g. `local`, `aws`.
     fn name(&self) -> &str;
+    /// Whether its "instances" are processes on this machine (the local provider), not a
+    /// cloud's machines.
+    fn is_local(&self) -> bool {
+        false
+    }
     /// The regions and pools this provider can serve, with current prices.
     async fn offers(&self) -> Result<Offers, ProviderError>;
     /// Starts one node. Idempotent on `instance_key`.

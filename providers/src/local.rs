@@ -297,6 +297,10 @@ impl Provider for LocalProvider {
         "local"
     }
 
+    fn is_local(&self) -> bool {
+        true
+    }
+
     async fn offers(&self) -> Result<Offers, ProviderError> {
         Ok(Offers {
             regions: self.config.regions.clone(),

@@ -532,6 +532,8 @@ pub async fn spawn_with_fake_on(
             *slot.lock().unwrap() = Some(fake.clone());
             let mut set = switchyard_broker::app::ProviderSet::default();
             set.add(fake, pools.into_iter().map(|p| p.id));
+            // As `serve` records a failed credentials check (`GET /regions` shows it).
+            set.set_credentials("fake", Err("not authorised: key revoked".into()));
             set
         },
     )

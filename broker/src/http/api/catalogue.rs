@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use std::collections::HashMap;
 use switchyard_core::{Money, PoolId};
 use switchyard_protocol::api::{
-    ErrorBody, PoolList, PoolPatch, PoolView, RegionList, RegionView, Role,
+    ErrorBody, PoolList, PoolPatch, PoolView, RegionBacking, RegionList, RegionView, Role,
 };
 
 use crate::clock;
@@ -168,7 +168,27 @@ pub async fn regions(
                 .filter(|p| p.region == r.id)
                 .map(|p| &p.id)
                 .collect();
+            let launcher = pool_ids
+                .iter()
+                .find_map(|p| app.providers.for_pool(p))
+                .map(|p| (p.name().to_string(), p.is_local()));
+            let credentials = launcher.as_ref().and_then(|(name, local)| {
+                if *local {
+                    return None;
+                }
+                app.providers.credentials(name).map(|c| match c {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => e.clone(),
+                })
+            });
             RegionView {
+                launched_by: launcher.as_ref().map(|(n, _)| n.clone()),
+                backing: match &launcher {
+                    None => RegionBacking::None,
+                    Some((_, true)) => RegionBacking::Local,
+                    Some((_, false)) => RegionBacking::Real,
+                },
+                credentials,
                 id: r.id.to_string(),
                 provider: r.provider.clone(),
                 code: r.code.clone(),
