@@ -465,6 +465,9 @@ async fn requests_outside_the_discovery_document_are_refused_and_recorded() {
     );
 }
 
+/// One change to a good config, for the validation cases.
+type Change = Box<dyn Fn(&mut GcpConfig)>;
+
 #[tokio::test]
 async fn config_errors_name_the_field() {
     let fake = gce::start(Options::default()).await;
@@ -472,7 +475,7 @@ async fn config_errors_name_the_field() {
     let good = config(&fake, dir.path());
     let bad_key = dir.path().join("bad.json");
     std::fs::write(&bad_key, r#"{"type": "service_account"}"#).unwrap();
-    let cases: Vec<(Box<dyn Fn(&mut GcpConfig)>, &str)> = vec![
+    let cases: Vec<(Change, &str)> = vec![
         (Box::new(|c| c.zones.clear()), "zones is empty"),
         (
             Box::new(|c| c.zones = vec!["uscentral1".into()]),
