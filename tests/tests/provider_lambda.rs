@@ -9,7 +9,7 @@
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use switchyard_core::{Market, PoolId};
+use switchyard_core::{Market, Money, PoolId};
 use switchyard_providers::bootstrap::{AgentInstall, Enrolment, render};
 use switchyard_providers::lambda::{LambdaConfig, LambdaProvider, RetrySettings};
 use switchyard_providers::{InstanceState, LaunchRequest, Provider, ProviderError};
@@ -229,6 +229,37 @@ async fn capacity_from_instance_types_saves_a_launch_and_bad_keys_are_auth_error
         wrong.launch(&request("nokey", POOL)).await,
         Err(ProviderError::Auth(_))
     ));
+}
+
+#[tokio::test]
+async fn offers_take_live_prices_and_a_retired_type_is_unlaunchable() {
+    let fake = lambda::start(FakeOptions {
+        retired_types: vec![RETIRED.into()],
+        prices_cents: [("gpu_1x_a10".to_string(), 149)].into(),
+        ..FakeOptions::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let provider = LambdaProvider::new(config(&fake, dir.path(), fake.api_key())).unwrap();
+    let offers = provider.offers().await.unwrap();
+    let pool = |id: &str| offers.pools.iter().find(|p| p.id.as_str() == id).unwrap();
+    assert_eq!(
+        pool(POOL).on_demand_per_hour,
+        Money::from_dollars(1.49).unwrap()
+    );
+    assert!(pool(POOL).launchable);
+    let retired = format!("lambda:us-east-1/{RETIRED}");
+    assert!(!pool(&retired).launchable);
+    assert_eq!(offers.regions.len(), 2);
+    // A type the API no longer lists is refused without a launch request.
+    let r = provider.launch(&request("old", &retired)).await;
+    assert!(matches!(r, Err(ProviderError::Rejected(_))), "{r:?}");
+    assert_eq!(fake.launches(), 0);
+    // Without a fresh instance-types answer, the cloud itself refuses it.
+    let fresh = LambdaProvider::new(config(&fake, dir.path(), fake.api_key())).unwrap();
+    let r = fresh.launch(&request("old", &retired)).await;
+    assert!(matches!(r, Err(ProviderError::Rejected(_))), "{r:?}");
+    assert!(fake.invalid_requests().is_empty());
 }
 
 #[tokio::test]

@@ -49,6 +49,9 @@ pub struct FakeOptions {
     /// Catalogue instance types this "Lambda" no longer offers (they are not in
     /// `/instance-types`, and launching them is answered `global/object-does-not-exist`).
     pub retired_types: Vec<String>,
+    /// Prices (US cents per hour) that differ from the catalogue's, by instance type: what a
+    /// live price refresh must pick up.
+    pub prices_cents: BTreeMap<String, i64>,
 }
 
 impl Default for FakeOptions {
@@ -59,6 +62,7 @@ impl Default for FakeOptions {
             run_bootstrap: false,
             launch_min_interval: Duration::from_millis(50),
             retired_types: Vec::new(),
+            prices_cents: BTreeMap::new(),
         }
     }
 }
@@ -484,8 +488,13 @@ fn offered(state: &State) -> BTreeMap<&str, Vec<&switchyard_providers::Catalogue
     types
 }
 
-fn instance_type_json(e: &switchyard_providers::CatalogueEntry) -> Value {
-    let cents = (e.on_demand_per_hour.as_dollars() * 100.0).round() as i64;
+fn instance_type_json(state: &State, e: &switchyard_providers::CatalogueEntry) -> Value {
+    let cents = state
+        .options
+        .prices_cents
+        .get(&e.instance_type)
+        .copied()
+        .unwrap_or_else(|| (e.on_demand_per_hour.as_dollars() * 100.0).round() as i64);
     json!({
         "name": e.instance_type,
         "description": format!("{}x {} ({} GB)", e.gpu_count, e.gpu_model, e.gpu_memory_gb),
@@ -509,7 +518,7 @@ fn instance_types(state: &State) -> Response {
         };
         out.insert(
             name.to_string(),
-            json!({"instance_type": instance_type_json(entries[0]), "regions_with_capacity_available": regions}),
+            json!({"instance_type": instance_type_json(state, entries[0]), "regions_with_capacity_available": regions}),
         );
     }
     data(Value::Object(out))
@@ -524,7 +533,7 @@ fn instance_json(state: &State, i: &FakeInstance, now: Instant) -> Value {
     let entry = state
         .catalogue
         .find("lambda", &i.region, &i.instance_type)
-        .map(instance_type_json)
+        .map(|e| instance_type_json(state, e))
         .unwrap_or_else(|| json!({"name": i.instance_type}));
     let available = json!({"available": status == "active"});
     json!({
