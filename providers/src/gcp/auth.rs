@@ -4,7 +4,6 @@
 //! expires; a 401 from the API drops it so the next call fetches a new one.
 
 use crate::failure::{Class, Failure};
-use crate::retry::Backoff;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -128,15 +127,16 @@ impl TokenSource {
         }
     }
 
-    /// A valid access token: the cached one, or a new one from the token endpoint.
-    pub async fn token(&self, backoff: &Backoff) -> Result<String, Failure> {
+    /// A valid access token: the cached one, or a new one from the token endpoint (one
+    /// attempt: the API call that needs the token is retried as a whole by its backoff).
+    pub async fn token(&self) -> Result<String, Failure> {
         let mut cached = self.cached.lock().await;
         if let Some(c) = cached.as_ref()
             && Instant::now() < c.refresh_at
         {
             return Ok(c.token.clone());
         }
-        let (token, lifetime) = backoff.run("oauth2.token", || self.fetch()).await?;
+        let (token, lifetime) = self.fetch().await?;
         // Refresh a little before expiry: a minute, or a quarter of a short lifetime.
         let margin = (lifetime / 4).min(Duration::from_secs(60));
         *cached = Some(Cached {

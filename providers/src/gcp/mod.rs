@@ -226,7 +226,7 @@ impl GcpProvider {
         let url = format!("{}/{}", self.base, path);
         self.backoff
             .run(operation, || async {
-                let token = self.tokens.token(&self.backoff).await?;
+                let token = self.tokens.token().await?;
                 let mut request = self
                     .http
                     .request(method.clone(), &url)
