@@ -516,3 +516,72 @@ async fn the_fake_refuses_requests_outside_the_description() {
         assert!(all.contains(expected), "{expected:?} not in\n{all}");
     }
 }
+
+#[tokio::test]
+async fn a_vm_slower_than_the_operation_timeout_is_found_again_not_duplicated() {
+    let r = rig(FakeOptions {
+        vm_create_delay: Duration::from_secs(3),
+        ..FakeOptions::default()
+    })
+    .await;
+    let started = Instant::now();
+    let e = r
+        .provider
+        .launch(&request("slow-vm", POOL, Market::OnDemand))
+        .await
+        .expect_err("outlives operation_timeout_s");
+    assert!(matches!(e, ProviderError::Transient(_)), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    // The VM is still being created: kept (with its NIC), found by its key, not made twice.
+    let names = Names::of("contract", "slow-vm");
+    let live = r.fake.live_instances();
+    assert!(
+        live.contains(&names.vm) && live.contains(&format!("nic:{}", names.nic)),
+        "{live:?}"
+    );
+    let again = r
+        .provider
+        .launch(&request("slow-vm", POOL, Market::OnDemand))
+        .await
+        .expect("found again");
+    assert_eq!(again.provider_id, names.vm);
+    assert_eq!(again.state, InstanceState::Pending);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let listed = r.provider.list().await.expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].state, InstanceState::Running);
+    r.provider.terminate(&names.vm).await.expect("terminate");
+    assert!(
+        r.fake.live_instances().is_empty(),
+        "{:?}",
+        r.fake.live_instances()
+    );
+}
+
+#[tokio::test]
+async fn offers_keep_the_catalogue_prices_when_the_prices_api_fails() {
+    let fake = azure::start(FakeOptions::default()).await;
+    let secret = secret_file(&fake.options().client_secret);
+    let mut c = config(&fake, secret.path());
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    c.prices_endpoint = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let p = AzureProvider::new(c).await.expect("provider");
+    let offers = p.offers().await.expect("offers");
+    let catalogue = switchyard_providers::Catalogue::bundled().expect("catalogue");
+    let entry = catalogue
+        .find("azure", "eastus", "Standard_NC24ads_A100_v4")
+        .expect("entry");
+    let pool = offers
+        .pools
+        .iter()
+        .find(|p| p.id.as_str() == POOL)
+        .expect("pool");
+    assert_eq!(pool.on_demand_per_hour, entry.on_demand_per_hour);
+    assert_eq!(pool.spot_per_hour, entry.spot_per_hour);
+}

@@ -58,6 +58,8 @@ pub struct FakeOptions {
     pub price_page_size: usize,
     /// How long an asynchronous operation takes when no fault slows it.
     pub operation_delay: Duration,
+    /// Extra time a VM creation takes (a slow allocation; NIC operations stay quick).
+    pub vm_create_delay: Duration,
     /// `expires_in` of the tokens issued; they stop working after it.
     pub token_lifetime: Duration,
     /// Retail prices are the catalogue's times this.
@@ -77,6 +79,7 @@ impl Default for FakeOptions {
             page_size: 2,
             price_page_size: 3,
             operation_delay: Duration::from_millis(100),
+            vm_create_delay: Duration::ZERO,
             token_lifetime: Duration::from_secs(3600),
             price_factor: 1.0,
             run_bootstrap: false,
@@ -964,7 +967,7 @@ async fn put_vm(fake: &Arc<Shared>, name: &str, body: Value) -> Response {
         None
     };
     let now = Instant::now();
-    let ready_at = now + o.operation_delay + slow.unwrap_or_default();
+    let ready_at = now + o.operation_delay + o.vm_create_delay + slow.unwrap_or_default();
     let mut st = fake.lock();
     let nic_delete = nic_ref
         .pointer("/properties/deleteOption")
