@@ -11,8 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use switchyard_core::{Market, PoolId};
 use switchyard_providers::azure::{
-    AgentInstall, AzureConfig, AzureProvider, ImageConfig, LocationSettings, RetrySettings,
-    names::Names,
+    AgentInstall, AzureConfig, AzureProvider, LocationSettings, names::Names,
 };
 use switchyard_providers::{InstanceState, LaunchRequest, Provider, ProviderError};
 use switchyard_tests::clouds::azure::{self, FakeHandle, FakeOptions};
@@ -38,53 +37,13 @@ fn agent() -> AgentInstall {
     }
 }
 
-/// Tight timeouts and retry delays, so the suite takes seconds.
+/// Tight timeouts and retry delays, so the suite takes seconds (the fake's own config, with
+/// the secret file the test chose).
 fn config(fake: &FakeHandle, secret: &Path) -> AzureConfig {
-    let o = fake.options();
-    let subnet = LocationSettings {
-        subnet_id: o.subnet_id("gpu", "default"),
-    };
-    AzureConfig {
-        tenant_id: o.tenant_id.clone(),
-        client_id: o.client_id.clone(),
-        client_secret_file: secret.to_path_buf(),
-        subscription_id: o.subscription_id.clone(),
-        resource_group: o.resource_group.clone(),
-        locations: vec!["eastus".into(), "westeurope".into()],
-        cluster: "contract".into(),
-        authority_host: fake.url(),
-        arm_endpoint: fake.url(),
-        prices_endpoint: fake.url(),
-        image: ImageConfig {
-            publisher: Some("Canonical".into()),
-            offer: Some("ubuntu-24_04-lts".into()),
-            sku: Some("server".into()),
-            version: None,
-            id: None,
-        },
-        per_location: [
-            ("eastus".to_owned(), subnet.clone()),
-            ("westeurope".to_owned(), subnet),
-        ]
-        .into(),
-        admin_username: "switchyard".into(),
-        ssh_public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKE test@switchyard".into(),
-        vm_sizes: Vec::new(),
-        os_disk_type: "StandardSSD_LRS".into(),
-        boot_time_s: 60,
-        node_limit: 4,
-        latency_ms: 40,
-        egress_per_gb_usd: 0.087,
-        request_timeout_s: 1,
-        operation_timeout_s: 2,
-        poll_interval_ms: 50,
-        retry: RetrySettings {
-            max_attempts: 3,
-            base_delay_ms: 10,
-            max_delay_ms: 50,
-        },
-        agent: agent(),
-    }
+    let scratch = tempfile::NamedTempFile::new().expect("temp file");
+    let mut c = fake.provider_config(scratch.path(), agent());
+    c.client_secret_file = secret.to_path_buf();
+    c
 }
 
 struct Rig {

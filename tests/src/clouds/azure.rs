@@ -236,6 +236,65 @@ impl FakeHandle {
         &self.shared.options
     }
 
+    /// A provider configuration for this fake (locations `eastus` and `westeurope`, cluster
+    /// `contract`, tight timeouts and retry delays), with the client secret written to
+    /// `secret_file` and the agent installed as `agent` says.
+    pub fn provider_config(
+        &self,
+        secret_file: &std::path::Path,
+        agent: switchyard_providers::azure::AgentInstall,
+    ) -> switchyard_providers::azure::AzureConfig {
+        use switchyard_providers::azure::{
+            AzureConfig, ImageConfig, LocationSettings, RetrySettings,
+        };
+        let o = &self.shared.options;
+        std::fs::write(secret_file, format!("{}\n", o.client_secret)).expect("write the secret");
+        let subnet = LocationSettings {
+            subnet_id: o.subnet_id("gpu", "default"),
+        };
+        AzureConfig {
+            tenant_id: o.tenant_id.clone(),
+            client_id: o.client_id.clone(),
+            client_secret_file: secret_file.to_path_buf(),
+            subscription_id: o.subscription_id.clone(),
+            resource_group: o.resource_group.clone(),
+            locations: vec!["eastus".into(), "westeurope".into()],
+            cluster: "contract".into(),
+            authority_host: self.url(),
+            arm_endpoint: self.url(),
+            prices_endpoint: self.url(),
+            image: ImageConfig {
+                publisher: Some("Canonical".into()),
+                offer: Some("ubuntu-24_04-lts".into()),
+                sku: Some("server".into()),
+                version: None,
+                id: None,
+            },
+            per_location: [
+                ("eastus".to_owned(), subnet.clone()),
+                ("westeurope".to_owned(), subnet),
+            ]
+            .into(),
+            admin_username: "switchyard".into(),
+            ssh_public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKE test@switchyard".into(),
+            vm_sizes: Vec::new(),
+            os_disk_type: "StandardSSD_LRS".into(),
+            boot_time_s: 60,
+            node_limit: 4,
+            latency_ms: 40,
+            egress_per_gb_usd: 0.087,
+            request_timeout_s: 1,
+            operation_timeout_s: 2,
+            poll_interval_ms: 50,
+            retry: RetrySettings {
+                max_attempts: 3,
+                base_delay_ms: 10,
+                max_delay_ms: 50,
+            },
+            agent,
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.shared.lock()
     }
