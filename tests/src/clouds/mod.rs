@@ -15,6 +15,7 @@
 pub mod azure;
 pub mod boot;
 pub mod contract;
+pub mod e2e;
 pub mod gce;
 pub mod lambda;
 pub mod openapi;

@@ -1,0 +1,116 @@
+//! Helpers for end-to-end tests of `switchyard serve` bursting into the fake clouds: the
+//! `[gcp]` and `[azure]` sections of a broker config pointed at a running fake, with the
+//! instances' bootstrap installing the real `switchyard-agent` (see [`super::boot`]).
+
+use super::{azure, boot, gce};
+use std::path::Path;
+
+/// Settings of a `[section]` for a fake cloud shared by both clouds.
+#[derive(Clone, Debug)]
+pub struct Section<'a> {
+    /// Value of the `cluster` label/tag.
+    pub cluster: &'a str,
+    /// The `switchyard-agent` binary the instances' bootstrap installs.
+    pub agent: &'a Path,
+    /// The planner's estimate of the boot time, in seconds.
+    pub boot_time_s: u32,
+}
+
+/// A `[gcp]` section launching `machine_type` in `zone` of the fake GCE; its service-account
+/// key (with `token_uri` at the fake) is written into `dir`.
+pub fn gcp_section(
+    fake: &gce::FakeHandle,
+    dir: &Path,
+    zone: &str,
+    machine_type: &str,
+    s: &Section<'_>,
+) -> String {
+    let credentials = fake.write_credentials(dir);
+    format!(
+        r#"
+[gcp]
+project = "{project}"
+zones = ["{zone}"]
+machine_types = ["{machine_type}"]
+credentials_file = "{credentials}"
+api_endpoint = "{url}"
+image = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
+subnetwork = "gpu-subnet"
+cluster = "{cluster}"
+boot_time_s = {boot_time_s}
+request_timeout_s = 5
+operation_timeout_s = 10
+retry = {{ max_attempts = 3, base_delay_ms = 10, max_delay_ms = 40 }}
+agent = {{ install_command = '''{install}''' }}
+"#,
+        project = fake.project(),
+        credentials = credentials.display(),
+        url = fake.url(),
+        cluster = s.cluster,
+        boot_time_s = s.boot_time_s,
+        install = boot::install_command(s.agent),
+    )
+}
+
+/// An `[azure]` section launching `vm_size` in `location` of the fake ARM; the client secret
+/// is written into `dir`.
+pub fn azure_section(
+    fake: &azure::FakeHandle,
+    dir: &Path,
+    location: &str,
+    vm_size: &str,
+    s: &Section<'_>,
+) -> String {
+    let o = fake.options();
+    let secret = dir.join("azure-client-secret");
+    std::fs::write(&secret, format!("{}\n", o.client_secret)).expect("write the secret");
+    format!(
+        r#"
+[azure]
+tenant_id = "{tenant}"
+client_id = "{client}"
+client_secret_file = "{secret}"
+subscription_id = "{subscription}"
+resource_group = "{group}"
+locations = ["{location}"]
+vm_sizes = ["{vm_size}"]
+cluster = "{cluster}"
+authority_host = "{url}"
+arm_endpoint = "{url}"
+prices_endpoint = "{url}"
+image = {{ publisher = "Canonical", offer = "ubuntu-24_04-lts", sku = "server" }}
+ssh_public_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKE e2e@switchyard"
+boot_time_s = {boot_time_s}
+request_timeout_s = 5
+operation_timeout_s = 10
+poll_interval_ms = 50
+retry = {{ max_attempts = 3, base_delay_ms = 10, max_delay_ms = 50 }}
+agent = {{ install_command = '''{install}''' }}
+
+[azure.per_location.{location}]
+subnet_id = "{subnet}"
+"#,
+        tenant = o.tenant_id,
+        client = o.client_id,
+        secret = secret.display(),
+        subscription = o.subscription_id,
+        group = o.resource_group,
+        cluster = s.cluster,
+        url = fake.url(),
+        boot_time_s = s.boot_time_s,
+        install = boot::install_command(s.agent),
+        subnet = o.subnet_id("gpu", "default"),
+    )
+}
+
+/// The value of `KEY="value"` in a bootstrap's agent env file (`/etc/switchyard/agent.env`
+/// under a sandbox root).
+pub fn env_value(root: &Path, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(root.join("etc/switchyard/agent.env")).ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(key)?
+            .strip_prefix("=\"")?
+            .strip_suffix('"')
+            .map(str::to_string)
+    })
+}

@@ -1,0 +1,544 @@
+//! The burst cycle end to end through the fake clouds (issue 27, items 2 and 3): `switchyard
+//! serve` with a `[gcp]` (and `[azure]`) section pointed at the in-process fakes, whose
+//! "instances" run the bootstrap script they were given in a sandbox, so a real
+//! `switchyard-agent` enrols with the one-time token the launch carried.
+//!
+//! - A deadline job that no on-prem pool can run launches a GCE instance; its agent enrols,
+//!   the job runs there and succeeds, and after the idle TTL the broker deletes the instance
+//!   (nothing is left in the fake). The token reaches the instance's env file and never the
+//!   broker's log.
+//! - Cross-cloud failover: GCE (the cheaper cloud) answers every launch with
+//!   `QUOTA_EXCEEDED`; the job launches on Azure instead, and the instances list shows the
+//!   failed GCE attempt (its error, no cost) beside the Azure one.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use switchyard_tests::clouds::e2e::{Section, azure_section, env_value, gcp_section};
+use switchyard_tests::clouds::{FakeCloud, Fault, azure, gce};
+use switchyard_tests::*;
+
+/// 1× A100-80GB on GCE (the cheaper of the two) and on Azure.
+const GCE_TYPE: &str = "a2-ultragpu-1g";
+const GCE_POOL: &str = "gcp:us-central1/a2-ultragpu-1g";
+const AZURE_SIZE: &str = "Standard_NC24ads_A100_v4";
+const AZURE_POOL: &str = "azure:eastus/Standard_NC24ads_A100_v4";
+
+/// Short timings: an idle instance ends 2 s after its job (no minimum billed time), a pool
+/// that answered quota is left alone for the rest of the test.
+const BURST: &str = r#"
+burst_enabled = true
+idle_ttl_s = 2
+min_billed_s = 0
+boot_timeout_s = 60
+pool_backoff_s = 600
+provider_call_timeout_ms = 20000
+"#;
+
+/// A one-GPU A100-80GB job with a deadline: the on-prem pool (H100) cannot run it, so the
+/// planner must burst.
+fn job(name: &str) -> Value {
+    json!({
+        "name": name, "team": "ml",
+        "command": ["sh", "-c", "echo burst-ok"],
+        "estimated_runtime_s": 60,
+        "resources": {"gpus": 1, "gpu_models": ["A100-80GB"]},
+        "deadline": in_secs(3600),
+        "spot": "never",
+    })
+}
+
+async fn instances(broker: &Broker) -> Vec<Value> {
+    let (status, list) = broker
+        .call(reqwest::Method::GET, "/api/v1/instances", None)
+        .await;
+    assert_eq!(status, 200, "{list}");
+    list["instances"].as_array().cloned().unwrap_or_default()
+}
+
+/// Waits for `what`, dumping the broker's log and `extra` (the agents' logs) on a timeout.
+async fn wait<T, F, Fut>(
+    broker: &Broker,
+    what: &str,
+    secs: u64,
+    extra: &dyn Fn() -> String,
+    f: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match tokio::time::timeout(
+        Duration::from_secs(secs + 1),
+        eventually_quiet(Duration::from_secs(secs), f),
+    )
+    .await
+    {
+        Ok(Some(v)) => v,
+        _ => panic!(
+            "timed out after {secs} s waiting for {what}\n{}\n{}",
+            broker.dump_logs(),
+            extra()
+        ),
+    }
+}
+
+async fn eventually_quiet<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn agent_log(root: Option<std::path::PathBuf>) -> String {
+    root.map(|r| {
+        format!(
+            "--- agent.log in {}\n{}",
+            r.display(),
+            std::fs::read_to_string(r.join("agent.log")).unwrap_or_default()
+        )
+    })
+    .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_through_the_fake_gce_enrols_a_real_agent_runs_the_job_and_ends_the_instance() {
+    let started = Instant::now();
+    let fake = gce::start(gce::Options {
+        run_bootstrap: true,
+        ..gce::Options::default()
+    })
+    .await;
+    let keys = tempfile::tempdir().unwrap();
+    let agent = bin("switchyard-agent");
+    let section = Section {
+        cluster: "e2e",
+        agent: &agent,
+        boot_time_s: 20,
+    };
+    let config = format!(
+        "{BURST}{}",
+        gcp_section(&fake, keys.path(), "us-central1-a", GCE_TYPE, &section)
+    );
+    let broker = Broker::start_with(&config).await;
+
+    // The GCE pool is offered, from the bundled catalogue.
+    let (_, pools) = broker
+        .call(reqwest::Method::GET, "/api/v1/pools", None)
+        .await;
+    let pool = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == GCE_POOL)
+        .unwrap_or_else(|| panic!("no {GCE_POOL} in {pools}"))
+        .clone();
+    assert_eq!(pool["gpus_per_node"], 1, "{pool}");
+
+    let id = broker.submit(job("gce-burst")).await;
+
+    // The broker launches into GCE: the fake got an instances.insert (the one instance it
+    // holds) carrying the startup-script, and the broker lists an instance of the GCE pool for
+    // the job. (Its provider id is not awaited here: when the agent enrols before the launch
+    // answer is recorded, the broker never records it — see
+    // `a_launch_answer_that_arrives_after_the_agent_enrolled_is_recorded`.)
+    let provider_id = wait(
+        &broker,
+        "an instance in the fake GCE",
+        30,
+        &String::new,
+        || async {
+            let live = fake.live_instances();
+            (live.len() == 1).then(|| live[0].clone())
+        },
+    )
+    .await;
+    assert!(provider_id.starts_with("us-central1-a/"), "{provider_id}");
+    let inst = wait(
+        &broker,
+        "the broker's GCE instance",
+        10,
+        &String::new,
+        || async {
+            instances(&broker)
+                .await
+                .into_iter()
+                .find(|i| i["pool"] == GCE_POOL && i["for_job"] == id.as_str())
+        },
+    )
+    .await;
+    assert_eq!(inst["provider"], "gcp", "{inst}");
+    // The key the broker launched under is the instance's `switchyard-instance` metadata.
+    let body = fake
+        .instance(&provider_id)
+        .expect("the fake has the instance");
+    let key = body["metadata"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["key"] == "switchyard-instance")
+        .map(|m| m["value"].clone());
+    assert_eq!(key.as_ref(), Some(&inst["id"]), "{body}");
+    assert_eq!(body["labels"]["switchyard-cluster"], "e2e", "{body}");
+    let script = fake.script(&provider_id).expect("a startup-script");
+    assert!(script.contains("switchyard-agent"), "{script}");
+    assert_eq!(fake.boot_error(&provider_id), None, "the bootstrap ran");
+
+    // The token the launch carried is in the instance's env file (root-only) and nowhere in
+    // the broker's log.
+    let root = fake.sandbox_root(&provider_id).expect("a sandbox");
+    let token = env_value(&root, "SWITCHYARD_ENROL_TOKEN").expect("the enrolment token");
+    assert!(token.len() >= 16, "{token}");
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(root.join("etc/switchyard/agent.env"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the env file is root-only");
+    assert_eq!(
+        env_value(&root, "SWITCHYARD_BROKER").as_deref(),
+        Some(broker.url.as_str())
+    );
+    let dump = || agent_log(fake.sandbox_root(&provider_id));
+
+    // The sandbox's agent enrols: the instance is ready with a node of the GCE pool.
+    let ready = wait(&broker, "the instance to be ready", 30, &dump, || async {
+        instances(&broker)
+            .await
+            .into_iter()
+            .find(|i| i["id"] == inst["id"] && i["state"] == "ready" && i["node"].is_string())
+    })
+    .await;
+    let node = ready["node"].as_str().unwrap().to_string();
+    let (status, detail) = broker
+        .call(reqwest::Method::GET, &format!("/api/v1/nodes/{node}"), None)
+        .await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["pool"], GCE_POOL, "{detail}");
+    assert_eq!(detail["gpus"][0]["model"], "A100-80GB", "{detail}");
+
+    // The job runs there and succeeds.
+    let done = wait(&broker, "the job to finish", 30, &dump, || async {
+        let j = broker.job(&id).await;
+        matches!(
+            j["state"].as_str(),
+            Some("succeeded" | "failed" | "cancelled")
+        )
+        .then_some(j)
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", dump());
+    assert_eq!(done["placement"]["pool"], GCE_POOL, "{done}");
+    assert_eq!(done["placement"]["node"], node.as_str(), "{done}");
+    let (stdout, _, _) = broker.logs(&id).await;
+    assert!(stdout.contains("burst-ok"), "{stdout}");
+
+    // Idle past its TTL, the instance is terminated: the broker records it ended, and the
+    // fake holds nothing (the delete operation ran and powered the sandbox off).
+    let ended = wait(&broker, "the idle instance to end", 30, &dump, || async {
+        instances(&broker)
+            .await
+            .into_iter()
+            .find(|i| i["id"] == inst["id"] && i["state"] == "terminated")
+    })
+    .await;
+    assert!(
+        ended["end_reason"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("idle"),
+        "{ended}"
+    );
+    assert!(ended["cost_usd"].as_f64().unwrap() > 0.0, "{ended}");
+    wait(
+        &broker,
+        "the fake to hold no instance",
+        15,
+        &String::new,
+        || async { fake.live_instances().is_empty().then_some(()) },
+    )
+    .await;
+    assert!(
+        fake.invalid_requests().is_empty(),
+        "{:?}",
+        fake.invalid_requests()
+    );
+    let log = std::fs::read_to_string(broker.dir.path().join("broker.log")).unwrap();
+    assert!(
+        !log.contains(&token),
+        "the enrolment token is in the broker's log"
+    );
+    eprintln!(
+        "GCE burst cycle: launched, enrolled, ran, ended in {:.1} s; {} GCE requests; provider id \
+         recorded by the broker: {}",
+        started.elapsed().as_secs_f64(),
+        fake.requests(),
+        ended["provider_id"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gce_out_of_quota_fails_over_to_azure() {
+    let started = Instant::now();
+    let gce = gce::start(gce::Options {
+        run_bootstrap: true,
+        ..gce::Options::default()
+    })
+    .await;
+    gce.inject(Fault::Quota);
+    let az = azure::start(azure::FakeOptions {
+        run_bootstrap: true,
+        operation_delay: Duration::from_millis(50),
+        ..azure::FakeOptions::default()
+    })
+    .await;
+    let keys = tempfile::tempdir().unwrap();
+    let agent = bin("switchyard-agent");
+    let section = Section {
+        cluster: "e2e-failover",
+        agent: &agent,
+        boot_time_s: 20,
+    };
+    let config = format!(
+        "{BURST}{}{}",
+        gcp_section(&gce, keys.path(), "us-central1-a", GCE_TYPE, &section),
+        azure_section(&az, keys.path(), "eastus", AZURE_SIZE, &section)
+    );
+    let broker = Broker::start_with(&config).await;
+
+    // GCE is the cheaper A100-80GB: the planner tries it first.
+    let (_, pools) = broker
+        .call(reqwest::Method::GET, "/api/v1/pools", None)
+        .await;
+    let price = |id: &str| {
+        pools["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap_or_else(|| panic!("no {id} in {pools}"))["price_per_gpu_hour"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(price(GCE_POOL) < price(AZURE_POOL), "{pools}");
+
+    let id = broker.submit(job("failover")).await;
+
+    // The GCE launch fails with the quota error; the job launches on Azure, whose agent
+    // enrols, and it succeeds there.
+    let azure_inst = wait(
+        &broker,
+        "an Azure instance ready",
+        45,
+        &|| format!("{:?}", az.request_log()),
+        || async {
+            instances(&broker).await.into_iter().find(|i| {
+                i["pool"] == AZURE_POOL && i["for_job"] == id.as_str() && i["state"] == "ready"
+            })
+        },
+    )
+    .await;
+    let vms: Vec<String> = az
+        .live_instances()
+        .into_iter()
+        .filter(|r| !r.contains(':'))
+        .collect();
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let vm = vms[0].clone();
+    let root = az
+        .boot_root(&vm)
+        .unwrap_or_else(|| panic!("no sandbox for {vm}"));
+    let token = env_value(&root, "SWITCHYARD_ENROL_TOKEN").expect("the enrolment token");
+    let dump = || agent_log(az.boot_root(&vm));
+    let done = wait(&broker, "the job to finish", 30, &dump, || async {
+        let j = broker.job(&id).await;
+        matches!(
+            j["state"].as_str(),
+            Some("succeeded" | "failed" | "cancelled")
+        )
+        .then_some(j)
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", dump());
+    assert_eq!(done["placement"]["pool"], AZURE_POOL, "{done}");
+
+    // The instances list shows both attempts: GCE's failed one (the quota error, never
+    // launched, no cost) and the Azure one.
+    let all = instances(&broker).await;
+    let gce_attempts: Vec<&Value> = all.iter().filter(|i| i["pool"] == GCE_POOL).collect();
+    assert!(!gce_attempts.is_empty(), "no GCE attempt in {all:?}");
+    for g in &gce_attempts {
+        assert_eq!(g["state"], "terminated", "{g}");
+        assert_eq!(g["for_job"], id.as_str(), "{g}");
+        assert!(g["provider_id"].is_null(), "{g}");
+        let error = g["last_error"].as_str().unwrap_or("");
+        assert!(
+            error.to_lowercase().contains("quota"),
+            "the GCE attempt's error: {g}"
+        );
+        assert_eq!(g["cost_usd"].as_f64(), Some(0.0), "{g}");
+    }
+    assert!(
+        gce.live_instances().is_empty(),
+        "{:?}",
+        gce.live_instances()
+    );
+
+    // Idle, the Azure VM is deleted with its NIC and disk: nothing leaks in either cloud.
+    wait(&broker, "the Azure instance to end", 30, &dump, || async {
+        instances(&broker)
+            .await
+            .into_iter()
+            .find(|i| i["id"] == azure_inst["id"] && i["state"] == "terminated")
+    })
+    .await;
+    wait(
+        &broker,
+        "the fake Azure to hold nothing",
+        15,
+        &String::new,
+        || async { az.live_instances().is_empty().then_some(()) },
+    )
+    .await;
+    // The ledger: the Azure instance's lifetime is charged to Azure; the refused GCE launch
+    // cost nothing.
+    let (status, spend) = broker
+        .call(
+            reqwest::Method::GET,
+            "/api/v1/spend?group_by=provider",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{spend}");
+    let by = |p: &str| {
+        spend["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["provider"] == p)
+            .map(|r| r["amount_usd"].as_f64().unwrap())
+            .sum::<f64>()
+    };
+    assert!(by("azure") > 0.0, "{spend}");
+    assert_eq!(by("gcp"), 0.0, "{spend}");
+    assert!(
+        gce.invalid_requests().is_empty(),
+        "{:?}",
+        gce.invalid_requests()
+    );
+    assert!(
+        az.invalid_requests().is_empty(),
+        "{:?}",
+        az.invalid_requests()
+    );
+    let log = std::fs::read_to_string(broker.dir.path().join("broker.log")).unwrap();
+    assert!(
+        !log.contains(&token),
+        "the enrolment token is in the broker's log"
+    );
+    eprintln!(
+        "cross-cloud failover: {} GCE attempt(s) refused for quota, Azure launched and ran the \
+         job, both clouds empty after {:.1} s",
+        gce_attempts.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// A launch whose answer arrives after the instance's agent enrolled (Azure answers a VM
+/// creation when its long-running operation is done, while cloud-init — and so the agent —
+/// runs before that) must still record the provider's id: without it the broker cannot tell
+/// that the VM vanished (the reaper skips instances without one) and `GET /instances` shows
+/// none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_answer_that_arrives_after_the_agent_enrolled_is_recorded() {
+    let az = azure::start(azure::FakeOptions {
+        run_bootstrap: true,
+        operation_delay: Duration::from_millis(50),
+        // The VM's agent enrols at once; the creation's operation is done 3 s later.
+        vm_create_delay: Duration::from_secs(3),
+        ..azure::FakeOptions::default()
+    })
+    .await;
+    let keys = tempfile::tempdir().unwrap();
+    let agent = bin("switchyard-agent");
+    let section = Section {
+        cluster: "e2e-late-answer",
+        agent: &agent,
+        boot_time_s: 20,
+    };
+    let config = format!(
+        "{BURST}{}",
+        azure_section(&az, keys.path(), "eastus", AZURE_SIZE, &section)
+    );
+    let broker = Broker::start_with(&config).await;
+    // Busy long enough that the instance is not idle when the launch answer comes.
+    let mut spec = job("late-answer");
+    spec["command"] = json!(["sh", "-c", "sleep 8; echo burst-ok"]);
+    let id = broker.submit(spec).await;
+
+    let inst = wait(
+        &broker,
+        "the VM's agent to enrol",
+        30,
+        &String::new,
+        || async {
+            instances(&broker)
+                .await
+                .into_iter()
+                .find(|i| i["for_job"] == id.as_str() && i["state"] == "ready")
+        },
+    )
+    .await;
+    let vms: Vec<String> = az
+        .live_instances()
+        .into_iter()
+        .filter(|r| !r.contains(':'))
+        .collect();
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let vm = vms[0].clone();
+    let log_path = broker.dir.path().join("broker.log");
+    wait(
+        &broker,
+        "the launch to answer",
+        20,
+        &String::new,
+        || async {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            log.lines()
+                .any(|l| {
+                    l.contains("instance launched") && l.contains(inst["id"].as_str().unwrap())
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let recorded = eventually_quiet(Duration::from_secs(3), || async {
+        instances(&broker)
+            .await
+            .into_iter()
+            .find(|i| i["id"] == inst["id"] && i["provider_id"] == vm.as_str())
+    })
+    .await;
+    let now: Vec<Value> = instances(&broker).await;
+    assert!(
+        recorded.is_some(),
+        "the launch answered {vm} after the agent enrolled, but the broker never recorded it \
+         (broker/src/store/sql/instances.rs, instance_launched: `WHERE state = 'requested'`): \
+         {now:#?}"
+    );
+    let done = broker
+        .wait_state(&id, &["succeeded", "failed"], Duration::from_secs(30))
+        .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+}
