@@ -358,9 +358,12 @@ async fn reap_orphans(app: &App) -> Result<bool, StoreError> {
             }
             let orphan = match known.get(info.instance_key.as_str()) {
                 None => true,
-                Some(k) if k.state == InstanceState::Requested => {
-                    // The launch happened but its answer was lost: adopt the machine rather
-                    // than start another.
+                Some(k)
+                    if k.state == InstanceState::Requested
+                        || (k.provider_id.is_none() && k.state != InstanceState::Terminated) =>
+                {
+                    // The launch happened but its answer was lost (the agent may even have
+                    // enrolled already): adopt the machine rather than start another.
                     tracing::warn!(instance.id = %k.id, provider_id = %info.provider_id, "adopting an instance whose launch answer was lost");
                     app.store
                         .instance_launched(&k.id, &info.provider_id, app.clock.now())

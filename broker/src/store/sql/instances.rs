@@ -25,7 +25,10 @@ impl Store {
             .collect()
     }
 
-    /// The provider accepted the launch: `requested → booting`.
+    /// The provider accepted the launch: `requested → booting`, with the provider's id. The
+    /// machine may have booted and its agent enrolled before the answer came (cloud-init runs
+    /// before an Azure create operation ends): an instance already past `requested` that has no
+    /// provider id yet gets it, so it can be terminated and reaped by it.
     pub async fn instance_launched(
         &self,
         id: &str,
@@ -33,7 +36,7 @@ impl Store {
         now: Timestamp,
     ) -> StoreResult<()> {
         let mut tx = self.leader_tx().await?;
-        query(
+        let launched = query(
             "UPDATE instances SET state = 'booting', provider_id = $1, launched_at = $2, \
              launch_attempts = launch_attempts + 1, last_error = NULL \
              WHERE id = $3 AND state = 'requested'",
@@ -43,6 +46,18 @@ impl Store {
         .bind(id)
         .execute(&mut tx)
         .await?;
+        if launched.rows_affected() == 0 {
+            query(
+                "UPDATE instances SET provider_id = $1, launched_at = COALESCE(launched_at, $2), \
+                 launch_attempts = launch_attempts + 1, last_error = NULL \
+                 WHERE id = $3 AND provider_id IS NULL AND state IN ('booting', 'ready', 'draining')",
+            )
+            .bind(provider_id)
+            .bind(now)
+            .bind(id)
+            .execute(&mut tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
