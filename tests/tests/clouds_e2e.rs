@@ -542,3 +542,60 @@ async fn a_launch_answer_that_arrives_after_the_agent_enrolled_is_recorded() {
         .await;
     assert_eq!(done["state"], "succeeded", "{done}");
 }
+
+/// A cloud section that cannot work stops `switchyard serve` at once, naming the section and
+/// the setting; nothing is served.
+#[test]
+fn a_cloud_section_that_cannot_work_stops_the_start_naming_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.json");
+    std::fs::write(&junk, "this is not a service-account key").unwrap();
+    let key = dir.path().join("lambda-key");
+    std::fs::write(&key, "secret_abc123\n").unwrap();
+    let agent = r#"agent = { install_command = "true" }"#;
+    let cases = [
+        (
+            format!(
+                "[gcp]\nproject = \"p\"\nzones = [\"us-central1-a\"]\ncluster = \"c\"\n\
+                 image = \"projects/x/global/images/y\"\ncredentials_file = {:?}\n{agent}\n",
+                junk.display()
+            ),
+            "[gcp]",
+            "credentials",
+        ),
+        (
+            format!(
+                "[lambda]\ncluster = \"c\"\napi_key_file = {:?}\nregions = [\"atlantis-1\"]\n\
+                 ssh_key_name = \"k\"\n{agent}\n",
+                key.display()
+            ),
+            "[lambda]",
+            "atlantis-1",
+        ),
+        (
+            "[azure]\ntenant_id = \"t\"\n".to_string(),
+            "azure",
+            "missing field",
+        ),
+    ];
+    for (i, (section, names, field)) in cases.iter().enumerate() {
+        let config = dir.path().join(format!("switchyard-{i}.toml"));
+        std::fs::write(&config, section).unwrap();
+        let out = std::process::Command::new(bin("switchyard"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("data-{i}")))
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{section}: started anyway: {stderr}");
+        assert!(
+            stderr.contains(names) && stderr.contains(field),
+            "{section}: the error should name {names} and {field}: {stderr}"
+        );
+    }
+}
