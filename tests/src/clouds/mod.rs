@@ -18,6 +18,7 @@ pub mod contract;
 pub mod e2e;
 pub mod gce;
 pub mod lambda;
+pub mod moto;
 pub mod openapi;
 
 use std::time::Duration;
