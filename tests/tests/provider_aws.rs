@@ -8,9 +8,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
-use switchyard_core::PoolId;
+use switchyard_core::{Market, PoolId};
 use switchyard_providers::aws::{AwsConfig, AwsProvider};
-use switchyard_tests::clouds::{contract, moto};
+use switchyard_providers::{LaunchRequest, Provider, ProviderError};
+use switchyard_tests::clouds::{FakeCloud, contract, moto};
 
 const POOL: &str = "aws:us-east-1/g5.xlarge";
 const SPOT_POOL: &str = "aws:us-east-1/g4dn.xlarge";
@@ -65,6 +66,39 @@ async fn the_ec2_provider_passes_the_contract_against_moto() {
         "FIGURE ec2-contract: moto up in {:.2} s, the suite in {:.2} s, {} requests through the proxy",
         ready.as_secs_f64(),
         (started.elapsed() - ready).as_secs_f64(),
-        switchyard_tests::clouds::FakeCloud::requests(&cloud)
+        FakeCloud::requests(&cloud)
     );
+}
+
+/// A type the bundled catalogue lists but EC2 (here moto, which validates instance types) does
+/// not have: the one `RunInstances` is refused (`InvalidInstanceType.NotFound`, a 400), and the
+/// launch is `Rejected`, not retried. The contract's unknown pool never reaches EC2: the
+/// provider launches only the catalogue's types.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalogue_type_ec2_does_not_have_is_rejected_without_a_retry() {
+    const MISSING: &str = "g7.2xlarge";
+    let cloud = moto::start().await;
+    let mut cfg = config(cloud.url());
+    cfg.instance_types.push(MISSING.into());
+    let p = AwsProvider::new(cfg).await.expect("provider");
+    let before = FakeCloud::requests(&cloud);
+    let r = p
+        .launch(&LaunchRequest {
+            pool: PoolId::new(format!("aws:us-east-1/{MISSING}")),
+            market: Market::OnDemand,
+            instance_key: "missing-type".into(),
+            enrolment_token: "enrol-missing-type".into(),
+            broker_url: "https://broker.example:8443".into(),
+        })
+        .await;
+    let calls = FakeCloud::requests(&cloud) - before;
+    match &r {
+        Err(ProviderError::Rejected(m)) => assert!(m.contains("InvalidInstanceType"), "{m}"),
+        Ok(info) => {
+            panic!("moto now has {MISSING} ({info:?}): name a catalogue type it lacks in this test")
+        }
+        Err(e) => panic!("a type EC2 does not have gave {e:?}"),
+    }
+    assert_eq!(calls, 2, "DescribeInstances, then one RunInstances");
+    assert!(FakeCloud::live_instances(&cloud).is_empty());
 }
