@@ -157,6 +157,11 @@ pub fn simulate(
         }
     }
     let jobs = scenario.jobs(&trace.jobs);
+    let multi_node = scenario.multi_node_counts(&trace.jobs);
+    eprintln!(
+        "multi-node  {} jobs as gangs, {} folded onto one node",
+        multi_node.gangs, multi_node.folded
+    );
     let cfg = SimConfig {
         idle_ttl_s: scenario.idle_ttl_s,
         min_billed_s: 60,
@@ -240,7 +245,8 @@ pub fn simulate(
             skipped_bad_rows: trace.skipped,
             measured_jobs: measured,
             warmup_jobs: trace.jobs.len() - measured,
-            multi_node_jobs_folded: trace.jobs.iter().filter(|j| j.nodes > 1).count(),
+            multi_node_jobs_as_gangs: multi_node.gangs,
+            multi_node_jobs_folded: multi_node.folded,
         },
         scenario: serde_json::to_value(scenario)?,
         services,

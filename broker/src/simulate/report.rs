@@ -46,6 +46,10 @@ pub struct TraceInfo {
     pub skipped_bad_rows: u64,
     pub measured_jobs: usize,
     pub warmup_jobs: usize,
+    /// Multi-node jobs replayed as gangs (`multi_node = "gang"`, the default).
+    pub multi_node_jobs_as_gangs: usize,
+    /// Multi-node jobs folded onto one node: all of them under `multi_node = "fold"`, only
+    /// those no pool could hold as a gang otherwise.
     pub multi_node_jobs_folded: usize,
 }
 

@@ -29,6 +29,13 @@ pub struct Scenario {
     pub checkpoint_interval_s: i64,
     pub fifo_burst_after_s: i64,
     pub lp_buckets: usize,
+    /// What becomes of a trace job on more than one node: `gang` (the default) runs it on
+    /// `nodes` nodes of one pool with `ceil(gpus / nodes)` GPUs each, all started together,
+    /// for its true runtime; `fold` (the replay before gangs) puts it on one node with
+    /// `min(gpus, largest on-prem node)` GPUs and stretches its runtime to keep its GPU-hours.
+    /// A job no pool could ever hold as a gang (more GPUs per node than the largest on-prem
+    /// node, or more nodes than any pool has) is folded either way, and counted in the report.
+    pub multi_node: MultiNode,
     pub onprem: Vec<OnPrem>,
     pub cloud: Cloud,
     pub deadlines: Deadlines,
@@ -38,6 +45,22 @@ pub struct Scenario {
     /// Inference services replayed beside the batch trace (`services.rs`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceScenario>,
+}
+
+/// See [`Scenario::multi_node`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MultiNode {
+    #[default]
+    Gang,
+    Fold,
+}
+
+/// How [`Scenario::jobs`] shaped the trace's multi-node jobs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MultiNodeCounts {
+    pub gangs: usize,
+    pub folded: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -116,6 +139,7 @@ impl Default for Scenario {
             checkpoint_interval_s: 3600,
             fifo_burst_after_s: 600,
             lp_buckets: 256,
+            multi_node: MultiNode::Gang,
             onprem: vec![OnPrem {
                 region: "onprem:philly".into(),
                 name: "v100-8x".into(),
@@ -411,10 +435,20 @@ impl Scenario {
         }
     }
 
-    /// The trace's jobs with the scenario's assumptions applied. A multi-node job becomes one
-    /// job on one node with `min(gpus, largest on-prem node)` GPUs and its runtime stretched so
-    /// its GPU-hours stay the same.
-    pub fn jobs(&self, trace: &[TraceJob]) -> Vec<SimJob> {
+    /// The shape a multi-node trace job runs as: `Some((nodes, gpus per node))` for a gang,
+    /// `None` for a fold (see [`Scenario::multi_node`]). `largest` is the largest on-prem
+    /// node's GPUs, `most_nodes` the most nodes any pool may have.
+    fn gang_shape(&self, t: &TraceJob, largest: u32, most_nodes: u32) -> Option<(u32, u32)> {
+        if t.nodes <= 1 || self.multi_node == MultiNode::Fold {
+            return None;
+        }
+        let per_node = t.gpus.div_ceil(t.nodes).max(1);
+        (per_node <= largest && t.nodes <= most_nodes).then_some((t.nodes, per_node))
+    }
+
+    /// The largest on-prem node's GPUs and the most nodes any pool may have (on-prem nodes,
+    /// the cloud quota).
+    fn limits(&self) -> (u32, u32) {
         let largest = self
             .onprem
             .iter()
@@ -422,6 +456,34 @@ impl Scenario {
             .max()
             .unwrap_or(8)
             .max(1);
+        let most_nodes = self
+            .onprem
+            .iter()
+            .map(|o| o.nodes)
+            .chain([self.cloud.node_limit])
+            .max()
+            .unwrap_or(0);
+        (largest, most_nodes)
+    }
+
+    /// How many of the trace's multi-node jobs run as gangs and how many are folded.
+    pub fn multi_node_counts(&self, trace: &[TraceJob]) -> MultiNodeCounts {
+        let (largest, most_nodes) = self.limits();
+        let mut c = MultiNodeCounts::default();
+        for t in trace.iter().filter(|t| t.nodes > 1) {
+            match self.gang_shape(t, largest, most_nodes) {
+                Some(_) => c.gangs += 1,
+                None => c.folded += 1,
+            }
+        }
+        c
+    }
+
+    /// The trace's jobs with the scenario's assumptions applied. A multi-node job becomes a
+    /// gang, or is folded into one job on one node with `min(gpus, largest on-prem node)` GPUs
+    /// and its runtime stretched so its GPU-hours stay the same ([`Scenario::multi_node`]).
+    pub fn jobs(&self, trace: &[TraceJob]) -> Vec<SimJob> {
+        let (largest, most_nodes) = self.limits();
         let start_s = (self.start_day * 86_400.0) as i64;
         let mut deadlines = SplitMix64::stream(self.seed, 1);
         let mut spot = SplitMix64::stream(self.seed, 2);
@@ -430,8 +492,9 @@ impl Scenario {
         trace
             .iter()
             .map(|t| {
-                let gpus = t.gpus.min(largest);
-                let runtime_s = if gpus < t.gpus {
+                let gang = self.gang_shape(t, largest, most_nodes);
+                let (nodes, gpus) = gang.unwrap_or((1, t.gpus.min(largest)));
+                let runtime_s = if gang.is_none() && gpus < t.gpus {
                     // In i128: a hostile row's runtime × GPUs overflows i64.
                     let gpu_s = i128::from(t.runtime_s) * i128::from(t.gpus);
                     let folded = (gpu_s + i128::from(gpus) - 1) / i128::from(gpus);
@@ -466,7 +529,7 @@ impl Scenario {
                             min_gpu_memory_gb: 0,
                             cpus: 0,
                             memory_gb: 0,
-                            nodes: 1,
+                            nodes,
                         },
                         estimated_runtime_s: Some(runtime_s),
                         deadline: Some(submit.plus_secs(window)),

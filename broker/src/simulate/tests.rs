@@ -76,7 +76,8 @@ fn report_has_the_issue_shape_and_plots() {
         assert_eq!(s["jobs"], 60);
     }
     assert!(v["lp_lower_bound_usd"].as_f64().is_some_and(|x| x > 0.0));
-    assert_eq!(v["trace"]["multi_node_jobs_folded"], 10);
+    assert_eq!(v["trace"]["multi_node_jobs_as_gangs"], 10);
+    assert_eq!(v["trace"]["multi_node_jobs_folded"], 0);
     for plot in [
         "cost_over_time.svg",
         "queue_delay_cdf.svg",
@@ -299,4 +300,74 @@ fn services_beside_batch_work_cost_and_hold_onprem_nodes() {
         .as_f64()
         .expect("present");
     assert!(onprem > 0.0);
+}
+
+/// A multi-node trace job runs as a gang of `nodes` nodes with `ceil(gpus / nodes)` GPUs each
+/// and its true runtime; `multi_node = "fold"` folds it as before; a job no pool could hold as
+/// a gang is folded either way, and counted.
+#[test]
+fn multi_node_jobs_are_gangs_unless_folded() {
+    let job = |line, gpus, nodes| super::trace::TraceJob {
+        line,
+        submit_s: 0,
+        gpus,
+        nodes,
+        runtime_s: 1000,
+        status: "Pass".into(),
+    };
+    // 16 GPUs on 2 nodes; 5 on 2 (3 per node); 32 on 2 (16 per node: more than any node);
+    // 200 on 200 (more nodes than any pool: 128 on-prem, a cloud quota of 64); one node.
+    let trace = [
+        job(2, 16, 2),
+        job(3, 5, 2),
+        job(4, 32, 2),
+        job(5, 200, 200),
+        job(6, 4, 1),
+    ];
+    let s = Scenario::default();
+    let shape = |j: &switchyard_core::sim::SimJob| {
+        (j.spec.resources.nodes, j.spec.resources.gpus, j.runtime_s)
+    };
+    let gang: Vec<_> = s.jobs(&trace).iter().map(shape).collect();
+    assert_eq!(
+        gang,
+        [
+            (2, 8, 1000),
+            (2, 3, 1000),
+            (1, 8, 4000),
+            (1, 8, 25_000),
+            (1, 4, 1000)
+        ]
+    );
+    let c = s.multi_node_counts(&trace);
+    assert_eq!((c.gangs, c.folded), (2, 2));
+    let fold = Scenario::from_toml("multi_node = \"fold\"\n").expect("parses");
+    let folded: Vec<_> = fold.jobs(&trace).iter().map(shape).collect();
+    assert_eq!(
+        folded,
+        [
+            (1, 8, 2000),
+            (1, 5, 1000),
+            (1, 8, 4000),
+            (1, 8, 25_000),
+            (1, 4, 1000)
+        ]
+    );
+    let c = fold.multi_node_counts(&trace);
+    assert_eq!((c.gangs, c.folded), (0, 4));
+    let err = Scenario::from_toml("multi_node = \"split\"\n").expect_err("unknown");
+    assert!(format!("{err:#}").contains("multi_node"), "{err:#}");
+    // The small trace's 2-node jobs run, as gangs, under every scheduler.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut small = small_scenario();
+    let v = report_json(&small, &small_trace(), dir.path());
+    small.multi_node = scenario::MultiNode::Fold;
+    let f = report_json(&small, &small_trace(), dir.path());
+    assert_eq!(f["trace"]["multi_node_jobs_folded"], 10);
+    for name in ["switchyard", "cheapest", "fifo-burst"] {
+        for r in [&v, &f] {
+            assert_eq!(r["schedulers"][name]["jobs"], 60, "{name}");
+            assert_eq!(r["schedulers"][name]["unfinished_jobs"], 0, "{name}");
+        }
+    }
 }

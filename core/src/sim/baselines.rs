@@ -20,7 +20,10 @@
 //! node launched for it. Idle cloud nodes are suspended after the idle TTL (`SuspendTime`).
 //!
 //! Both pick nodes by best fit (fewest GPUs left over), ties by pool price and node id, so
-//! results never depend on input order.
+//! results never depend on input order. A gang (`resources.nodes` = N > 1) takes N such nodes
+//! in one pool or waits (Slurm allocates a multi-node job within one partition, all at once;
+//! SkyPilot's `num_nodes` and dstack's cluster fleets put every node in one region), and when
+//! it bursts it launches N nodes of one pool together.
 
 use super::{Action, Decisions, Scheduler, View};
 use crate::domain::{GpuSet, Market, QueuedJob, SpotRule};
@@ -136,9 +139,23 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
         let ok = |f: &Free| {
             (spot_ok || !f.spot) && hard_constraint(&snap.pools[f.pool], &job.spec).is_none()
         };
-        let taken = take_best_fit(&mut onprem, job.spec.resources.gpus, ok)
-            .or_else(|| take_best_fit(&mut cloud, job.spec.resources.gpus, ok));
-        if let Some((node, gpus)) = taken {
+        let (gpus, nodes) = (job.spec.resources.gpus, job.spec.resources.nodes.max(1));
+        if nodes > 1 {
+            let taken = take_best_fit_gang(&mut onprem, gpus, nodes, ok)
+                .or_else(|| take_best_fit_gang(&mut cloud, gpus, nodes, ok));
+            if let Some(parts) = taken {
+                actions.push(Action::AssignGang {
+                    job: job.id,
+                    nodes: parts
+                        .into_iter()
+                        .map(|(node, gpus)| (snap.nodes[node].id.clone(), gpus))
+                        .collect(),
+                });
+                continue;
+            }
+        } else if let Some((node, gpus)) =
+            take_best_fit(&mut onprem, gpus, ok).or_else(|| take_best_fit(&mut cloud, gpus, ok))
+        {
             actions.push(Action::Assign {
                 job: job.id,
                 node: snap.nodes[node].id.clone(),
@@ -150,11 +167,20 @@ fn fifo_round(view: &View<'_>, may_burst: impl Fn(&QueuedJob) -> bool) -> Decisi
             continue;
         }
         if let Some((pool, market)) = cheapest_offer(view, job, &pool_size) {
-            pool_size[pool] += 1;
-            actions.push(Action::Launch {
-                pool: snap.pools[pool].id.clone(),
-                market,
-                for_job: job.id,
+            pool_size[pool] += nodes;
+            let (pool, for_job) = (snap.pools[pool].id.clone(), job.id);
+            actions.push(if nodes > 1 {
+                Action::LaunchGang {
+                    pool,
+                    market,
+                    for_job,
+                }
+            } else {
+                Action::Launch {
+                    pool,
+                    market,
+                    for_job,
+                }
             });
         }
     }
@@ -180,17 +206,58 @@ fn take_best_fit(
     Some((best.node, taken))
 }
 
-/// The cheapest launchable pool for the job with quota left: node price × runtime plus egress;
-/// ties by pool id.
+/// Takes `gpus` on each of `nodes` nodes of one pool for a gang, the pool's best-fitting nodes
+/// (Slurm's best fit, `--nodes=N` within one partition): the pool whose chosen nodes leave the
+/// fewest GPUs over, ties by price and lowest node. Returns each node and its GPUs, or nothing
+/// when no pool has `nodes` nodes that fit.
+fn take_best_fit_gang(
+    free: &mut [Free],
+    gpus: u32,
+    nodes: u32,
+    ok: impl Fn(&Free) -> bool,
+) -> Option<Vec<(usize, GpuSet)>> {
+    let mut fits: Vec<usize> = (0..free.len())
+        .filter(|&i| free[i].free.len() >= gpus && ok(&free[i]))
+        .collect();
+    fits.sort_by_key(|&i| {
+        let f = &free[i];
+        (f.pool, f.free.len() - gpus, f.gpu_price, f.node)
+    });
+    let n = nodes as usize;
+    let best = fits
+        .chunk_by(|&a, &b| free[a].pool == free[b].pool)
+        .filter(|group| group.len() >= n)
+        .map(|group| &group[..n])
+        .min_by_key(|chosen| {
+            let left: u32 = chosen.iter().map(|&i| free[i].free.len() - gpus).sum();
+            (left, free[chosen[0]].gpu_price, free[chosen[0]].node)
+        })?
+        .to_vec();
+    Some(
+        best.into_iter()
+            .map(|i| {
+                let taken = free[i].free.lowest(gpus);
+                free[i].free = free[i].free.difference(taken);
+                (free[i].node, taken)
+            })
+            .collect(),
+    )
+}
+
+/// The cheapest launchable pool for the job with quota left (for all of a gang's nodes): node
+/// price × nodes × runtime plus egress; ties by pool id.
 fn cheapest_offer(view: &View<'_>, job: &QueuedJob, pool_size: &[u32]) -> Option<(usize, Market)> {
     let snap = view.snapshot;
     let runtime_s = job.spec.runtime_s();
     let data = job.spec.data.as_ref();
+    let nodes = job.spec.resources.nodes.max(1);
     snap.pools
         .iter()
         .enumerate()
         .filter(|(i, p)| {
-            p.launchable && pool_size[*i] < p.node_limit && hard_constraint(p, &job.spec).is_none()
+            p.launchable
+                && pool_size[*i].saturating_add(nodes) <= p.node_limit
+                && hard_constraint(p, &job.spec).is_none()
         })
         .map(|(i, p)| {
             let market = p.cheapest_market(job.spec.spot);
@@ -202,7 +269,11 @@ fn cheapest_offer(view: &View<'_>, job: &QueuedJob, pool_size: &[u32]) -> Option
                         .saturating_mul(i64::from(data.map_or(0, |d| d.size_gb)))
                 });
             let boot = i64::from(p.boot_time_s);
-            let cost = p.price_per_hour(market).per_hour_for_secs(runtime_s + boot) + egress;
+            let cost = p
+                .price_per_hour(market)
+                .saturating_mul(i64::from(nodes))
+                .per_hour_for_secs(runtime_s + boot)
+                + egress;
             ((cost, &p.id), (i, market))
         })
         .min_by(|a, b| a.0.cmp(&b.0))

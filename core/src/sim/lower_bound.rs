@@ -1,7 +1,7 @@
 //! The offline lower bound on the cost of serving a trace by its deadlines.
 //!
 //! **The LP.** Knowing every arrival in advance, let job `j` (GPU-seconds `D_j = gpus ×
-//! runtime`, window `[submit_j, deadline_j]`) be served fractionally: `x_j` GPU-seconds on
+//! nodes × runtime`, a gang's every node counted, window `[submit_j, deadline_j]`) be served fractionally: `x_j` GPU-seconds on
 //! on-prem capacity inside its window, the rest in the cloud. On-prem costs `p_j` per GPU-second
 //! (the cheapest on-prem pool the job fits, plus that pool's egress share), the cloud `c_j`
 //! (the cheapest per-GPU share of any cloud pool the job fits, spot when the job allows spot,
@@ -48,7 +48,9 @@ pub fn lp_lower_bound(world: &World, jobs: &[SimJob], buckets: usize) -> Money {
     // (saving per GPU-second, job index, window, demand, saving)
     let mut contested: Vec<(f64, usize, i64, i64, f64, f64)> = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
-        let demand = f64::from(job.spec.resources.gpus) * job.runtime_s.max(0) as f64;
+        let demand = f64::from(job.spec.resources.gpus)
+            * f64::from(job.spec.resources.nodes.max(1))
+            * job.runtime_s.max(0) as f64;
         let onprem = best_cost(world, &job.spec, job.runtime_s, false);
         let cloud = best_cost(world, &job.spec, job.runtime_s, true);
         match (onprem, cloud) {
@@ -140,7 +142,8 @@ fn best_cost(world: &World, spec: &JobSpec, runtime_s: i64, cloud: bool) -> Opti
             // The exact per-GPU share (no rounding up): a bound must not overcharge.
             let share = p.pool.price_per_hour(market).micros() as f64
                 / f64::from(p.pool.gpus_per_node.max(1));
-            let compute = share * f64::from(spec.resources.gpus) * runtime_s.max(0) as f64 / 3600.0;
+            let gpus = f64::from(spec.resources.gpus) * f64::from(spec.resources.nodes.max(1));
+            let compute = share * gpus * runtime_s.max(0) as f64 / 3600.0;
             compute + egress(&world.regions, spec, &p.pool).micros() as f64
         })
         .min_by(f64::total_cmp)

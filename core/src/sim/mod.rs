@@ -18,6 +18,10 @@
 //!   progress of their last checkpoint ([`SimConfig::checkpoint_interval_s`]). Each node in
 //!   the snapshot carries its market; a job whose spot rule is `never` is not put on a spot
 //!   node (such an assignment is refused and counted in [`SimResult::rejected_actions`]).
+//! - A gang (`resources.nodes` = N > 1, `resources.gpus` per node) runs on N nodes of one
+//!   pool, started together, all or none, and launched together ([`Action::LaunchGang`]). It
+//!   ends on all of them at once; a preemption or a spot interruption of any of its nodes
+//!   requeues the whole gang, and its cost is every node's GPUs.
 //! - A job whose data lives in another region pays the data region's egress per GB on every
 //!   attempt start and holds its node for the transfer time first (`size × 8 / ingress_gbps`).
 //!
@@ -126,15 +130,28 @@ impl View<'_> {
 /// A scheduler's decision; invalid ones (a full node, an unknown job) are counted and ignored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Start a queued job on a ready node, on the GPUs `gpus` (as many as it asks for, all
-    /// free).
+    /// Start a queued one-node job on a ready node, on the GPUs `gpus` (as many as it asks
+    /// for, all free).
     Assign {
         job: JobId,
         node: NodeId,
         gpus: GpuSet,
     },
-    /// Launch a node in a cloud pool for a job (which stays queued until assigned).
+    /// Start a queued gang (`resources.nodes` > 1) on all its nodes at once: one entry per
+    /// node, rank 0 first, as many as it asks for, all ready and in one pool, each with the
+    /// job's per-node GPUs free. The gang ends, is preempted or interrupted as one.
+    AssignGang {
+        job: JobId,
+        nodes: Vec<(NodeId, GpuSet)>,
+    },
+    /// Launch a node in a cloud pool for a one-node job (which stays queued until assigned).
     Launch {
+        pool: PoolId,
+        market: Market,
+        for_job: JobId,
+    },
+    /// Launch all of a gang's nodes in one cloud pool, or none when its quota lacks room.
+    LaunchGang {
         pool: PoolId,
         market: Market,
         for_job: JobId,

@@ -73,11 +73,20 @@ impl Scheduler for Switchyard {
             .iter()
             .map(|p| Action::Preempt { job: p.job })
             .collect();
-        actions.extend(plan.assignments.iter().map(|a| Action::Assign {
-            job: a.job,
-            node: a.node.clone(),
-            gpus: a.gpus,
-        }));
+        // A gang's assignments come together, rank 0 first: one action starts them all.
+        for group in plan.assignments.chunk_by(|a, b| a.job == b.job) {
+            actions.push(match group {
+                [a] => Action::Assign {
+                    job: a.job,
+                    node: a.node.clone(),
+                    gpus: a.gpus,
+                },
+                _ => Action::AssignGang {
+                    job: group[0].job,
+                    nodes: group.iter().map(|a| (a.node.clone(), a.gpus)).collect(),
+                },
+            });
+        }
         self.committed.clear();
         self.committed
             .extend(
@@ -101,16 +110,27 @@ impl Scheduler for Switchyard {
                 });
             }
         }
-        actions.extend(
-            plan.launches
-                .iter()
-                .filter(|l| !view.is_provisioning(l.for_job))
-                .map(|l| Action::Launch {
-                    pool: l.pool.clone(),
-                    market: l.market,
-                    for_job: l.for_job,
-                }),
-        );
+        // A gang's launches (one per node, together) become one launch of them all.
+        for group in plan.launches.chunk_by(|a, b| a.for_job == b.for_job) {
+            let l = &group[0];
+            if view.is_provisioning(l.for_job) {
+                continue;
+            }
+            let (pool, market, for_job) = (l.pool.clone(), l.market, l.for_job);
+            actions.push(if group.len() > 1 {
+                Action::LaunchGang {
+                    pool,
+                    market,
+                    for_job,
+                }
+            } else {
+                Action::Launch {
+                    pool,
+                    market,
+                    for_job,
+                }
+            });
+        }
         let min_boot_s = snap
             .pools
             .iter()

@@ -48,6 +48,9 @@ struct JobRec {
     first_start: Option<Timestamp>,
     /// The pool of the node it first started on.
     first_pool: Option<usize>,
+    /// A gang's nodes past rank 0 while it runs (rank 0's are in `state`), with the GPUs it
+    /// holds on each.
+    ranks: Vec<(usize, GpuSet)>,
     /// Its GPUs' share of what the nodes it ran on cost while it ran (egress included).
     cost: Money,
     finish: Option<Timestamp>,
@@ -78,8 +81,10 @@ struct Engine<'w> {
     nodes: Vec<NodeRec>,
     queued_at: Vec<Option<usize>>,
     queued_idx: Vec<usize>,
-    running_at: Vec<Option<usize>>,
-    running_idx: Vec<usize>,
+    /// Where each running job's attempts sit in `snap.running`, by rank (one per node).
+    running_at: Vec<Vec<usize>>,
+    /// The (job, rank) at each position of `snap.running`.
+    running_idx: Vec<(usize, usize)>,
     node_at: Vec<Option<usize>>,
     node_idx: Vec<usize>,
     node_by_id: HashMap<NodeId, usize>,
@@ -190,6 +195,7 @@ impl<'w> Engine<'w> {
                     epoch: 0,
                     first_start: None,
                     first_pool: None,
+                    ranks: Vec::new(),
                     cost: Money::ZERO,
                     finish: None,
                 })
@@ -197,7 +203,7 @@ impl<'w> Engine<'w> {
             nodes: Vec::new(),
             queued_at: vec![None; n],
             queued_idx: Vec::new(),
-            running_at: vec![None; n],
+            running_at: vec![Vec::new(); n],
             running_idx: Vec::new(),
             node_at: Vec::new(),
             node_idx: Vec::new(),
@@ -387,8 +393,12 @@ impl<'w> Engine<'w> {
         }
     }
 
-    /// Starts job `j` on GPUs `gpus` of node `n` (free, as many as it asks for: see `act`).
-    fn start(&mut self, j: usize, n: usize, gpus: GpuSet, now: i64) {
+    /// Starts job `j` on `parts`: the GPUs of each of its nodes, rank 0 first (free, as many
+    /// as it asks for on each, one pool: see `act`). A gang's data moves once, to its pool.
+    fn start(&mut self, j: usize, parts: &[(usize, GpuSet)], now: i64) {
+        let Some(&(n, gpus)) = parts.first() else {
+            return;
+        };
         self.dequeue(j);
         let job = &self.jobs_in[j];
         let pool = &self.world.pools[self.nodes[n].pool].pool;
@@ -411,6 +421,7 @@ impl<'w> Engine<'w> {
             transfer_s = i64::try_from((u64::from(d.size_gb) * 8).div_ceil(u64::from(gbps)))
                 .unwrap_or(i64::MAX / 4_000);
         }
+        let priority = job.spec.priority;
         let rec = &mut self.jobs[j];
         let work_start_ms = now + transfer_s * 1000;
         let end_ms = work_start_ms + rec.remaining_s * 1000;
@@ -420,43 +431,49 @@ impl<'w> Engine<'w> {
             start_ms: now,
             work_start_ms,
         };
+        rec.ranks = parts[1..].to_vec();
         rec.first_start.get_or_insert(Timestamp(now));
         rec.first_pool.get_or_insert(self.nodes[n].pool);
         let (id, epoch) = (rec.id, rec.epoch);
-        let nr = &mut self.nodes[n];
-        nr.free = nr.free.difference(gpus);
-        if nr.on_node.is_empty() {
-            nr.busy_since_ms = now;
-            nr.idle_epoch += 1;
-        }
-        nr.on_node.push(j);
-        if let Some(other) = nr.for_job.take() {
-            self.provisioning.remove(&self.jobs[other].id);
-        }
         if let Some(m) = self.provisioning.remove(&id)
             && let Some(&o) = self.node_by_id.get(&m)
         {
             self.nodes[o].for_job = None;
         }
-        let node_id = self.nodes[n].id.clone();
-        if let Some(pos) = self.node_at[n] {
-            self.snap.nodes[pos].free_gpus = self.nodes[n].free;
+        for (rank, &(n, gpus)) in parts.iter().enumerate() {
+            let nr = &mut self.nodes[n];
+            nr.free = nr.free.difference(gpus);
+            if nr.on_node.is_empty() {
+                nr.busy_since_ms = now;
+                nr.idle_epoch += 1;
+            }
+            nr.on_node.push(j);
+            if let Some(other) = nr.for_job.take() {
+                self.provisioning.remove(&self.jobs[other].id);
+            }
+            let node_id = self.nodes[n].id.clone();
+            if let Some(pos) = self.node_at[n] {
+                self.snap.nodes[pos].free_gpus = self.nodes[n].free;
+            }
+            self.running_at[j].push(self.snap.running.len());
+            self.running_idx.push((j, rank));
+            // Rank 0's id as before gangs; a gang's other ranks apart in the top bits.
+            let attempt = ((j as u128 + 1) << 32) | u128::from(epoch) | ((rank as u128) << 96);
+            self.snap.running.push(RunningAttempt {
+                job: id,
+                attempt: AttemptId(Uuid::from_u128(attempt)),
+                node: node_id,
+                gpus,
+                priority,
+                started_at: Timestamp(now),
+                expected_end: Timestamp(end_ms),
+            });
         }
-        self.running_at[j] = Some(self.snap.running.len());
-        self.running_idx.push(j);
-        self.snap.running.push(RunningAttempt {
-            job: id,
-            attempt: AttemptId(Uuid::from_u128(((j as u128 + 1) << 32) | u128::from(epoch))),
-            node: node_id,
-            gpus,
-            priority: job.spec.priority,
-            started_at: Timestamp(now),
-            expected_end: Timestamp(end_ms),
-        });
         self.push(end_ms, Event::End { job: j, epoch });
     }
 
-    /// Ends job `j`'s attempt: done, or back to the queue with its checkpointed progress.
+    /// Ends job `j`'s attempt, on every node of a gang: done, or back to the queue with its
+    /// checkpointed progress.
     fn stop(&mut self, j: usize, now: i64, completed: bool) {
         let JobState::Running {
             node,
@@ -467,41 +484,48 @@ impl<'w> Engine<'w> {
         else {
             return;
         };
+        let mut parts = vec![(node, held)];
+        parts.append(&mut self.jobs[j].ranks);
         let gpus = self.jobs_in[j].spec.resources.gpus;
-        let nr = &mut self.nodes[node];
-        nr.free = nr.free.union(held);
-        nr.on_node.retain(|&x| x != j);
-        let pool = &self.world.pools[nr.pool].pool;
-        if nr.on_node.is_empty() {
-            nr.busy_ms += now - nr.busy_since_ms;
-            nr.idle_epoch += 1;
-        }
-        if let Some(pos) = self.node_at[node] {
-            self.snap.nodes[pos].free_gpus = self.nodes[node].free;
-        }
-        let ran_s = (now - start_ms + 999) / 1000;
-        self.jobs[j].cost += pool
-            .price_per_gpu_hour(self.nodes[node].market)
-            .saturating_mul(i64::from(gpus))
-            .per_hour_for_secs(ran_s);
-        if !pool.launchable {
-            let secs = (now - start_ms + 999) / 1000;
-            let cost = pool
-                .on_demand_per_gpu_hour()
+        for &(node, held) in &parts {
+            let nr = &mut self.nodes[node];
+            nr.free = nr.free.union(held);
+            nr.on_node.retain(|&x| x != j);
+            let pool = &self.world.pools[nr.pool].pool;
+            if nr.on_node.is_empty() {
+                nr.busy_ms += now - nr.busy_since_ms;
+                nr.idle_epoch += 1;
+            }
+            if let Some(pos) = self.node_at[node] {
+                self.snap.nodes[pos].free_gpus = self.nodes[node].free;
+            }
+            let ran_s = (now - start_ms + 999) / 1000;
+            self.jobs[j].cost += pool
+                .price_per_gpu_hour(self.nodes[node].market)
                 .saturating_mul(i64::from(gpus))
-                .per_hour_for_secs(secs);
-            let region = pool.region.clone();
-            self.charge(now, &region, cost);
-            self.out.onprem_cost += cost;
-            let (lo, hi) = self.measure;
-            let overlap = (now.min(hi) - start_ms.max(lo)).max(0);
-            self.onprem_busy_gpu_ms += overlap as f64 * f64::from(gpus);
+                .per_hour_for_secs(ran_s);
+            if !pool.launchable {
+                let secs = (now - start_ms + 999) / 1000;
+                let cost = pool
+                    .on_demand_per_gpu_hour()
+                    .saturating_mul(i64::from(gpus))
+                    .per_hour_for_secs(secs);
+                let region = pool.region.clone();
+                self.charge(now, &region, cost);
+                self.out.onprem_cost += cost;
+                let (lo, hi) = self.measure;
+                let overlap = (now.min(hi) - start_ms.max(lo)).max(0);
+                self.onprem_busy_gpu_ms += overlap as f64 * f64::from(gpus);
+            }
         }
-        if let Some(pos) = self.running_at[j].take() {
+        // Highest position first: what `swap_remove` moves in is never one of the job's own.
+        let mut at = std::mem::take(&mut self.running_at[j]);
+        at.sort_unstable_by(|a, b| b.cmp(a));
+        for pos in at {
             self.snap.running.swap_remove(pos);
             self.running_idx.swap_remove(pos);
-            if let Some(&moved) = self.running_idx.get(pos) {
-                self.running_at[moved] = Some(pos);
+            if let Some(&(moved, rank)) = self.running_idx.get(pos) {
+                self.running_at[moved][rank] = pos;
             }
         }
         let rec = &mut self.jobs[j];
@@ -516,7 +540,9 @@ impl<'w> Engine<'w> {
             rec.remaining_s = (rec.remaining_s - kept).max(0);
             self.enqueue(j);
         }
-        self.push_idle_check(node, now);
+        for &(node, _) in &parts {
+            self.push_idle_check(node, now);
+        }
     }
 
     fn release(&mut self, node: usize, now: i64) {
