@@ -1,8 +1,8 @@
 //! Helpers for end-to-end tests of `switchyard serve` bursting into the fake clouds: the
-//! `[gcp]` and `[azure]` sections of a broker config pointed at a running fake, with the
-//! instances' bootstrap installing the real `switchyard-agent` (see [`super::boot`]).
+//! `[gcp]`, `[azure]` and `[lambda]` sections of a broker config pointed at a running fake, with
+//! the instances' bootstrap installing the real `switchyard-agent` (see [`super::boot`]).
 
-use super::{azure, boot, gce};
+use super::{azure, boot, gce, lambda};
 use std::path::Path;
 
 /// Settings of a `[section]` for a fake cloud shared by both clouds.
@@ -113,4 +113,40 @@ pub fn env_value(root: &Path, key: &str) -> Option<String> {
             .strip_suffix('"')
             .map(str::to_string)
     })
+}
+
+/// A `[lambda]` section launching `instance_type` in `region` of the fake Lambda; the API key
+/// is written into `dir`. Launches may follow each other after 50 ms (the fake's default
+/// limit), not Lambda's 12 s.
+pub fn lambda_section(
+    fake: &lambda::FakeHandle,
+    dir: &Path,
+    region: &str,
+    instance_type: &str,
+    s: &Section<'_>,
+) -> String {
+    let key = dir.join("lambda-api-key");
+    std::fs::write(&key, format!("{}\n", fake.api_key())).expect("write the API key");
+    format!(
+        r#"
+[lambda]
+cluster = "{cluster}"
+api_key_file = "{key}"
+api_endpoint = "{url}"
+regions = ["{region}"]
+instance_types = ["{instance_type}"]
+ssh_key_name = "switchyard"
+launch_min_interval_ms = 60
+boot_time_s = {boot_time_s}
+request_timeout_s = 5
+operation_timeout_s = 10
+retry = {{ max_attempts = 3, base_delay_ms = 10, max_delay_ms = 50 }}
+agent = {{ install_command = '''{install}''' }}
+"#,
+        cluster = s.cluster.replace(|c: char| !c.is_ascii_alphanumeric(), ""),
+        key = key.display(),
+        url = fake.api_endpoint(),
+        boot_time_s = s.boot_time_s,
+        install = boot::install_command(s.agent),
+    )
 }
