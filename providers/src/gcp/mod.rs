@@ -40,9 +40,6 @@ mod names;
 
 pub use auth::{COMPUTE_SCOPE, JWT_BEARER_GRANT, ServiceAccountKey};
 pub use config::{AgentInstall, GcpConfig, GcpConfigError, RetrySettings, ZoneSettings, region_of};
-/// The JWT library the provider signs with, for the test cloud that verifies the assertions.
-#[doc(hidden)]
-pub use jsonwebtoken;
 pub use names::{instance_name, label_value};
 
 use crate::catalogue::{Catalogue, CatalogueError, pool_from_entry, region_id};

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchyard_providers::Catalogue;
-use switchyard_providers::gcp::jsonwebtoken::{self, Algorithm, DecodingKey, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 /// The discovery document excerpt the fake validates against.
 pub const DISCOVERY: &str = include_str!("../../data/apis/gce-compute-v1.json");
