@@ -15,9 +15,13 @@
 //! expiry sees). It is not meant to absorb clock skew between broker replicas.
 //!
 //! A heartbeat that fails, times out, or is answered after the window changes nothing: only an
-//! answered heartbeat renews, and only from when it was sent. While the lease is not renewed
-//! (before the first heartbeat is answered, and once a window has passed) the agent takes no
-//! new lease: [`LeaseClock::fenced`].
+//! answered heartbeat renews, and only from when it was sent. A fresh enrolment is the first
+//! renewal, from when the answered registration was sent: the broker writes the new node with
+//! its first heartbeat (`last_heartbeat`) before it answers, so a burst instance takes its
+//! first lease without waiting for its first heartbeat's batch (`heartbeats.rs`, `GATHER`). While
+//! the lease is not renewed (an agent with a saved enrolment before its first heartbeat is
+//! answered, and once a window has passed) the agent takes no new lease:
+//! [`LeaseClock::fenced`].
 //!
 //! The price: the agent cannot tell a broker that is down from one it is cut off from, so a
 //! broker (or every replica) down for longer than the window stops the agents' work too.

@@ -18,6 +18,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use switchyard_protocol::agent::{RegisterRequest, RegisterResponse};
+use tokio::time::Instant;
 
 const STATE_FILE: &str = "agent.json";
 
@@ -169,19 +170,22 @@ pub fn forget(dir: &Path) {
 }
 
 /// Registers, retrying while the broker is unreachable or failing; a 4xx is final (a bad or
-/// already used enrolment token).
+/// already used enrolment token). Also returns when the answered request was sent: the broker
+/// records a new node's first heartbeat at registration, after that, so the lease runs from
+/// then ([`crate::fence::LeaseClock::renewed`]).
 pub async fn register(
     client: &BrokerClient,
     enrolment_token: &Secret,
     request: &RegisterRequest,
-) -> Result<RegisterResponse, AgentError> {
+) -> Result<(RegisterResponse, Instant), AgentError> {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
     let mut streak = Streak::new("register");
     loop {
+        let sent = Instant::now();
         match client.register(enrolment_token, request).await {
             Ok(response) => {
                 streak.succeeded();
-                return Ok(response);
+                return Ok((response, sent));
             }
             Err(CallError::Status { status, message })
                 if status.is_client_error() && !retryable(status) =>

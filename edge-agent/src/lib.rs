@@ -93,7 +93,9 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         Some(dir) => identity::load(dir, &brokers)?,
         None => None,
     };
-    let registration = match saved {
+    // A fresh enrolment is the lease's first renewal: the broker writes the new node with its
+    // first heartbeat before it answers. A saved one waits for the first answered heartbeat.
+    let (registration, registered_at) = match saved {
         Some(saved) => {
             tracing::info!(agent.id = %saved.registration.agent_id, node.id = %saved.registration.node_id,
                 enrolled_with = %saved.enrolled_with, "re-using the saved enrolment");
@@ -107,7 +109,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
                     Err(e) => tracing::warn!(error = %e, "could not save the new broker list"),
                 }
             }
-            saved.registration
+            (saved.registration, None)
         }
         None => {
             let token = args
@@ -119,7 +121,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
                 agent_version: env!("CARGO_PKG_VERSION").to_string(),
                 inventory: inventory.clone(),
             };
-            let registration = tokio::select! {
+            let (registration, sent) = tokio::select! {
                 () = &mut shutdown => return Ok(()),
                 r = identity::register(&client, &token, &request) => r?,
             };
@@ -135,7 +137,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
             }
             tracing::info!(agent.id = %registration.agent_id, node.id = %registration.node_id,
                 pool = %registration.pool, broker = %enrolled_with, "enrolled");
-            registration
+            (registration, Some(sent))
         }
     };
 
@@ -146,6 +148,11 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
     let mut heartbeat = Duration::from_secs(heartbeat_s);
     let lease = fence::FencePlan::new(Duration::from_secs(registration.lease_ttl_s), heartbeat)
         .map(fence::LeaseClock::new);
+    if let (Some(clock), Some(sent)) = (&lease, registered_at) {
+        // So that the first lease is taken at once, not after the first heartbeat's answer
+        // (which waits for the broker's heartbeat batch to be written).
+        clock.renewed(sent);
+    }
     match &lease {
         Some(clock) => {
             let plan = clock.plan();

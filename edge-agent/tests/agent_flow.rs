@@ -45,6 +45,10 @@ struct Broker {
     failed_event_posts: usize,
     /// Work long-polls received.
     work_polls: usize,
+    /// While set, heartbeats are received (counted in `held_heartbeats`) but not answered, like
+    /// the broker's heartbeat batch not yet written.
+    hold_heartbeats: bool,
+    held_heartbeats: usize,
 }
 
 type Shared = Arc<Mutex<Broker>>;
@@ -97,6 +101,10 @@ async fn heartbeat(
     headers: HeaderMap,
     Json(beat): Json<Heartbeat>,
 ) -> Response {
+    s.lock().unwrap().held_heartbeats += 1;
+    while s.lock().unwrap().hold_heartbeats {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut b = s.lock().unwrap();
     if !authorised(&b, &headers) {
         return unauthorised();
@@ -525,6 +533,59 @@ async fn a_revoked_token_ends_the_agent_and_forgets_the_saved_state() {
         "{err}"
     );
     assert!(!dir.path().join("agent.json").exists());
+}
+
+/// The registration is the lease's first renewal (the broker writes the node with its first
+/// heartbeat before answering it): a freshly enrolled agent takes its first lease without waiting
+/// for a heartbeat's answer. An agent restarted on a saved enrolment still waits for one.
+#[tokio::test]
+async fn a_fresh_enrolment_takes_work_before_its_first_heartbeat_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = lease(&["true"]);
+    let id = l.attempt.attempt_id;
+    let (state, url) = broker(Broker {
+        leases: [l].into(),
+        hold_heartbeats: true,
+        ..Broker::default()
+    })
+    .await;
+    let agent = Agent::start(args(&url, Some(dir.path().into())));
+    eventually(&state, "Finished", |b| finished_of(b, id)).await;
+    {
+        let b = state.lock().unwrap();
+        assert!(b.heartbeats.is_empty(), "no heartbeat was answered");
+        assert!(started_pid(&b.events, id).is_some());
+    }
+    state.lock().unwrap().hold_heartbeats = false;
+    agent.shut_down().await.unwrap();
+
+    // Restarted on the saved enrolment: no renewal yet, so no long-poll until a heartbeat is
+    // answered.
+    let l = lease(&["true"]);
+    let id = l.attempt.attempt_id;
+    let (polls, held) = {
+        let mut b = state.lock().unwrap();
+        b.hold_heartbeats = true;
+        b.leases = [l].into();
+        (b.work_polls, b.held_heartbeats)
+    };
+    let mut again = args(&url, Some(dir.path().into()));
+    again.enrol_token = None;
+    let agent = Agent::start(again);
+    eventually(&state, "a held heartbeat after the restart", |b| {
+        (b.held_heartbeats > held).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        state.lock().unwrap().work_polls,
+        polls,
+        "fenced: no poll yet"
+    );
+    state.lock().unwrap().hold_heartbeats = false;
+    eventually(&state, "Finished after the restart", |b| finished_of(b, id)).await;
+    agent.shut_down().await.unwrap();
+    assert_eq!(state.lock().unwrap().registers, 1);
 }
 
 #[tokio::test]
