@@ -21,8 +21,10 @@ fn small_trace() -> String {
 
 /// A world small enough to contend: 2 on-prem nodes, start day 0.
 fn small_scenario() -> Scenario {
+    // Gangs: the small trace's ten 2-node jobs run on two nodes each.
     let mut s = Scenario {
         start_day: 0.0,
+        multi_node: scenario::MultiNode::Gang,
         ..Scenario::default()
     };
     s.onprem[0].nodes = 2;
@@ -283,7 +285,18 @@ fn services_beside_batch_work_cost_and_hold_onprem_nodes() {
         .iter()
         .map(|p| p["policy"].as_str().expect("present"))
         .collect();
-    assert_eq!(names, ["fixed (9)", "rps (1.00/replica)", "switchyard"]);
+    // The fourth: the RPS autoscaler with its target set for Switchyard's replica-hours (here
+    // the bisection's ceiling, 8 × the target: at this trickle of traffic every target runs the
+    // minimum, as many hours as Switchyard).
+    assert_eq!(
+        names,
+        [
+            "fixed (9)",
+            "rps (1.00/replica)",
+            "switchyard",
+            "rps (8.00/replica, = hours)"
+        ]
+    );
     // Both on-prem nodes are the service's: the batch jobs run in the cloud, where the same
     // jobs without the service used on-prem.
     for name in ["switchyard", "cheapest", "fifo-burst"] {
@@ -324,7 +337,8 @@ fn multi_node_jobs_are_gangs_unless_folded() {
         job(5, 200, 200),
         job(6, 4, 1),
     ];
-    let s = Scenario::default();
+    let s = Scenario::from_toml("multi_node = \"gang\"\n").expect("parses");
+    assert_eq!(Scenario::default().multi_node, scenario::MultiNode::Fold);
     let shape = |j: &switchyard_core::sim::SimJob| {
         (j.spec.resources.nodes, j.spec.resources.gpus, j.runtime_s)
     };
