@@ -38,6 +38,7 @@ use super::{FakeCloud, Fault};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -45,7 +46,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use switchyard_providers::Catalogue;
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 /// The discovery document excerpt the fake validates against.
 pub const DISCOVERY: &str = include_str!("../../data/apis/gce-compute-v1.json");
