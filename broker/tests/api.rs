@@ -166,7 +166,7 @@ async fn bad_submissions_get_a_clear_error_and_store_nothing() {
         ),
         (
             "multi-node",
-            with(json!({"resources": {"gpus": 1, "nodes": 2}})),
+            with(json!({"resources": {"gpus": 1, "nodes": 5}})),
             422,
             "unsatisfiable",
             "resources.nodes",

@@ -912,6 +912,7 @@ async fn the_store_reads_replicas_desired_counts_events_and_cost() {
                 estimated_cost: Money(100_000),
                 hourly_rate: Money(3_600_000),
                 expected_end: Timestamp::MAX,
+                rank: 0,
             }],
             &[],
             t0,
@@ -1154,6 +1155,7 @@ async fn enrol_node(
             "enrol",
             NewNode {
                 id: node.clone(),
+                address: None,
                 token_hash: "agent".into(),
                 hostname: "h".into(),
                 gpus_total: 4,

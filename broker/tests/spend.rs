@@ -983,6 +983,7 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
             estimated_cost: Money(5_000_000),
             hourly_rate: Money(1),
             expected_end: now.plus_secs(600),
+            rank: 0,
         };
         let r = AttemptRef {
             job_id: job.id.0,
@@ -1217,6 +1218,7 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
         estimated_cost: Money(100_000),
         hourly_rate: Money(3_600_000),
         expected_end: at_ms(600_000),
+        rank: 0,
     };
     store.commit_plan(&[new], &[], t0).await.unwrap();
     let r = AttemptRef {
@@ -1302,6 +1304,7 @@ async fn enrol_node(
             "enrol",
             NewNode {
                 id: node.clone(),
+                address: None,
                 token_hash: "agent".into(),
                 hostname: "h".into(),
                 gpus_total: gpus,

@@ -66,6 +66,7 @@ async fn seeded(dir: &std::path::Path) -> Arc<Store> {
             "enrol",
             NewNode {
                 id: NodeId("n1".into()),
+                address: None,
                 token_hash: "agent".into(),
                 hostname: "h".into(),
                 gpus_total: 8,
@@ -106,6 +107,7 @@ fn attempt_for(job: &NewJob, expected_end: Timestamp) -> NewAttempt {
         estimated_cost: Money(1_000_000),
         hourly_rate: Money(2_000_000),
         expected_end,
+        rank: 0,
     }
 }
 
@@ -478,7 +480,7 @@ async fn a_cancel_racing_a_start_leaves_one_consistent_outcome() {
         let outcome = cancel.await.unwrap();
         let rec = store.job(job.id).await.unwrap().unwrap();
         match outcome {
-            CancelOutcome::Cancelled => {
+            CancelOutcome::Cancelled { .. } => {
                 assert_eq!(results[0].status, EventStatus::Rejected);
                 assert_eq!(rec.state, JobState::Cancelled);
             }

@@ -64,14 +64,26 @@ pub fn check_satisfiable(pools: &[Pool], spec: &JobSpec) -> Result<(), Unsatisfi
         });
     }
     // Every single requirement can be met somewhere; now ask whether one pool meets them all.
+    // A gang takes all its nodes in one pool: the pool must be allowed that many.
     let mut first_reason = None;
+    let mut most_nodes: Option<u32> = None;
     for pool in pools {
         match hard_constraint(pool, spec) {
-            None => return Ok(()),
+            None if pool.node_limit >= r.nodes.max(1) => return Ok(()),
+            None => most_nodes = Some(most_nodes.unwrap_or(0).max(pool.node_limit)),
             Some(reason) => {
                 first_reason.get_or_insert((pool.id.clone(), reason));
             }
         }
+    }
+    if let Some(most) = most_nodes {
+        return Err(Unsatisfiable {
+            field: "resources.nodes",
+            message: format!(
+                "{} nodes in one pool, but the pools that fit this job allow at most {most}",
+                r.nodes
+            ),
+        });
     }
     let detail = first_reason
         .map(|(pool, why)| format!(" (for example {pool}: {why:?})"))

@@ -120,6 +120,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
                 hostname: name.clone(),
                 agent_version: env!("CARGO_PKG_VERSION").to_string(),
                 inventory: inventory.clone(),
+                address: Some(args.advertise_host.clone()),
             };
             let (registration, sent) = tokio::select! {
                 () = &mut shutdown => return Ok(()),

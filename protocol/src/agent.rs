@@ -58,6 +58,11 @@ pub struct RegisterRequest {
     pub hostname: String,
     pub agent_version: String,
     pub inventory: Inventory,
+    /// The address other nodes reach this one at (the agent's `--advertise-host`): what a
+    /// multi-node job's ranks get as `SWITCHYARD_NODE_IPS` and `MASTER_ADDR`. Absent from
+    /// older agents: the hostname stands in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

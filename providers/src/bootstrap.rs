@@ -199,6 +199,11 @@ install -d -m 0700 "$R/etc/switchyard" "$R{STATE_DIR}"
 cat > "$R{ENV_FILE}" <<'SWITCHYARD_ENV_EOF'
 {env}SWITCHYARD_ENV_EOF
 echo "SWITCHYARD_STATE_DIR=\"$R{STATE_DIR}\"" >> "$R{ENV_FILE}"
+# Other nodes (a multi-node job's ranks, the gateway) reach this one at its first address.
+if [ -z "$R" ] && ! grep -q '^SWITCHYARD_ADVERTISE_HOST=' "$R{ENV_FILE}"; then
+  ip="$(hostname -I 2>/dev/null | awk '{{print $1}}')"
+  if [ -n "$ip" ]; then echo "SWITCHYARD_ADVERTISE_HOST=\"$ip\"" >> "$R{ENV_FILE}"; fi
+fi
 chmod 0600 "$R{ENV_FILE}"
 {ca}install -d -m 0755 "$(dirname "$R{binary}")" "$R/etc/systemd/system"
 {install}cat > "$R/etc/systemd/system/{UNIT_NAME}" <<SWITCHYARD_UNIT_EOF

@@ -615,6 +615,7 @@ impl Worker {
                 estimated_cost: a.estimated_cost,
                 hourly_rate,
                 expected_end,
+                rank: a.rank,
             });
         }
         let mut launches = Vec::new();
@@ -671,8 +672,16 @@ impl Worker {
             let launched = launches.iter().map(|l| (l.for_job, l.id.clone())).collect();
             self.explain_committed(app, plan.clone(), placed, launched);
         }
-        for c in commits {
-            let Some(pending) = state.pending.remove(&c.job) else {
+        let mut commits = commits.into_iter().peekable();
+        while let Some(c) = commits.next() {
+            // A gang's ranks (adjacent) share one pending job: it leaves the queue with its
+            // last rank.
+            let last_rank = commits.peek().is_none_or(|next| next.job != c.job);
+            let Some(pending) = (if last_rank {
+                state.pending.remove(&c.job)
+            } else {
+                state.pending.get(&c.job).cloned()
+            }) else {
                 continue;
             };
             if let Some(node) = state.nodes.get_mut(&c.node) {
@@ -682,7 +691,7 @@ impl Worker {
                 );
                 node.busy.extend(c.gpus.iter().copied());
             }
-            if pending.first_placement {
+            if pending.first_placement && last_rank {
                 let waited_ms = now
                     .millis()
                     .saturating_sub(pending.job.submitted_at.millis());

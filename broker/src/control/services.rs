@@ -426,8 +426,12 @@ async fn start_replicas(
 async fn stop_replica(app: &App, service: Uuid, job: JobId, why: &str) -> Result<(), StoreError> {
     let now = app.clock.now();
     match app.store.cancel_job(job, now).await? {
-        CancelOutcome::Cancelled => app.scheduler.send(SchedulerEvent::JobRemoved(job)),
-        CancelOutcome::Stopping { node } => app.agents.wake(&node),
+        CancelOutcome::Cancelled { .. } => app.scheduler.send(SchedulerEvent::JobRemoved(job)),
+        CancelOutcome::Stopping { nodes, .. } => {
+            for node in &nodes {
+                app.agents.wake(node);
+            }
+        }
         CancelOutcome::NotFound | CancelOutcome::AlreadyFinished(_) => return Ok(()),
     }
     let message = format!("stopping replica {job}: {why}");

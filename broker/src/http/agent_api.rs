@@ -77,6 +77,9 @@ async fn register(
     }
     check_text("hostname", &req.hostname, MAX_HOSTNAME)?;
     check_text("agent_version", &req.agent_version, MAX_TEXT)?;
+    if let Some(address) = &req.address {
+        check_text("address", address, MAX_HOSTNAME)?;
+    }
     check_inventory(&req.inventory)?;
     let agent_token = new_token(AGENT_TOKEN_PREFIX);
     let agent_id = uuid::Uuid::now_v7();
@@ -90,6 +93,7 @@ async fn register(
             &agent_id.simple().to_string()[24..]
         )),
         token_hash: hash_token(&agent_token),
+        address: req.address.clone(),
         hostname,
         gpus_total: req.inventory.gpus.len() as u32,
         inventory_json,
@@ -347,7 +351,15 @@ async fn work(
                         epoch: l.epoch,
                     },
                     command: l.spec.command.clone(),
-                    env: l.spec.env.clone(),
+                    // A gang rank's place among its nodes, on top of the job's own variables
+                    // (which may not name these).
+                    env: l
+                        .spec
+                        .env
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .chain(l.gang_env)
+                        .collect(),
                     gpus: l.gpus,
                     grace_s: app.config.grace_s,
                     traceparent: l.trace_parent,

@@ -20,6 +20,8 @@ pub const MAX_RUNTIME_S: i64 = 30 * 24 * 3600;
 const MAX_ARGS: usize = 1024;
 const MAX_ENV: usize = 256;
 const MAX_GPU_MODELS: usize = 64;
+/// The most nodes one job may span.
+const MAX_NODES: i64 = 256;
 const MAX_REGIONS: usize = 256;
 
 /// Team and project names: 1 to 64 ASCII letters, digits, `-`, `_` or `.` (they appear in
@@ -112,6 +114,12 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
                 "is set by the agent to the GPUs the job was given",
             ));
         }
+        if crate::rules::gang::ENV.contains(&k.as_str()) {
+            return Err(ApiError::invalid(
+                format!("env.{k}"),
+                "is set by the broker to the job's place in its gang of nodes",
+            ));
+        }
         if v.contains('\0') {
             return Err(ApiError::invalid(format!("env.{k}"), "contains NUL"));
         }
@@ -128,19 +136,17 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
                 .map_err(|_| ApiError::invalid(field, "must be a non-negative integer")),
         }
     };
+    // A multi-node job (a gang): `gpus` on each of `nodes` nodes of one pool.
     let nodes = match r.nodes {
         None => 1,
-        Some(n) if n >= 1 => {
-            u32::try_from(n).map_err(|_| ApiError::invalid("resources.nodes", "too large"))?
+        Some(n) if (1..=MAX_NODES).contains(&n) => u32::try_from(n).unwrap_or(1),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "resources.nodes",
+                format!("must be between 1 and {MAX_NODES}"),
+            ));
         }
-        Some(_) => return Err(ApiError::invalid("resources.nodes", "must be at least 1")),
     };
-    if nodes > 1 {
-        return Err(ApiError::unprocessable(
-            "resources.nodes",
-            "multi-node jobs are not supported yet; ask for at most one node",
-        ));
-    }
     if r.gpu_models.len() > MAX_GPU_MODELS {
         return Err(ApiError::invalid(
             "resources.gpu_models",

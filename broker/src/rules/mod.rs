@@ -8,6 +8,7 @@
 pub mod autoscale;
 pub mod budget;
 pub mod convert;
+pub mod gang;
 pub mod lease;
 pub mod policy;
 pub mod rates;

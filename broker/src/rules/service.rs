@@ -186,6 +186,12 @@ pub fn check_spec(spec: &ServiceSpec, now: Timestamp) -> Result<core::JobSpec, A
             "is set by the agent to the port the replica listens on",
         ));
     }
+    if replica.resources.nodes > 1 {
+        return Err(invalid(
+            "resources.nodes",
+            "a replica runs on one node; scale with replicas instead",
+        ));
+    }
     if spec.max_latency_ms == Some(0) {
         return Err(invalid("max_latency_ms", "must be at least 1 ms"));
     }

@@ -44,6 +44,8 @@ pub struct NewNode {
     pub id: NodeId,
     pub token_hash: String,
     pub hostname: String,
+    /// Where other nodes reach it (`RegisterRequest::address`).
+    pub address: Option<String>,
     pub gpus_total: u32,
     pub inventory_json: String,
 }
@@ -179,11 +181,16 @@ pub enum CancelOutcome {
     NotFound,
     /// Already finished: nothing to do.
     AlreadyFinished(JobState),
-    /// Was waiting or not yet started: cancelled now.
-    Cancelled,
-    /// Running: the agent is told to stop it; the job becomes `cancelled` when it reports.
+    /// Was waiting or not yet started: cancelled now. `withdrawn`: the leases handed out but
+    /// not started (a gang's ranks, one per node), whose GPUs are free now.
+    Cancelled {
+        withdrawn: Vec<(AttemptId, NodeId)>,
+    },
+    /// Running: the agents are told to stop it (on `nodes`); the job becomes `cancelled` when
+    /// one reports. A gang's ranks not started yet are `withdrawn` at once.
     Stopping {
-        node: NodeId,
+        nodes: Vec<NodeId>,
+        withdrawn: Vec<(AttemptId, NodeId)>,
     },
 }
 
@@ -202,6 +209,9 @@ pub struct NewAttempt {
     /// (GPUs × the pool's per-GPU rate, or the team's on-prem rate): what the ledger accrues.
     pub hourly_rate: Money,
     pub expected_end: Timestamp,
+    /// Its rank in a multi-node job's gang (0 for a single-node job); a gang's attempts are
+    /// committed adjacent, rank 0 first.
+    pub rank: u32,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -227,6 +237,8 @@ pub struct LeaseRecord {
     pub trace_parent: Option<String>,
     /// A service replica's serve spec (its port and readiness probe).
     pub serve: Option<switchyard_protocol::agent::ServeSpec>,
+    /// A gang rank's place among its nodes (`rules::gang::env`); empty for single-node jobs.
+    pub gang_env: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

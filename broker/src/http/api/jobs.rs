@@ -6,7 +6,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use switchyard_core::{JobId, JobState, Priority, check_satisfiable};
+use switchyard_core::{AttemptId, JobId, JobState, NodeId, Priority, check_satisfiable};
 use switchyard_protocol::api::{
     ErrorBody, JobList, JobSpec, JobView, LogPage, PlacementExplanation, Role,
 };
@@ -329,23 +329,16 @@ pub async fn cancel(
                 state.as_str()
             )));
         }
-        CancelOutcome::Cancelled => {
+        CancelOutcome::Cancelled { withdrawn } => {
             app.scheduler.send(SchedulerEvent::JobRemoved(job.id));
-            if let Some(p) = &job.placement {
-                // A lease may have been handed out: tell the agent it is withdrawn, and free
-                // the GPUs it held.
-                app.scheduler.send(SchedulerEvent::AttemptsEnded(vec![
-                    crate::store::EndedAttempt {
-                        attempt: p.attempt,
-                        job: job.id,
-                        node: p.node.clone(),
-                        final_state: JobState::Cancelled,
-                    },
-                ]));
-                app.agents.wake(&p.node);
+            withdraw(&app, job.id, withdrawn);
+        }
+        CancelOutcome::Stopping { nodes, withdrawn } => {
+            withdraw(&app, job.id, withdrawn);
+            for node in &nodes {
+                app.agents.wake(node);
             }
         }
-        CancelOutcome::Stopping { node } => app.agents.wake(&node),
     }
     tracing::info!(job.id = %job.id, "job cancel requested");
     let job = visible_job(&app, &caller, &id).await?;
@@ -474,4 +467,26 @@ async fn stored_explanation(
             "placement of job {id} (not planned yet)"
         ))),
     }
+}
+
+/// Leases handed out but never started, withdrawn by a cancel: the agents are told, and the
+/// scheduler frees the GPUs they held.
+fn withdraw(app: &App, job: JobId, withdrawn: Vec<(AttemptId, NodeId)>) {
+    if withdrawn.is_empty() {
+        return;
+    }
+    for (_, node) in &withdrawn {
+        app.agents.wake(node);
+    }
+    app.scheduler.send(SchedulerEvent::AttemptsEnded(
+        withdrawn
+            .into_iter()
+            .map(|(attempt, node)| crate::store::EndedAttempt {
+                attempt,
+                job,
+                node,
+                final_state: JobState::Cancelled,
+            })
+            .collect(),
+    ));
 }

@@ -26,7 +26,8 @@ impl Store {
                 continue;
             };
             let row = query(
-                "SELECT a.state, a.attempt_no, j.cancel_requested FROM attempts a \
+                "SELECT a.state, a.attempt_no, a.node_rank, a.gang_lead, j.cancel_requested \
+                 FROM attempts a \
                  JOIN jobs j ON j.id = a.job_id \
                  WHERE a.id = $1 AND a.job_id = $2 AND a.node_id = $3 AND a.epoch = $4",
             )
@@ -36,7 +37,7 @@ impl Store {
             .bind(epoch)
             .fetch_optional(&mut tx)
             .await?;
-            let (state, attempt_no, cancel_requested) = match &row {
+            let (state, attempt_no, cancel_requested, gang) = match &row {
                 Some(row) => {
                     let text: String = row.get("state")?;
                     let state = AttemptState::parse(&text)
@@ -45,10 +46,13 @@ impl Store {
                         Some(state),
                         row.get::<i64>("attempt_no")?,
                         row.get::<bool>("cancel_requested")?,
+                        gang_from_row(row)?,
                     )
                 }
-                None => (None, 0, false),
+                None => (None, 0, false, None),
             };
+            // The job's `current_attempt`: the attempt, or its gang's rank 0.
+            let lead = gang.as_ref().map_or(attempt.attempt_id, |g| g.lead);
             // The lease rule decides (`lease.rs`); this carries its verdict out.
             let result = match (lease::judge(state, event, cancel_requested), event) {
                 (Verdict::Reject(why), _) => rejected(why),
@@ -59,13 +63,15 @@ impl Store {
                         .bind(attempt.attempt_id)
                         .execute(&mut tx)
                         .await?;
+                    // A gang runs from its first rank's start.
                     query(
                         "UPDATE jobs SET state = 'running', started_at = $1, \
-                         version = version + 1 WHERE id = $2 AND current_attempt = $3",
+                         version = version + 1 WHERE id = $2 AND current_attempt = $3 \
+                         AND state = 'placed'",
                     )
                     .bind(now)
                     .bind(attempt.job_id)
-                    .bind(attempt.attempt_id)
+                    .bind(lead)
                     .execute(&mut tx)
                     .await?;
                     accepted()
@@ -127,8 +133,10 @@ impl Store {
                         exit_code, signal, ..
                     },
                 ) => {
-                    let job =
-                        finish_requeued(&mut tx, attempt, *exit_code, *signal, now, how).await?;
+                    let job = finish_requeued(
+                        &mut tx, attempt, *exit_code, *signal, now, how, &mut ended,
+                    )
+                    .await?;
                     ended.push(EndedAttempt {
                         attempt: AttemptId(attempt.attempt_id),
                         job: JobId(attempt.job_id),
@@ -161,19 +169,61 @@ impl Store {
                     .execute(&mut tx)
                     .await?;
                     let end = ledger::settle_attempt(&mut tx, attempt.attempt_id, now).await?;
-                    query(
-                        "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
-                         reason = $4, version = version + 1 \
-                         WHERE id = $5 AND current_attempt = $6",
-                    )
-                    .bind(final_state.as_str())
-                    .bind(end)
-                    .bind(exit_code.map(i64::from))
-                    .bind(&reason)
-                    .bind(attempt.job_id)
-                    .bind(attempt.attempt_id)
-                    .execute(&mut tx)
-                    .await?;
+                    // A gang's rank: the job ends with its last rank, or its first failure.
+                    let (final_state, reason) = match &gang {
+                        None => (final_state, reason),
+                        Some(g) => {
+                            let others = live_ranks(&mut tx, g.lead, attempt.attempt_id).await?;
+                            match gang::on_finished(
+                                g.rank,
+                                node.as_str(),
+                                final_state,
+                                reason.as_deref(),
+                                others,
+                            ) {
+                                gang::RankEnd::Wait { reason } => (JobState::Running, Some(reason)),
+                                gang::RankEnd::End { state, reason } => {
+                                    let why = reason.clone();
+                                    stop_gang(
+                                        &mut tx,
+                                        g,
+                                        attempt.attempt_id,
+                                        &why,
+                                        now,
+                                        &mut ended,
+                                    )
+                                    .await?;
+                                    (state, Some(reason))
+                                }
+                            }
+                        }
+                    };
+                    if final_state == JobState::Running {
+                        query(
+                            "UPDATE jobs SET reason = $1, version = version + 1 \
+                             WHERE id = $2 AND current_attempt = $3 AND state = 'running'",
+                        )
+                        .bind(&reason)
+                        .bind(attempt.job_id)
+                        .bind(lead)
+                        .execute(&mut tx)
+                        .await?;
+                    } else {
+                        query(
+                            "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
+                             reason = $4, version = version + 1 \
+                             WHERE id = $5 AND current_attempt = $6 \
+                             AND state IN ('placed', 'running')",
+                        )
+                        .bind(final_state.as_str())
+                        .bind(end)
+                        .bind(exit_code.map(i64::from))
+                        .bind(&reason)
+                        .bind(attempt.job_id)
+                        .bind(lead)
+                        .execute(&mut tx)
+                        .await?;
+                    }
                     ended.push(EndedAttempt {
                         attempt: AttemptId(attempt.attempt_id),
                         job: JobId(attempt.job_id),
@@ -205,7 +255,7 @@ pub(super) async fn end_node_work(
     keep: NodeWorkKept,
 ) -> StoreResult<(Vec<AttemptRef>, Vec<JobId>)> {
     let rows = query(
-        "SELECT id, job_id, epoch FROM attempts \
+        "SELECT id, job_id, epoch, node_rank, gang_lead FROM attempts \
          WHERE node_id = $1 AND state IN ('assigned', 'running', 'preempting') \
          AND NOT ($2 AND EXISTS (SELECT 1 FROM jobs j WHERE j.id = attempts.job_id \
                                  AND j.service_id IS NOT NULL AND attempts.state = 'running')) \
@@ -219,6 +269,7 @@ pub(super) async fn end_node_work(
     let mut requeued = Vec::with_capacity(rows.len());
     for row in &rows {
         let attempt = attempt_ref_from_row(row)?;
+        let gang = gang_from_row(row)?;
         query("UPDATE attempts SET state = $1, finished_at = $2, error = $3 WHERE id = $4")
             .bind(attempt_state)
             .bind(now)
@@ -237,9 +288,15 @@ pub(super) async fn end_node_work(
         .bind(end)
         .bind(format!("{why}: requeued"))
         .bind(attempt.job_id)
-        .bind(attempt.attempt_id)
+        .bind(gang.as_ref().map_or(attempt.attempt_id, |g| g.lead))
         .execute(&mut *tx)
         .await?;
+        if let Some(g) = &gang {
+            // The scheduler reloads after a node's work ends: the cancelled ranks need no
+            // report here.
+            let why = gang::requeue_reason(g.rank, node, why);
+            stop_gang(tx, g, attempt.attempt_id, &why, now, &mut Vec::new()).await?;
+        }
         requeued.push(JobId(attempt.job_id));
         stopped.push(attempt);
     }
@@ -265,8 +322,21 @@ pub(super) async fn finish_requeued(
     signal: Option<i32>,
     now: Timestamp,
     how: Requeue<'_>,
+    ended: &mut Vec<EndedAttempt>,
 ) -> StoreResult<JobState> {
     let (attempt_state, error, reason) = how.parts();
+    let row = query("SELECT node_rank, gang_lead, node_id, error FROM attempts WHERE id = $1")
+        .bind(attempt.attempt_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let (gang, node, noted) = match &row {
+        Some(r) => (
+            gang_from_row(r)?,
+            r.get::<String>("node_id")?,
+            r.get::<Option<String>>("error")?,
+        ),
+        None => (None, String::new(), None),
+    };
     query(
         "UPDATE attempts SET state = $5, finished_at = $1, exit_code = $2, signal = $3, \
          error = COALESCE($6, error) WHERE id = $4",
@@ -291,10 +361,18 @@ pub(super) async fn finish_requeued(
     )
     .bind(end)
     .bind(attempt.job_id)
-    .bind(attempt.attempt_id)
+    .bind(gang.as_ref().map_or(attempt.attempt_id, |g| g.lead))
     .bind(reason)
     .fetch_optional(&mut *tx)
     .await?;
+    if let Some(g) = &gang {
+        let why = error
+            .map(str::to_string)
+            .or(noted)
+            .unwrap_or_else(|| attempt_state.as_str().to_string());
+        let why = gang::requeue_reason(g.rank, &node, &why);
+        stop_gang(tx, g, attempt.attempt_id, &why, now, ended).await?;
+    }
     Ok(match cancelled {
         Some(true) => JobState::Cancelled,
         _ => JobState::Queued,
@@ -309,6 +387,81 @@ pub(super) async fn requeue_provisioning(tx: &mut Tx, job: Uuid, why: &str) -> S
     )
     .bind(why)
     .bind(job)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// A gang's rank: its rank and the gang's key (its rank-0 attempt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Rank {
+    pub rank: u32,
+    pub lead: Uuid,
+}
+
+/// The gang a row's attempt (`node_rank`, `gang_lead`) belongs to; `None` for a single-node
+/// attempt.
+pub(super) fn gang_from_row(row: &Row) -> StoreResult<Option<Rank>> {
+    Ok(match row.uuid_opt("gang_lead")? {
+        Some(lead) => Some(Rank {
+            rank: row.u32("node_rank")?,
+            lead,
+        }),
+        None => None,
+    })
+}
+
+/// How many of the gang's ranks besides `except` still hold their lease.
+async fn live_ranks(tx: &mut Tx, lead: Uuid, except: Uuid) -> StoreResult<u32> {
+    let n: i64 = query_scalar(
+        "SELECT COUNT(*) FROM attempts WHERE gang_lead = $1 AND id <> $2 \
+         AND state IN ('assigned', 'running', 'preempting')",
+    )
+    .bind(lead)
+    .bind(except)
+    .fetch_one(&mut *tx)
+    .await?;
+    u32_of(n, "live ranks")
+}
+
+/// Stops the gang's ranks other than `except`, saying `why`: one not started yet is
+/// `cancelled` (its GPUs are free now: reported in `ended`), a running one is `preempting` —
+/// its agent is told to stop it (the checkpoint signal, then the grace period) and it holds its
+/// GPUs until the agent reports the end, which then changes nothing more.
+pub(super) async fn stop_gang(
+    tx: &mut Tx,
+    gang: &Rank,
+    except: Uuid,
+    why: &str,
+    now: Timestamp,
+    ended: &mut Vec<EndedAttempt>,
+) -> StoreResult<()> {
+    let cancelled = query(
+        "UPDATE attempts SET state = 'cancelled', finished_at = $1, error = $2 \
+         WHERE gang_lead = $3 AND id <> $4 AND state = 'assigned' \
+         RETURNING id, job_id, node_id",
+    )
+    .bind(now)
+    .bind(why)
+    .bind(gang.lead)
+    .bind(except)
+    .fetch_all(&mut *tx)
+    .await?;
+    for r in &cancelled {
+        ended.push(EndedAttempt {
+            attempt: AttemptId(r.uuid("id")?),
+            job: JobId(r.uuid("job_id")?),
+            node: NodeId(r.get("node_id")?),
+            final_state: JobState::Cancelled,
+        });
+    }
+    query(
+        "UPDATE attempts SET state = 'preempting', error = $1 \
+         WHERE gang_lead = $2 AND id <> $3 AND state = 'running'",
+    )
+    .bind(why)
+    .bind(gang.lead)
+    .bind(except)
     .execute(&mut *tx)
     .await?;
     Ok(())

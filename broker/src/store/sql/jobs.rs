@@ -160,7 +160,7 @@ impl Store {
 
     pub async fn cancel_job(&self, id: JobId, now: Timestamp) -> StoreResult<CancelOutcome> {
         let mut tx = self.write_tx().await?;
-        let Some(row) = query("SELECT state, current_attempt FROM jobs WHERE id = $1")
+        let Some(row) = query("SELECT state FROM jobs WHERE id = $1")
             .bind(id.0)
             .fetch_optional(&mut tx)
             .await?
@@ -168,48 +168,59 @@ impl Store {
             return Ok(CancelOutcome::NotFound);
         };
         let state = parse_state(&row.get::<String>("state")?)?;
-        let current = row.uuid_opt("current_attempt")?;
         let outcome = if state.is_terminal() {
             CancelOutcome::AlreadyFinished(state)
-        } else if state == JobState::Running {
-            let node: Option<String> = match current {
-                Some(a) => {
-                    query_scalar("SELECT node_id FROM attempts WHERE id = $1")
-                        .bind(a)
-                        .fetch_optional(&mut tx)
-                        .await?
-                }
-                None => None,
-            };
-            query("UPDATE jobs SET cancel_requested = TRUE, version = version + 1 WHERE id = $1")
-                .bind(id.0)
-                .execute(&mut tx)
-                .await?;
-            match node {
-                Some(n) => CancelOutcome::Stopping { node: NodeId(n) },
-                None => return Err(corrupt(format!("running job {id} has no attempt"))),
-            }
         } else {
-            // Waiting, or placed but not yet started: cancelled at once.
-            if let Some(a) = current {
-                query(
-                    "UPDATE attempts SET state = 'cancelled', finished_at = $1 \
-                     WHERE id = $2 AND state = 'assigned'",
-                )
-                .bind(now)
-                .bind(a)
-                .execute(&mut tx)
-                .await?;
-            }
-            query(
-                "UPDATE jobs SET state = 'cancelled', cancel_requested = TRUE, finished_at = $1, \
-                 reason = 'cancelled by user', version = version + 1 WHERE id = $2",
+            // Leases handed out but not started are withdrawn now (every rank of a gang).
+            let rows = query(
+                "UPDATE attempts SET state = 'cancelled', finished_at = $1 \
+                 WHERE job_id = $2 AND state = 'assigned' RETURNING id, node_id",
             )
             .bind(now)
             .bind(id.0)
-            .execute(&mut tx)
+            .fetch_all(&mut tx)
             .await?;
-            CancelOutcome::Cancelled
+            let withdrawn = rows
+                .iter()
+                .map(|r| Ok((AttemptId(r.uuid("id")?), NodeId(r.get("node_id")?))))
+                .collect::<StoreResult<Vec<_>>>()?;
+            // What runs is stopped by its agent; the job ends when one reports.
+            let nodes: Vec<String> = if state == JobState::Running {
+                query_scalar(
+                    "SELECT DISTINCT node_id FROM attempts WHERE job_id = $1 \
+                     AND state IN ('running', 'preempting')",
+                )
+                .bind(id.0)
+                .fetch_all(&mut tx)
+                .await?
+            } else {
+                Vec::new()
+            };
+            if nodes.is_empty() {
+                // Waiting, placed but not yet started, or a gang whose running ranks are
+                // all done: cancelled at once.
+                query(
+                    "UPDATE jobs SET state = 'cancelled', cancel_requested = TRUE, \
+                     finished_at = $1, reason = 'cancelled by user', version = version + 1 \
+                     WHERE id = $2",
+                )
+                .bind(now)
+                .bind(id.0)
+                .execute(&mut tx)
+                .await?;
+                CancelOutcome::Cancelled { withdrawn }
+            } else {
+                query(
+                    "UPDATE jobs SET cancel_requested = TRUE, version = version + 1 WHERE id = $1",
+                )
+                .bind(id.0)
+                .execute(&mut tx)
+                .await?;
+                CancelOutcome::Stopping {
+                    nodes: nodes.into_iter().map(NodeId).collect(),
+                    withdrawn,
+                }
+            }
         };
         tx.commit().await?;
         Ok(outcome)

@@ -53,8 +53,8 @@ impl Store {
         }
         query(
             "INSERT INTO nodes (id, pool_id, token_hash, hostname, gpus_total, inventory_json, \
-             healthy, registered_at, last_heartbeat) \
-             VALUES ($1, $2, $3, $4, $5, $6, TRUE, $7, $7)",
+             healthy, registered_at, last_heartbeat, address) \
+             VALUES ($1, $2, $3, $4, $5, $6, TRUE, $7, $7, $8)",
         )
         .bind(node.id.as_str())
         .bind(&pool_id)
@@ -63,6 +63,7 @@ impl Store {
         .bind(i64::from(node.gpus_total))
         .bind(&node.inventory_json)
         .bind(now)
+        .bind(&node.address)
         .execute(&mut tx)
         .await?;
         if let Some(instance) = row.get::<Option<String>>("instance_id")? {
@@ -247,8 +248,8 @@ impl Store {
 
     pub async fn leases_for_node(&self, node: &NodeId) -> StoreResult<Vec<LeaseRecord>> {
         let rows = query(
-            "SELECT a.id, a.job_id, a.epoch, a.gpus_json, j.core_spec_json, j.trace_parent, \
-             j.serve_json FROM attempts a \
+            "SELECT a.id, a.job_id, a.epoch, a.gpus_json, a.node_rank, a.gang_lead, \
+             a.master_port, j.core_spec_json, j.trace_parent, j.serve_json FROM attempts a \
              JOIN jobs j ON j.id = a.job_id \
              WHERE a.node_id = $1 AND a.state = 'assigned' AND NOT j.cancel_requested \
              ORDER BY a.created_at, a.id",
@@ -256,25 +257,46 @@ impl Store {
         .bind(node.as_str())
         .fetch_all(&self.db)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(LeaseRecord {
-                    attempt: AttemptId(r.uuid("id")?),
-                    job: JobId(r.uuid("job_id")?),
-                    epoch: epoch_of(r)?,
-                    gpus: parse_gpus(&r.get::<String>("gpus_json")?)?,
-                    spec: parse_spec(&r.get::<String>("core_spec_json")?)?,
-                    trace_parent: r.get("trace_parent")?,
-                    serve: r
-                        .get::<Option<String>>("serve_json")?
-                        .map(|s| {
-                            serde_json::from_str(&s)
-                                .map_err(|e| corrupt(format!("bad serve spec: {e}")))
-                        })
-                        .transpose()?,
-                })
-            })
-            .collect()
+        let mut leases = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let spec = parse_spec(&r.get::<String>("core_spec_json")?)?;
+            let gang_env = match gang_from_row(r)? {
+                None => Vec::new(),
+                Some(g) => {
+                    // The gang's nodes in rank order, as the other nodes reach them.
+                    let addresses: Vec<String> = query_scalar(
+                        "SELECT COALESCE(n.address, n.hostname) FROM attempts a \
+                         JOIN nodes n ON n.id = a.node_id \
+                         WHERE a.gang_lead = $1 ORDER BY a.node_rank",
+                    )
+                    .bind(g.lead)
+                    .fetch_all(&self.db)
+                    .await?;
+                    let port = r
+                        .get::<Option<i64>>("master_port")?
+                        .and_then(|p| u16::try_from(p).ok())
+                        .ok_or_else(|| corrupt("a gang's attempt without a master port"))?;
+                    gang::env(g.rank, &addresses, spec.resources.gpus, port)
+                }
+            };
+            leases.push(LeaseRecord {
+                attempt: AttemptId(r.uuid("id")?),
+                job: JobId(r.uuid("job_id")?),
+                epoch: epoch_of(r)?,
+                gpus: parse_gpus(&r.get::<String>("gpus_json")?)?,
+                spec,
+                trace_parent: r.get("trace_parent")?,
+                serve: r
+                    .get::<Option<String>>("serve_json")?
+                    .map(|s| {
+                        serde_json::from_str(&s)
+                            .map_err(|e| corrupt(format!("bad serve spec: {e}")))
+                    })
+                    .transpose()?,
+                gang_env,
+            });
+        }
+        Ok(leases)
     }
 
     /// Where the node's service replicas listen and whether they pass their readiness probe,

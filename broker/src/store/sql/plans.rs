@@ -98,7 +98,9 @@ impl Store {
         now: Timestamp,
     ) -> StoreResult<()> {
         let mut tx = self.leader_tx().await?;
-        for l in launches {
+        // A gang's launches (one per node, adjacent) move its job once.
+        for group in launches.chunk_by(|a, b| a.for_job == b.for_job) {
+            let l = &group[0];
             let updated = query(
                 "UPDATE jobs SET state = 'provisioning', version = version + 1, \
                  reason = 'waiting for a new instance in ' || $1 \
@@ -115,60 +117,97 @@ impl Store {
                     l.for_job
                 )));
             }
-            query(
-                "INSERT INTO instances (id, provider, pool_id, region_id, market, state, \
-                 hourly_price_micros, for_job, requested_at, estimated_cost_micros) \
-                 VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7, $8, $9)",
-            )
-            .bind(&l.id)
-            .bind(&l.provider)
-            .bind(l.pool.as_str())
-            .bind(&l.region)
-            .bind(market_str(l.market))
-            .bind(l.hourly_price.micros())
-            .bind(l.for_job.0)
-            .bind(now)
-            .bind(l.estimated_cost.micros())
-            .execute(&mut tx)
-            .await?;
+            for l in group {
+                query(
+                    "INSERT INTO instances (id, provider, pool_id, region_id, market, state, \
+                     hourly_price_micros, for_job, requested_at, estimated_cost_micros) \
+                     VALUES ($1, $2, $3, $4, $5, 'requested', $6, $7, $8, $9)",
+                )
+                .bind(&l.id)
+                .bind(&l.provider)
+                .bind(l.pool.as_str())
+                .bind(&l.region)
+                .bind(market_str(l.market))
+                .bind(l.hourly_price.micros())
+                .bind(l.for_job.0)
+                .bind(now)
+                .bind(l.estimated_cost.micros())
+                .execute(&mut tx)
+                .await?;
+            }
         }
-        for a in assignments {
-            let attempt_no: Option<i64> = query_scalar(
-                "UPDATE jobs SET state = 'placed', attempts = attempts + 1, current_attempt = $1, \
-                 explanation_json = NULL, reason = NULL, version = version + 1 \
+        // A gang's assignments (one per node, adjacent, rank 0 first) are placed together:
+        // one attempt per rank, each its own lease; rank 0's is the job's current attempt.
+        for group in assignments.chunk_by(|a, b| a.job == b.job) {
+            let a = &group[0];
+            let ranks = i64::try_from(group.len()).unwrap_or(i64::MAX);
+            let lead = group.iter().find(|r| r.rank == 0).unwrap_or(a).id;
+            let attempts: Option<i64> = query_scalar(
+                "UPDATE jobs SET state = 'placed', attempts = attempts + $4, \
+                 current_attempt = $1, explanation_json = NULL, reason = NULL, \
+                 version = version + 1 \
                  WHERE id = $2 AND version = $3 AND state IN ('queued', 'provisioning', 'held') \
                  RETURNING attempts",
             )
-            .bind(a.id.0)
+            .bind(lead.0)
             .bind(a.job.0)
             .bind(a.job_version)
+            .bind(ranks)
             .fetch_optional(&mut tx)
             .await?;
-            let Some(attempt_no) = attempt_no else {
+            let Some(attempts) = attempts else {
                 return Err(StoreError::Stale(format!(
                     "job {} changed since planning",
                     a.job
                 )));
             };
-            query(
-                "INSERT INTO attempts (id, job_id, attempt_no, node_id, pool_id, epoch, gpus_json, \
-                 market, state, estimated_cost_micros, expected_end, created_at, \
-                 hourly_rate_micros) \
-                 VALUES ($1, $2, $3, $4, $5, $3, $6, $7, 'assigned', $8, $9, $10, $11)",
-            )
-            .bind(a.id.0)
-            .bind(a.job.0)
-            .bind(attempt_no)
-            .bind(a.node.as_str())
-            .bind(a.pool.as_str())
-            .bind(gpus_json(&a.gpus))
-            .bind(market_str(a.market))
-            .bind(a.estimated_cost.micros())
-            .bind(a.expected_end)
-            .bind(now)
-            .bind(a.hourly_rate.micros())
-            .execute(&mut tx)
-            .await?;
+            let (gang_lead, master_port) = if group.len() > 1 {
+                let held: Vec<i64> = query_scalar(
+                    "SELECT DISTINCT master_port FROM attempts WHERE master_port IS NOT NULL \
+                     AND state IN ('assigned', 'running', 'preempting')",
+                )
+                .fetch_all(&mut tx)
+                .await?;
+                let held: Vec<u16> = held
+                    .into_iter()
+                    .filter_map(|p| u16::try_from(p).ok())
+                    .collect();
+                let Some(port) = gang::master_port(&held) else {
+                    return Err(StoreError::Stale(format!(
+                        "job {}: every MASTER_PORT is held by a live gang",
+                        a.job
+                    )));
+                };
+                (Some(lead.0), Some(i64::from(port)))
+            } else {
+                (None, None)
+            };
+            for (k, a) in group.iter().enumerate() {
+                let attempt_no = attempts - ranks + 1 + k as i64;
+                query(
+                    "INSERT INTO attempts (id, job_id, attempt_no, node_id, pool_id, epoch, \
+                     gpus_json, market, state, estimated_cost_micros, expected_end, created_at, \
+                     hourly_rate_micros, node_rank, gang_lead, master_port) \
+                     VALUES ($1, $2, $3, $4, $5, $3, $6, $7, 'assigned', $8, $9, $10, $11, \
+                     $12, $13, $14)",
+                )
+                .bind(a.id.0)
+                .bind(a.job.0)
+                .bind(attempt_no)
+                .bind(a.node.as_str())
+                .bind(a.pool.as_str())
+                .bind(gpus_json(&a.gpus))
+                .bind(market_str(a.market))
+                .bind(a.estimated_cost.micros())
+                .bind(a.expected_end)
+                .bind(now)
+                .bind(a.hourly_rate.micros())
+                .bind(i64::from(a.rank))
+                .bind(gang_lead)
+                .bind(master_port)
+                .execute(&mut tx)
+                .await?;
+            }
         }
         tx.commit().await?;
         Ok(())
@@ -188,7 +227,8 @@ impl Store {
         for (attempt, why) in victims {
             let row = query(
                 "UPDATE attempts SET state = 'preempting', error = $1 \
-                 WHERE id = $2 AND state = 'running' RETURNING id, job_id, epoch, node_id",
+                 WHERE id = $2 AND state = 'running' \
+                 RETURNING id, job_id, epoch, node_id, gang_lead",
             )
             .bind(why)
             .bind(attempt.0)
@@ -196,6 +236,22 @@ impl Store {
             .await?;
             let Some(row) = row else { continue };
             let victim = attempt_ref_from_row(&row)?;
+            // A gang is preempted whole: its other running ranks stop too.
+            if let Some(lead) = row.uuid_opt("gang_lead")? {
+                let ranks = query(
+                    "UPDATE attempts SET state = 'preempting', error = $1 \
+                     WHERE gang_lead = $2 AND id <> $3 AND state = 'running' \
+                     RETURNING id, job_id, epoch, node_id",
+                )
+                .bind(why)
+                .bind(lead)
+                .bind(attempt.0)
+                .fetch_all(&mut tx)
+                .await?;
+                for r in &ranks {
+                    stopping.push((NodeId(r.get("node_id")?), attempt_ref_from_row(r)?));
+                }
+            }
             query("UPDATE jobs SET reason = $1, version = version + 1 WHERE id = $2")
                 .bind(why)
                 .bind(victim.job_id)
