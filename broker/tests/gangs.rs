@@ -280,3 +280,45 @@ async fn a_gang_not_started_is_cancelled_on_every_node_and_a_too_large_one_is_re
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
     assert_eq!(r.body["error"]["field"], "env.MASTER_PORT", "{}", r.body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_that_must_burst_launches_all_its_nodes_together_and_runs_once_all_enrolled() {
+    let (app, fake) = spawn_two_clouds(|_| {}).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let mut spec = urgent("ddp");
+    spec["resources"]["nodes"] = json!(2);
+    let id = app.submit(&dev, spec).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Two instances for the job (the test clouds allow two per pool), in one pool, in one
+    // round.
+    let launches = eventually("the gang's launches", 20, async || {
+        let l = fake.launches();
+        (l.len() >= 2).then_some(l)
+    })
+    .await;
+    assert_eq!(launches.len(), 2, "{launches:?}");
+    assert!(
+        launches.iter().all(|l| l.pool == launches[0].pool),
+        "{launches:?}"
+    );
+    assert_eq!(app.job(&dev, &id).await.body["state"], "provisioning");
+
+    // One enrols: a gang of two does not start on one.
+    let mut agents = vec![app.agent_with_token(&launches[0].enrolment_token, 8).await];
+    let w = work(&app, &agents[0], 1).await;
+    assert_eq!(w["leases"], json!([]), "{w}");
+    assert_eq!(app.job(&dev, &id).await.body["state"], "provisioning");
+    // The second enrols: every rank gets its lease, one per instance.
+    agents.push(app.agent_with_token(&launches[1].enrolment_token, 8).await);
+    let mut ranks = Vec::new();
+    for a in &agents {
+        let l = lease(&app, a).await;
+        ranks.push(env(&l)["SWITCHYARD_NODE_RANK"].clone());
+        assert_eq!(env(&l)["SWITCHYARD_NUM_NODES"], "2");
+    }
+    ranks.sort();
+    assert_eq!(ranks, ["0", "1"]);
+    assert_eq!(fake.launches().len(), 2, "nothing more was launched");
+}
