@@ -1064,7 +1064,9 @@ pub async fn pools(c: &Client) -> anyhow::Result<()> {
         if p.nodes > 0 {
             capacity.push(format!("{} of {} GPUs free", p.gpus_free, p.gpus_total));
         }
-        if p.launchable {
+        if let (true, Some(why)) = (p.launchable, &p.unlaunchable_reason) {
+            capacity.push(format!("not launchable now: {}", printable(why)));
+        } else if p.launchable {
             capacity.push(format!(
                 "launchable, up to {} node{}",
                 p.node_limit,

@@ -927,8 +927,14 @@ async fn add_cloud(
             CREDENTIALS_CHECK.as_secs()
         )),
     };
+    // A failed check does not stop the start (the other clouds and on-prem still serve), but
+    // nothing launches with these credentials: the provider's pools are unlaunchable, with the
+    // failure as the reason in `GET /pools` (`ProviderSet::can_launch`).
     if let Err(e) = &check {
-        eprintln!("{name}: the credentials check (listing instances) failed: {e}");
+        eprintln!(
+            "{name}: the credentials check (listing instances) failed: {e}; its {} pools are              unlaunchable until the broker restarts with working credentials",
+            offers.pools.len()
+        );
     }
     providers.set_credentials(&name, check);
     providers.add_with_offers(provider, offers);

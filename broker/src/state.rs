@@ -60,7 +60,8 @@ pub struct ProviderSet {
     /// the store at start.
     pub(crate) offers: Vec<Offers>,
     /// Whether each provider's credentials worked when the broker started, by provider name:
-    /// `Ok(())`, or the failure (`GET /regions` shows it).
+    /// `Ok(())`, or the failure (`GET /regions` shows it). A provider whose check failed
+    /// launches nothing: its pools are unlaunchable until a restart with working credentials.
     credentials: HashMap<String, Result<(), String>>,
 }
 
@@ -97,6 +98,25 @@ impl ProviderSet {
     /// What [`ProviderSet::set_credentials`] recorded for `provider`, if anything.
     pub fn credentials(&self, provider: &str) -> Option<&Result<(), String>> {
         self.credentials.get(provider)
+    }
+
+    /// Whether a provider can launch in `pool`: one launches it, and its credentials did not
+    /// fail their check at start. The scheduler plans launches only in such pools.
+    pub fn can_launch(&self, pool: &PoolId) -> bool {
+        self.for_pool(pool)
+            .is_some_and(|p| !matches!(self.credentials.get(p.name()), Some(Err(_))))
+    }
+
+    /// Why no provider can launch in `pool`, in words (`GET /pools` shows it), or `None` when
+    /// [`ProviderSet::can_launch`] says one can.
+    pub fn unlaunchable_reason(&self, pool: &PoolId) -> Option<String> {
+        let Some(provider) = self.for_pool(pool) else {
+            return Some("no configured provider launches this pool".into());
+        };
+        match self.credentials.get(provider.name()) {
+            Some(Err(e)) => Some(format!("credentials check failed: {e}")),
+            _ => None,
+        }
     }
 }
 

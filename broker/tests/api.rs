@@ -1029,7 +1029,15 @@ async fn openapi_health_and_regions() {
 /// worked when the broker started.
 #[tokio::test]
 async fn regions_name_the_provider_behind_them_and_its_credentials() {
-    let (app, _fake) = spawn_two_clouds(|_| {}).await;
+    let (app, _fake) = spawn_with_fake_checked(
+        switchyard_broker::clock::Clock::system(),
+        Err("not authorised: key revoked".into()),
+        |c| {
+            c.regions.push(cloud_region("aws:test-east"));
+            c.pools.push(cloud_pool(CHEAP, "aws:test-east", 4.0));
+        },
+    )
+    .await;
     let regions = app
         .call(Method::GET, "/api/v1/regions", Some(&app.admin), None)
         .await;

@@ -242,7 +242,17 @@ pub struct PoolView {
     pub nodes: u32,
     /// The most nodes the pool may have: its fleet on-prem, the launch quota in a cloud.
     pub node_limit: u32,
+    /// Whether the broker may launch nodes in the pool: the catalogue's setting, or infra's
+    /// edit (`PATCH /pools/{id}`). It launches there now only when `unlaunchable_reason` is
+    /// absent too.
     pub launchable: bool,
+    /// Why the broker cannot launch in this `launchable` pool now, in words: bursting is off,
+    /// no configured provider launches it, or its provider's credentials check failed when
+    /// the broker started (`credentials check failed: …`; fixed by a restart with working
+    /// credentials). The scheduler plans no launch here meanwhile. Absent when it can launch,
+    /// and for pools that are not `launchable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unlaunchable_reason: Option<String>,
     pub gpus_total: u32,
     pub gpus_free: u32,
     /// On-demand USD per GPU-hour (on-prem: the internal rate).

@@ -282,7 +282,7 @@ impl State {
             .map(|p| {
                 let mut p = p.clone();
                 let backed_off = self.backed_off.get(&p.id).is_some_and(|until| *until > now);
-                p.launchable = p.launchable && !backed_off && providers.for_pool(&p.id).is_some();
+                p.launchable = p.launchable && !backed_off && providers.can_launch(&p.id);
                 p
             })
             .collect();

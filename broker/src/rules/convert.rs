@@ -562,6 +562,7 @@ pub fn pool_view(
         nodes,
         node_limit: pool.node_limit,
         launchable: pool.launchable,
+        unlaunchable_reason: None,
         gpus_total,
         gpus_free,
         price_per_gpu_hour: pool.on_demand_per_gpu_hour().as_dollars(),

@@ -503,6 +503,19 @@ pub async fn spawn_with_fake_on(
     TestApp,
     std::sync::Arc<switchyard_providers::fake::FakeProvider>,
 ) {
+    spawn_with_fake_checked(clock, Ok(()), tweak).await
+}
+
+/// [`spawn_with_fake_on`] with the fake's credentials check at start recorded as `credentials`
+/// (as `serve` records it: an `Err` makes its pools unlaunchable).
+pub async fn spawn_with_fake_checked(
+    clock: Clock,
+    credentials: Result<(), String>,
+    tweak: impl FnOnce(&mut Config),
+) -> (
+    TestApp,
+    std::sync::Arc<switchyard_providers::fake::FakeProvider>,
+) {
     use std::sync::{Arc, Mutex};
     use switchyard_providers::fake::FakeProvider;
     let slot: Arc<Mutex<Option<Arc<FakeProvider>>>> = Arc::default();
@@ -532,8 +545,8 @@ pub async fn spawn_with_fake_on(
             *slot.lock().unwrap() = Some(fake.clone());
             let mut set = switchyard_broker::app::ProviderSet::default();
             set.add(fake, pools.into_iter().map(|p| p.id));
-            // As `serve` records a failed credentials check (`GET /regions` shows it).
-            set.set_credentials("fake", Err("not authorised: key revoked".into()));
+            // As `serve` records the credentials check (`GET /regions` shows it).
+            set.set_credentials("fake", credentials);
             set
         },
     )

@@ -29,7 +29,7 @@ pub async fn pools(State(app): State<App>, _caller: Caller) -> Result<Json<PoolL
     let busy = busy_gpus(&app).await?;
     let pools = pools
         .iter()
-        .map(|p| view_with_nodes(p, &regions, &nodes, &busy))
+        .map(|p| view_with_nodes(&app, p, &regions, &nodes, &busy))
         .collect();
     Ok(Json(PoolList { pools }))
 }
@@ -94,13 +94,15 @@ pub async fn patch_pool(
     let regions = app.store.regions().await?;
     let nodes = app.store.nodes().await?;
     let busy = busy_gpus(&app).await?;
-    let view = view_with_nodes(&after, &regions, &nodes, &busy);
+    let view = view_with_nodes(&app, &after, &regions, &nodes, &busy);
     Ok(Json(view))
 }
 
 /// `pool` as the pools API shows it: its healthy nodes and their GPUs, free or busy (`busy`:
-/// GPUs held per node id), and every node that joined it.
+/// GPUs held per node id), every node that joined it, and why the broker cannot launch in it
+/// now when it is launchable.
 fn view_with_nodes(
+    app: &App,
     pool: &switchyard_core::Pool,
     regions: &[switchyard_core::Region],
     nodes: &[crate::store::NodeRecord],
@@ -121,7 +123,20 @@ fn view_with_nodes(
         total.saturating_sub(used),
     );
     view.node_list = members.iter().map(|n| pool_node(n)).collect();
+    view.unlaunchable_reason = unlaunchable_reason(app, pool);
     view
+}
+
+/// Why the broker cannot launch in `pool` now, when it is launchable (the scheduler's snapshot
+/// leaves out the same pools, `control/scheduler.rs` `State::snapshot`).
+fn unlaunchable_reason(app: &App, pool: &switchyard_core::Pool) -> Option<String> {
+    if !pool.launchable {
+        return None;
+    }
+    if !app.config.burst_enabled {
+        return Some("bursting is off (burst_enabled = false)".into());
+    }
+    app.providers.unlaunchable_reason(&pool.id)
 }
 
 /// A node as the pools API shows it; what its agent says of itself comes from the inventory

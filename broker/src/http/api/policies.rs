@@ -258,7 +258,7 @@ pub async fn what_if(
     );
     let nodes = app.store.nodes().await?;
     let world = WhatIfWorld::new(team, project, regions, pools, &nodes, |p| {
-        app.config.burst_enabled && app.providers.for_pool(&p.id).is_some()
+        app.config.burst_enabled && app.providers.can_launch(&p.id)
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(WHAT_IF_TIMEOUT_S);
     let too_long = || {
