@@ -740,6 +740,24 @@ pub async fn job(c: &Client, id: &str) -> anyhow::Result<()> {
     if let Some(p) = placement_text(&j) {
         fields.push(("placement", p));
     }
+    // A multi-node job: each rank's node, GPUs and state.
+    for r in j.placement.iter().flat_map(|p| &p.ranks) {
+        let gpus: Vec<String> = r.gpus.iter().map(u32::to_string).collect();
+        let exit = r
+            .exit_code
+            .map(|c| format!(", exit {c}"))
+            .unwrap_or_default();
+        fields.push((
+            "rank",
+            format!(
+                "{}: node {}, GPUs {}, {}{exit}",
+                r.rank,
+                printable(&r.node),
+                gpus.join(","),
+                printable(&r.state)
+            ),
+        ));
+    }
     if j.attempts > 1 {
         fields.push(("attempts", j.attempts.to_string()));
     }

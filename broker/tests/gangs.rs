@@ -136,6 +136,17 @@ async fn every_rank_is_told_its_place_and_the_job_succeeds_with_its_last_rank() 
     let job = app.job(&dev, &id).await.body;
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(job["reason"], "every rank exited 0");
+    // The job shows every rank: its node, GPUs, state and exit code.
+    let ranks = job["placement"]["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2, "{job}");
+    for (k, (r, agent)) in ranks.iter().zip([ag0, ag1]).enumerate() {
+        assert_eq!(r["rank"], k, "{job}");
+        assert_eq!(r["node"], agent.node.as_str(), "{job}");
+        assert_eq!(r["gpus"], json!([0, 1, 2, 3]), "{job}");
+        assert_eq!(r["state"], "finished", "{job}");
+        assert_eq!(r["exit_code"], 0, "{job}");
+    }
+    assert_eq!(job["placement"]["node"], ag0.node.as_str());
 
     // A second gang takes another rendezvous port only while the first one lives: now the
     // first is over, so it gets the same one.

@@ -127,9 +127,25 @@ pub struct DataSpec {
 pub struct PlacementView {
     pub region: String,
     pub pool: String,
+    /// The node (of a multi-node job: rank 0's).
     pub node: String,
     pub gpus: Vec<u32>,
     pub market: String,
+    /// A multi-node job's ranks, one per node, in rank order (`GET /jobs/{id}` only; absent
+    /// for single-node jobs and in lists).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankView>,
+}
+
+/// One rank of a multi-node job: its node, GPUs and how its attempt stands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RankView {
+    pub rank: u32,
+    pub node: String,
+    pub gpus: Vec<u32>,
+    /// `assigned`, `running`, `finished`, `preempting`, `preempted`, `lost` or `cancelled`.
+    pub state: String,
+    pub exit_code: Option<i32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

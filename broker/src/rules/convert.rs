@@ -302,6 +302,17 @@ pub fn job_view(job: &JobRecord) -> Result<wire::JobView, ApiError> {
             node: p.node.to_string(),
             gpus: p.gpus.clone(),
             market: market_name(p.market).to_string(),
+            ranks: p
+                .ranks
+                .iter()
+                .map(|r| wire::RankView {
+                    rank: r.rank,
+                    node: r.node.to_string(),
+                    gpus: r.gpus.clone(),
+                    state: r.state.clone(),
+                    exit_code: r.exit_code,
+                })
+                .collect(),
         }),
         attempts: job.attempts,
         cancel_requested: job.cancel_requested,

@@ -162,6 +162,18 @@ pub struct AttemptPlacement {
     pub region: String,
     pub gpus: Vec<u32>,
     pub market: Market,
+    /// A multi-node job's ranks in rank order (filled by [`Store::job`] only).
+    pub ranks: Vec<RankPlacement>,
+}
+
+/// One rank of a gang: its node, GPUs, attempt state and exit code.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankPlacement {
+    pub rank: u32,
+    pub node: NodeId,
+    pub gpus: Vec<u32>,
+    pub state: String,
+    pub exit_code: Option<i32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

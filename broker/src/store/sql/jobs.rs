@@ -87,7 +87,34 @@ impl Store {
             .bind(id.0)
             .fetch_optional(&self.db)
             .await?;
-        row.as_ref().map(job_from_row).transpose()
+        let Some(mut job) = row.as_ref().map(job_from_row).transpose()? else {
+            return Ok(None);
+        };
+        // A gang's ranks, all of its current placement.
+        if let Some(p) = job.placement.as_mut() {
+            let rows = query(
+                "SELECT node_rank, node_id, gpus_json, state, exit_code FROM attempts \
+                 WHERE gang_lead = $1 ORDER BY node_rank",
+            )
+            .bind(p.attempt.0)
+            .fetch_all(&self.db)
+            .await?;
+            p.ranks = rows
+                .iter()
+                .map(|r| {
+                    Ok(RankPlacement {
+                        rank: r.u32("node_rank")?,
+                        node: NodeId(r.get("node_id")?),
+                        gpus: parse_gpus(&r.get::<String>("gpus_json")?)?,
+                        state: r.get("state")?,
+                        exit_code: r
+                            .get::<Option<i64>>("exit_code")?
+                            .and_then(|c| i32::try_from(c).ok()),
+                    })
+                })
+                .collect::<StoreResult<_>>()?;
+        }
+        Ok(Some(job))
     }
 
     pub async fn list_jobs(&self, filter: &JobFilter) -> StoreResult<Vec<JobRecord>> {

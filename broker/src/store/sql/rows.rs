@@ -94,6 +94,7 @@ pub(crate) fn job_from_row(r: &Row) -> StoreResult<JobRecord> {
             region: r.get::<Option<String>>("a_region")?.unwrap_or_default(),
             gpus: parse_gpus(&r.get::<String>("a_gpus")?)?,
             market: parse_market(&r.get::<String>("a_market")?)?,
+            ranks: Vec::new(),
         }),
     };
     let exit_code = r
