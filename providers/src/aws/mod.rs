@@ -132,6 +132,19 @@ impl AwsProvider {
                 pools.push(pool);
             }
         }
+        // A listed type no configured region has would be skipped without a word.
+        if let Some(t) = config
+            .instance_types
+            .iter()
+            .find(|t| !pools.iter().any(|p| &p.instance_type == *t))
+        {
+            return Err(AwsConfigError(format!(
+                "instance_types: {t} is not a GPU instance type the bundled catalogue has in the \
+                 configured regions ({})",
+                config.regions.join(", ")
+            ))
+            .into());
+        }
         let clients = build_clients(&config).await;
         Ok(AwsProvider {
             backoff: Backoff::new(&config.retry),

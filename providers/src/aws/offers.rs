@@ -199,7 +199,7 @@ pub(crate) async fn instance_facts(
                     match describe_types(client, backoff, std::slice::from_ref(t)).await {
                         Ok(found) => facts.extend(found),
                         Err(f) if f.code.as_deref() == Some("InvalidInstanceType") => {
-                            tracing::debug!(instance.type = %t, "EC2 does not know this type here");
+                            tracing::warn!(instance.type = %t, "EC2 does not know this instance type in this region: its pool keeps the catalogue's facts, and a launch there will be refused");
                         }
                         Err(f) => return Err(f),
                     }

@@ -152,6 +152,18 @@ async fn offers_cover_the_configured_regions_and_types_and_unknown_pools_are_ref
 }
 
 #[tokio::test]
+async fn an_instance_type_no_configured_region_has_is_a_setup_error_naming_the_setting() {
+    let mut c = example();
+    c.instance_types.push("g9.imaginary".into());
+    let err = AwsProvider::new(c).await.expect_err("no such type");
+    let text = err.to_string();
+    assert!(
+        text.contains("instance_types: g9.imaginary is not a GPU instance type"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn a_region_missing_from_the_catalogue_is_a_setup_error() {
     let mut c = example();
     c.regions.push("mars-north-1".into());
