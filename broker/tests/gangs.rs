@@ -117,6 +117,16 @@ async fn every_rank_is_told_its_place_and_the_job_succeeds_with_its_last_rank() 
     let job = app.job(&dev, &id).await.body;
     assert_eq!(job["state"], "placed", "{job}");
     assert_eq!(job["attempts"], 2, "one attempt per rank");
+    // Why it went there: the round that placed the gang, kept with rank 0 (an earlier round
+    // may have seen one node only, and said wait).
+    let path = format!("/api/v1/jobs/{id}/placement");
+    let outcome = eventually("the gang's explanation", 10, async || {
+        let r = app.call(Method::GET, &path, Some(&dev), None).await;
+        (r.status == StatusCode::OK && r.body["outcome"]["decision"] == "assigned")
+            .then(|| r.body["outcome"].clone())
+    })
+    .await;
+    assert_eq!(outcome["pool"], "onprem:test-dc/h100x4", "{outcome}");
 
     start(&app, ag1, &r1["attempt"]).await;
     assert_eq!(app.job(&dev, &id).await.body["state"], "running");

@@ -459,7 +459,14 @@ impl Worker {
     /// Applies one event to the mirror; returns whether a full reload is needed.
     async fn apply(&self, state: &mut State, store: &Store, event: SchedulerEvent) -> bool {
         match event {
-            SchedulerEvent::JobSubmitted(job) => state.add_pending(&job),
+            // A reload may have read the job, and a round placed it, before this news
+            // arrived: a job that holds a lease is not queued again (its stale version would
+            // only fail a commit, and its explanation would say it waits).
+            SchedulerEvent::JobSubmitted(job) => {
+                if !state.live.values().any(|a| a.job == job.id) {
+                    state.add_pending(&job);
+                }
+            }
             SchedulerEvent::JobRemoved(id) => {
                 state.pending.remove(&id);
                 self.forget_explanation(id);
@@ -668,7 +675,12 @@ impl Worker {
             }
         }
         if !commits.is_empty() || !launches.is_empty() {
-            let placed = commits.iter().map(|c| (c.job, c.id)).collect();
+            // A gang is explained once, with its rank 0 (the job's current attempt).
+            let placed = commits
+                .iter()
+                .filter(|c| c.rank == 0)
+                .map(|c| (c.job, c.id))
+                .collect();
             let launched = launches.iter().map(|l| (l.for_job, l.id.clone())).collect();
             self.explain_committed(app, plan.clone(), placed, launched);
         }
@@ -752,6 +764,9 @@ impl Worker {
             let (rows, launch_rows) = tokio::task::spawn_blocking(move || {
                 let mut ids: Vec<JobId> = jobs.iter().map(|(job, _)| *job).collect();
                 ids.extend(launched.iter().map(|(job, _)| *job));
+                // A gang's launches name its job once each.
+                ids.sort_unstable();
+                ids.dedup();
                 let attempts: HashMap<JobId, AttemptId> = jobs.into_iter().collect();
                 let instances: HashMap<JobId, String> = launched.into_iter().collect();
                 let (mut rows, mut launch_rows) = (Vec::new(), Vec::new());
