@@ -965,6 +965,12 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
     for id in &ids {
         up.job_where(id, 60, |j| j["state"] == "succeeded").await;
     }
+    // A two-node job (its detail page lists its ranks, below).
+    let gang = up
+        .submit(json!({"name": "ddp", "team": "ml", "command": ["true"],
+                       "resources": {"gpus": 1, "nodes": 2}, "regions": ["onprem:local-dc1"]}))
+        .await;
+    let done = up.job_where(&gang, 60, |j| j["state"] == "succeeded").await;
     // Every job has finished: the ledger is settled and the pages' figures stay put.
     let spend = eventually("the ledger to hold both teams' spend", WAIT, || async {
         let s = up.get("/api/v1/spend?group_by=team").await;
@@ -1140,6 +1146,25 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
     .await;
     let detail = b.el("[data-test=job-detail]").await.text().await.unwrap();
     assert_no_raw_numbers(&detail);
+
+    // A two-node job's detail lists each rank with its node.
+    b.open(&format!("#/jobs/{gang}"), "jobs").await;
+    let ranks = b
+        .until(
+            "the gang's ranks",
+            WAIT,
+            "const r = [...document.querySelectorAll('[data-test=detail-rank] [data-test=node-ref]')];
+             return r.length === 2 ? r.map(a => a.getAttribute('title')) : null;",
+            vec![],
+        )
+        .await;
+    let nodes: Vec<Value> = done["placement"]["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["node"].clone())
+        .collect();
+    assert_eq!(ranks, json!(nodes), "{done}");
 
     // Audit: filters by actor, action and time.
     b.open("#/audit?action=policy.put", "audit").await;

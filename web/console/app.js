@@ -1071,6 +1071,10 @@ document.addEventListener('securitypolicyviolation', (e) => {
         ['Cost to date', h('span', null, h('span', { 'data-test': 'detail-cost' }, job.cost_usd === undefined ? '—' : usd(job.cost_usd)),
           h('span', { class: 'muted small', 'data-test': 'detail-estimate' }, estimate === null ? '' : ' · estimate ' + usd(estimate)))],
         ['Runs on', pl ? h('span', { 'data-test': 'detail-runs-on' }, pl.pool + ' · ', nodeRef(pl.node), ' · GPUs ' + pl.gpus.join(',') + ' · ' + pl.market) : '—'],
+        // A multi-node job: each rank's node, GPUs and how its attempt stands.
+        ...(pl && pl.ranks && pl.ranks.length ? [['Ranks', h('div', { 'data-test': 'detail-ranks' }, ...pl.ranks.map((r) =>
+          h('div', { class: 'small', 'data-test': 'detail-rank' }, 'rank ' + r.rank + ' · ', nodeRef(r.node),
+            ' · GPUs ' + r.gpus.join(',') + ' · ' + r.state + (r.exit_code === null || r.exit_code === undefined ? '' : ' · exit ' + r.exit_code))))]] : []),
       ]));
       clear(pp).appendChild(h('h2', null, 'Placement explanation'));
       if (placement instanceof ApiError) {
