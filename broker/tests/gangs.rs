@@ -12,6 +12,8 @@ use common::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use switchyard_core::PoolId;
+use switchyard_providers::fake::FakeOutcome;
 
 /// A hand-driven agent with 4 GPUs that says other nodes reach it at `address`.
 async fn agent_at(app: &TestApp, address: &str) -> TestAgent {
@@ -342,4 +344,63 @@ async fn a_gang_that_must_burst_launches_all_its_nodes_together_and_runs_once_al
     ranks.sort();
     assert_eq!(ranks, ["0", "1"]);
     assert_eq!(fake.launches().len(), 2, "nothing more was launched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_whose_launch_gives_up_does_not_retry_the_rest_there_and_is_planned_again_whole() {
+    let (app, fake) = spawn_two_clouds(|_| {}).await;
+    // The gang's two launches in the cheap pool go out together: one is throttled (to be
+    // retried), the other meets a capacity error (given up).
+    fake.script(
+        &PoolId(CHEAP.into()),
+        [FakeOutcome::Throttled, FakeOutcome::Capacity],
+    );
+    let dev = app.token("developer", Some("ml")).await;
+    let mut spec = urgent("ddp");
+    spec["resources"]["nodes"] = json!(2);
+    let id = app.submit(&dev, spec).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The gang is planned again, whole, in the other region.
+    let dear = eventually("two launches in the other region", 20, async || {
+        let l: Vec<_> = fake
+            .launches()
+            .into_iter()
+            .filter(|l| l.pool.as_str() == DEAR)
+            .collect();
+        (l.len() >= 2).then_some(l)
+    })
+    .await;
+    assert_eq!(dear.len(), 2, "{dear:?}");
+    // The throttled one was not tried again in the cheap pool.
+    let cheap = fake
+        .launches()
+        .into_iter()
+        .filter(|l| l.pool.as_str() == CHEAP)
+        .count();
+    assert_eq!(cheap, 2, "{:?}", fake.launches());
+    let r = app
+        .call(Method::GET, "/api/v1/instances", Some(&app.admin), None)
+        .await;
+    let cheap: Vec<&Value> = r.body["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["pool"] == CHEAP)
+        .collect();
+    assert_eq!(cheap.len(), 2, "{}", r.body);
+    assert!(
+        cheap.iter().all(|i| i["state"] == "terminated"),
+        "{}",
+        r.body
+    );
+    assert!(
+        cheap.iter().any(|i| i["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("not launched: its gang's launch"))),
+        "{}",
+        r.body
+    );
+    assert_eq!(app.job(&dev, &id).await.body["state"], "provisioning");
 }

@@ -110,6 +110,22 @@ impl Store {
                         .await?;
                     }
                     if let Some(job) = row.uuid_opt("for_job")? {
+                        // A gang's other instances not launched yet are not launched at all:
+                        // the job goes back to the planner whole (those already launched
+                        // join the pool, and its idle TTL ends them if the re-plan goes
+                        // elsewhere).
+                        query(
+                            "UPDATE instances SET state = 'terminated', last_error = $1, \
+                             ended_at = $2 WHERE for_job = $3 AND id <> $4 AND state = 'requested'",
+                        )
+                        .bind(format!(
+                            "not launched: its gang's launch {id} in {pool} failed"
+                        ))
+                        .bind(now)
+                        .bind(job)
+                        .bind(id)
+                        .execute(&mut tx)
+                        .await?;
                         requeue_provisioning(
                             &mut tx,
                             job,
