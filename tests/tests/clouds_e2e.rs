@@ -10,13 +10,17 @@
 //! - Cross-cloud failover: GCE (the cheaper cloud) answers every launch with
 //!   `QUOTA_EXCEEDED`; the job launches on Azure instead, and the instances list shows the
 //!   failed GCE attempt (its error, no cost) beside the Azure one.
+//! - The whole chain (issue 27, deliverable 3): EC2 (moto behind its fault proxy, the cheapest
+//!   of the three) answers `InsufficientInstanceCapacity` in every configured region, GCE
+//!   answers `QUOTA_EXCEEDED`, and the job launches on Azure and succeeds before its deadline;
+//!   the instances list and the ledger show every attempt, the failed ones at no cost.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use switchyard_tests::clouds::e2e::{Section, azure_section, env_value, gcp_section};
-use switchyard_tests::clouds::{FakeCloud, Fault, azure, gce};
+use switchyard_tests::clouds::e2e::{Section, aws_section, azure_section, env_value, gcp_section};
+use switchyard_tests::clouds::{FakeCloud, Fault, azure, gce, moto};
 use switchyard_tests::*;
 
 /// 1× A100-80GB on GCE (the cheaper of the two) and on Azure.
@@ -451,6 +455,307 @@ async fn a_gce_out_of_quota_fails_over_to_azure() {
         "cross-cloud failover: {} GCE attempt(s) refused for quota, Azure launched and ran the \
          job, both clouds empty after {:.1} s",
         gce_attempts.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// 8× A100-80GB in three clouds, priced (catalogue, on demand, per node-hour) so that the
+/// planner orders them EC2 (27.45 in both regions) < GCE us-east5 (44.19) < Azure brazilsouth
+/// (65.54): the failover has to walk the whole chain.
+const AWS_TYPE: &str = "p4de.24xlarge";
+const AWS_REGIONS: [&str; 2] = ["us-east-1", "us-west-2"];
+const GCE_8_TYPE: &str = "a2-ultragpu-8g";
+const GCE_8_ZONE: &str = "us-east5-a";
+const GCE_8_POOL: &str = "gcp:us-east5/a2-ultragpu-8g";
+const AZURE_8_SIZE: &str = "Standard_ND96amsr_A100_v4";
+const AZURE_8_LOCATION: &str = "brazilsouth";
+const AZURE_8_POOL: &str = "azure:brazilsouth/Standard_ND96amsr_A100_v4";
+/// The job's deadline, from its submission: far less than `pool_backoff_s` (a pool that
+/// answered capacity or quota is not retried before it), so waiting for EC2 or GCE to come back
+/// would miss it; an estimated 60 s run plus a 20 s boot fits with room for the failovers.
+const CHAIN_DEADLINE_S: u64 = 180;
+
+fn timestamp(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    v.as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .unwrap_or_else(|| panic!("not a timestamp: {v}"))
+        .with_timezone(&chrono::Utc)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_out_of_capacity_everywhere_fails_over_to_gce_then_azure() {
+    let started = Instant::now();
+    let ec2 = moto::start().await;
+    ec2.inject(Fault::Capacity);
+    let gce = gce::start(gce::Options {
+        run_bootstrap: true,
+        ..gce::Options::default()
+    })
+    .await;
+    gce.inject(Fault::Quota);
+    let az = azure::start(azure::FakeOptions {
+        run_bootstrap: true,
+        operation_delay: Duration::from_millis(50),
+        ..azure::FakeOptions::default()
+    })
+    .await;
+    let keys = tempfile::tempdir().unwrap();
+    let agent = bin("switchyard-agent");
+    let section = Section {
+        cluster: "e2e-chain",
+        agent: &agent,
+        boot_time_s: 20,
+    };
+    let config = format!(
+        "{BURST}{}{}{}",
+        aws_section(&ec2, &AWS_REGIONS, AWS_TYPE, &section),
+        gcp_section(&gce, keys.path(), GCE_8_ZONE, GCE_8_TYPE, &section),
+        azure_section(&az, keys.path(), AZURE_8_LOCATION, AZURE_8_SIZE, &section)
+    );
+    let broker = Broker::start_with(&config).await;
+
+    // EC2 is the cheapest 8× A100-80GB node in every configured region, GCE next, Azure last:
+    // the planner tries EC2 first and Azure only when both others failed.
+    let aws_pools: Vec<String> = AWS_REGIONS
+        .iter()
+        .map(|r| format!("aws:{r}/{AWS_TYPE}"))
+        .collect();
+    let (_, pools) = broker
+        .call(reqwest::Method::GET, "/api/v1/pools", None)
+        .await;
+    let pool = |id: &str| {
+        pools["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap_or_else(|| panic!("no {id} in {pools}"))
+            .clone()
+    };
+    let price = |id: &str| pool(id)["price_per_gpu_hour"].as_f64().unwrap();
+    for id in aws_pools
+        .iter()
+        .map(String::as_str)
+        .chain([GCE_8_POOL, AZURE_8_POOL])
+    {
+        assert_eq!(pool(id)["gpus_per_node"], 8, "{}", pool(id));
+    }
+    for aws in &aws_pools {
+        assert!(price(aws) < price(GCE_8_POOL), "{pools}");
+    }
+    assert!(price(GCE_8_POOL) < price(AZURE_8_POOL), "{pools}");
+
+    let mut spec = job("chain");
+    spec["resources"]["gpus"] = json!(8);
+    spec["deadline"] = json!(in_secs(CHAIN_DEADLINE_S));
+    let id = broker.submit(spec).await;
+    let deadline = timestamp(&broker.job(&id).await["spec"]["deadline"]);
+
+    // EC2 refuses in both regions, GCE for quota; the job launches on Azure, whose agent
+    // enrols.
+    let azure_inst = wait(
+        &broker,
+        "an Azure instance ready",
+        60,
+        &|| {
+            format!(
+                "EC2 launches by region: {:?}\nAzure requests: {:?}",
+                ec2.launch_regions(),
+                az.request_log()
+            )
+        },
+        || async {
+            instances(&broker).await.into_iter().find(|i| {
+                i["pool"] == AZURE_8_POOL && i["for_job"] == id.as_str() && i["state"] == "ready"
+            })
+        },
+    )
+    .await;
+    assert_eq!(azure_inst["provider"], "azure", "{azure_inst}");
+    let vms: Vec<String> = az
+        .live_instances()
+        .into_iter()
+        .filter(|r| !r.contains(':'))
+        .collect();
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let vm = vms[0].clone();
+    let root = az
+        .boot_root(&vm)
+        .unwrap_or_else(|| panic!("no sandbox for {vm}"));
+    let token = env_value(&root, "SWITCHYARD_ENROL_TOKEN").expect("the enrolment token");
+    let dump = || agent_log(az.boot_root(&vm));
+
+    // The job runs on the Azure node and succeeds before its deadline.
+    let done = wait(&broker, "the job to finish", 45, &dump, || async {
+        let j = broker.job(&id).await;
+        matches!(
+            j["state"].as_str(),
+            Some("succeeded" | "failed" | "cancelled")
+        )
+        .then_some(j)
+    })
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}\n{}", dump());
+    assert_eq!(done["placement"]["pool"], AZURE_8_POOL, "{done}");
+    assert_eq!(
+        done["placement"]["node"], azure_inst["node"],
+        "{done}\n{azure_inst}"
+    );
+    let finished = timestamp(&done["finished_at"]);
+    assert!(
+        finished <= deadline,
+        "finished at {finished}, after its deadline {deadline}: {done}"
+    );
+    let (stdout, _, _) = broker.logs(&id).await;
+    assert!(stdout.contains("burst-ok"), "{stdout}");
+
+    // The instances list shows every attempt, in the planner's order: EC2 in each region
+    // (refused for capacity), then GCE (refused for quota), all ended with their error, no
+    // provider id and no cost; then the Azure instance that ran the job.
+    let all = instances(&broker).await;
+    let refused = |pool: &str, error: &str| -> Vec<Value> {
+        let attempts: Vec<Value> = all.iter().filter(|i| i["pool"] == pool).cloned().collect();
+        assert!(!attempts.is_empty(), "no {pool} attempt in {all:#?}");
+        for a in &attempts {
+            assert_eq!(a["state"], "terminated", "{a}");
+            assert_eq!(a["for_job"], id.as_str(), "{a}");
+            assert!(a["provider_id"].is_null(), "{a}");
+            assert!(a["node"].is_null(), "{a}");
+            let e = a["last_error"].as_str().unwrap_or("").to_lowercase();
+            assert!(e.contains(error), "the {pool} attempt's error: {a}");
+            assert_eq!(a["cost_usd"].as_f64(), Some(0.0), "{a}");
+        }
+        attempts
+    };
+    let aws_attempts: Vec<Value> = aws_pools
+        .iter()
+        .flat_map(|p| refused(p, "capacity"))
+        .collect();
+    for a in &aws_attempts {
+        assert_eq!(a["provider"], "aws", "{a}");
+    }
+    let gce_attempts = refused(GCE_8_POOL, "quota");
+    let last_requested = |v: &[Value]| v.iter().map(|i| timestamp(&i["requested_at"])).max();
+    let first_requested = |v: &[Value]| v.iter().map(|i| timestamp(&i["requested_at"])).min();
+    assert!(
+        last_requested(&aws_attempts) <= first_requested(&gce_attempts),
+        "EC2 was not tried before GCE: {all:#?}"
+    );
+    assert!(
+        last_requested(&gce_attempts).unwrap() <= timestamp(&azure_inst["requested_at"]),
+        "GCE was not tried before Azure: {all:#?}"
+    );
+    let azure_attempts: Vec<&Value> = all.iter().filter(|i| i["pool"] == AZURE_8_POOL).collect();
+    assert_eq!(azure_attempts.len(), 1, "{all:#?}");
+    assert!(
+        all.iter().all(|i| i["for_job"] == id.as_str()),
+        "an instance for something else: {all:#?}"
+    );
+
+    // The RunInstances calls really reached EC2's endpoint, from both regions, and moto holds
+    // no machine: every launch was refused. GCE holds nothing either.
+    let regions = ec2.launch_regions();
+    for r in AWS_REGIONS {
+        assert!(
+            regions.iter().any(|x| x == r),
+            "no RunInstances in {r}: {regions:?}"
+        );
+    }
+    assert!(
+        ec2.live_instances().is_empty(),
+        "{:?}",
+        ec2.live_instances()
+    );
+    assert!(
+        gce.live_instances().is_empty(),
+        "{:?}",
+        gce.live_instances()
+    );
+
+    // Idle, the Azure VM is deleted with its NIC and disk.
+    let ended = wait(&broker, "the Azure instance to end", 30, &dump, || async {
+        instances(&broker)
+            .await
+            .into_iter()
+            .find(|i| i["id"] == azure_inst["id"] && i["state"] == "terminated")
+    })
+    .await;
+    let azure_cost = ended["cost_usd"].as_f64().unwrap();
+    assert!(azure_cost > 0.0, "{ended}");
+    wait(
+        &broker,
+        "the fake Azure to hold nothing",
+        15,
+        &String::new,
+        || async { az.live_instances().is_empty().then_some(()) },
+    )
+    .await;
+
+    // The ledger: Azure's instance (and the job on it) is all that was charged; the refused
+    // launches on EC2 and GCE cost nothing, by provider and by pool.
+    let spend = |group: &'static str| {
+        let broker = &broker;
+        async move {
+            let (status, spend) = broker
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/api/v1/spend?group_by={group}"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, 200, "{spend}");
+            spend
+        }
+    };
+    let sum = |spend: &Value, group: &str, key: &str| {
+        spend["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r[group] == key)
+            .map(|r| r["amount_usd"].as_f64().unwrap())
+            .sum::<f64>()
+    };
+    let by_provider = spend("provider").await;
+    assert!(
+        sum(&by_provider, "provider", "azure") > 0.0,
+        "{by_provider}"
+    );
+    assert_eq!(sum(&by_provider, "provider", "aws"), 0.0, "{by_provider}");
+    assert_eq!(sum(&by_provider, "provider", "gcp"), 0.0, "{by_provider}");
+    let by_pool = spend("pool").await;
+    for row in by_pool["rows"].as_array().unwrap() {
+        assert!(
+            row["pool"] == AZURE_8_POOL || row["amount_usd"].as_f64() == Some(0.0),
+            "a charge outside the Azure pool: {by_pool}"
+        );
+    }
+    assert!(sum(&by_pool, "pool", AZURE_8_POOL) > 0.0, "{by_pool}");
+
+    assert!(
+        gce.invalid_requests().is_empty(),
+        "{:?}",
+        gce.invalid_requests()
+    );
+    assert!(
+        az.invalid_requests().is_empty(),
+        "{:?}",
+        az.invalid_requests()
+    );
+    let log = std::fs::read_to_string(broker.dir.path().join("broker.log")).unwrap();
+    assert!(
+        !log.contains(&token),
+        "the enrolment token is in the broker's log"
+    );
+    eprintln!(
+        "failover chain: {} EC2 attempt(s) refused for capacity ({:?}), {} GCE attempt(s) \
+         refused for quota, Azure ran the job ({:.1} s before its deadline, instance ${:.4}); \
+         every cloud empty after {:.1} s",
+        aws_attempts.len(),
+        regions,
+        gce_attempts.len(),
+        (deadline - finished).num_milliseconds() as f64 / 1000.0,
+        azure_cost,
         started.elapsed().as_secs_f64()
     );
 }

@@ -1,8 +1,9 @@
 //! Helpers for end-to-end tests of `switchyard serve` bursting into the fake clouds: the
-//! `[gcp]`, `[azure]` and `[lambda]` sections of a broker config pointed at a running fake, with
-//! the instances' bootstrap installing the real `switchyard-agent` (see [`super::boot`]).
+//! `[gcp]`, `[azure]` and `[lambda]` sections of a broker config pointed at a running fake (and
+//! `[aws]` at moto behind its fault proxy), with the instances' bootstrap installing the real
+//! `switchyard-agent` (see [`super::boot`]).
 
-use super::{azure, boot, gce, lambda};
+use super::{azure, boot, gce, lambda, moto};
 use std::path::Path;
 
 /// Settings of a `[section]` for a fake cloud shared by both clouds.
@@ -146,6 +147,41 @@ agent = {{ install_command = '''{install}''' }}
         cluster = s.cluster.replace(|c: char| !c.is_ascii_alphanumeric(), ""),
         key = key.display(),
         url = fake.api_endpoint(),
+        boot_time_s = s.boot_time_s,
+        install = boot::install_command(s.agent),
+    )
+}
+
+/// An `[aws]` section launching `instance_type` in each of `regions`, every region through
+/// `moto`'s fault proxy (one endpoint serves them all; the SigV4 scope names the region), with
+/// moto's test credentials. Moto boots nothing: an instance that launches there never enrols.
+pub fn aws_section(
+    moto: &moto::MotoCloud,
+    regions: &[&str],
+    instance_type: &str,
+    s: &Section<'_>,
+) -> String {
+    let regions = regions
+        .iter()
+        .map(|r| format!("{r:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"
+[aws]
+cluster = "{cluster}"
+regions = [{regions}]
+instance_types = ["{instance_type}"]
+endpoint_url = "{url}"
+credentials = {{ access_key_id = "testing", secret_access_key = "testing" }}
+image = {{ id = "ami-12345678" }}
+boot_time_s = {boot_time_s}
+request_timeout_s = 5
+retry = {{ max_attempts = 3, base_delay_ms = 10, max_delay_ms = 50 }}
+agent = {{ install_command = '''{install}''' }}
+"#,
+        cluster = s.cluster,
+        url = moto.url(),
         boot_time_s = s.boot_time_s,
         install = boot::install_command(s.agent),
     )

@@ -67,6 +67,9 @@ struct Inner {
     requests: AtomicU64,
     /// `RunInstances` answers by client token (EC2's idempotency), one launch at a time.
     launches: tokio::sync::Mutex<HashMap<String, Answer>>,
+    /// The region (from the request's SigV4 credential scope) of every `RunInstances` the
+    /// proxy received, in order, whether a fault answered it or moto did.
+    launch_regions: Mutex<Vec<String>>,
 }
 
 /// `moto_server` behind the fault proxy; [`MotoCloud::url`] is the endpoint to give the
@@ -123,6 +126,7 @@ pub async fn start() -> MotoCloud {
         faults: Mutex::new(Faults::default()),
         requests: AtomicU64::new(0),
         launches: tokio::sync::Mutex::new(HashMap::new()),
+        launch_regions: Mutex::new(Vec::new()),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -171,6 +175,16 @@ impl MotoCloud {
     /// Moto itself, past the proxy.
     pub fn moto_url(&self) -> &str {
         &self.inner.moto_url
+    }
+
+    /// The region of every `RunInstances` the proxy received (one endpoint serves every region:
+    /// the request's SigV4 credential scope names it), in order, faulted or forwarded.
+    pub fn launch_regions(&self) -> Vec<String> {
+        self.inner
+            .launch_regions
+            .lock()
+            .expect("launch regions")
+            .clone()
     }
 
     fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
@@ -328,6 +342,19 @@ async fn proxy(State(inner): State<Arc<Inner>>, request: Request) -> Response {
     };
     let action = form_field(&body, "Action").unwrap_or_default();
     let launch = action == "RunInstances";
+    if launch {
+        let region = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(credential_region)
+            .unwrap_or_default();
+        inner
+            .launch_regions
+            .lock()
+            .expect("launch regions")
+            .push(region);
+    }
     let plan = {
         let mut f = inner.faults.lock().expect("faults");
         if f.unauthorized {
@@ -452,6 +479,14 @@ async fn forward(
     })
 }
 
+/// The region of a SigV4 `Authorization` header's credential scope
+/// (`Credential=AKID/20261202/us-east-1/ec2/aws4_request`).
+fn credential_region(authorization: &str) -> Option<String> {
+    let scope = authorization.split("Credential=").nth(1)?;
+    let scope = scope.split([',', ' ']).next()?;
+    scope.split('/').nth(2).map(str::to_owned)
+}
+
 /// One field of an `application/x-www-form-urlencoded` body (EC2's query protocol); action
 /// names and client tokens are compared as sent.
 fn form_field(body: &[u8], name: &str) -> Option<String> {
@@ -483,6 +518,10 @@ mod tests {
         assert_eq!(
             form_field(b"Action=RunInstances&ClientToken=abc", "ClientToken"),
             Some("abc".into())
+        );
+        assert_eq!(
+            credential_region(AUTHORIZATION),
+            Some("us-east-1".to_owned())
         );
     }
 }
