@@ -404,3 +404,57 @@ async fn a_gang_whose_launch_gives_up_does_not_retry_the_rest_there_and_is_plann
     );
     assert_eq!(app.job(&dev, &id).await.body["state"], "provisioning");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_urgent_job_that_preempts_one_rank_stops_the_whole_gang() {
+    let app = TestApp::spawn().await;
+    let dev = app.token("developer", Some("ml")).await;
+    let a = agent_at(&app, "10.0.0.11").await;
+    let b = agent_at(&app, "10.0.0.12").await;
+    // A low-priority gang fills both nodes for ten hours.
+    let mut low = gang_spec(2);
+    low["priority"] = json!("low");
+    low["estimated_runtime_s"] = json!(36_000);
+    let low_id = app.submit(&dev, low).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let [(r0, on0), (r1, _)] = placed(&app, &a, &b).await;
+    let (ag0, ag1) = if on0 == "a" { (&a, &b) } else { (&b, &a) };
+    start(&app, ag0, &r0["attempt"]).await;
+    start(&app, ag1, &r1["attempt"]).await;
+
+    // A critical one-node job due in 20 minutes takes one node: both ranks are told to stop.
+    let at = chrono::Utc::now() + chrono::Duration::seconds(1200);
+    let urgent = json!({"name": "urgent", "team": "ml", "command": ["true"], "priority": "critical",
+                        "resources": {"gpus": 4}, "estimated_runtime_s": 300, "deadline": at.to_rfc3339()});
+    let urgent_id = app.submit(&dev, urgent).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (agent, attempt) in [(ag0, &r0["attempt"]), (ag1, &r1["attempt"])] {
+        let stop = eventually("the rank's stop", 10, async || {
+            let w = work(&app, agent, 1).await;
+            (!w["stop"].as_array().unwrap().is_empty()).then_some(w)
+        })
+        .await;
+        assert_eq!(stop["stop"], json!([attempt]), "{stop}");
+    }
+    // Both stop; the gang goes back to the queue, and the urgent job runs.
+    assert_eq!(finish(&app, ag0, &r0["attempt"], None).await, ["accepted"]);
+    assert_eq!(finish(&app, ag1, &r1["attempt"], None).await, ["accepted"]);
+    let low = app.job(&dev, &low_id).await.body;
+    assert_eq!(low["state"], "queued", "{low}");
+    assert!(
+        low["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with(&format!("preempted by job {urgent_id}"))),
+        "{low}"
+    );
+    let u = app
+        .wait_for_job(&dev, &urgent_id, std::time::Duration::from_secs(10), |j| {
+            j["state"] == "placed"
+        })
+        .await;
+    assert_eq!(u["state"], "placed", "{u}");
+}
