@@ -6,7 +6,8 @@
 //! decides nothing, so the per-job greedy planner and a later batch optimiser can share it.
 //! Costs and prices follow DESIGN.md "Placement"; data gravity adds egress to the cost and
 //! transfer time to the start; spot adds the expected cost and delay of interruptions; a gang
-//! (multi-node job) needs all its nodes in one pool and pays for each.
+//! (multi-node job) needs all its nodes in one pool, pays for each, and on spot is interrupted
+//! when any of them is.
 
 use super::CandidateKind;
 use super::capacity::{Capacity, Markets};
@@ -266,7 +267,14 @@ impl<'a> JobCtx<'a> {
     /// the spot candidates of a scan by on-demand price ([`JobCtx::scan_order`]).
     fn spot_delay_from(&self, order: &PriceOrder, at: usize) -> Option<i64> {
         let (rate, boot) = order.min_spot_risk_from.get(at).copied().flatten()?;
-        Some(spot_overhead_s(rate, self.runtime_s, boot))
+        Some(spot_overhead_s(self.gang_rate(rate), self.runtime_s, boot))
+    }
+
+    /// The rate at which the job's run is interrupted where each spot node is interrupted
+    /// `rate_ppm` times an hour: a gang stops (and goes back to the queue whole) when any of its
+    /// nodes does, `nodes` times as often as one node.
+    fn gang_rate(&self, rate_ppm: u32) -> u32 {
+        rate_ppm.saturating_mul(self.nodes)
     }
 
     /// The job's own hard constraints and its latency bound against the pool: what
@@ -420,7 +428,7 @@ impl<'a> JobCtx<'a> {
         let boot_s = info.pool.boot_time_s;
         let run_s = match market {
             Market::Spot => self.runtime_s.saturating_add(spot_overhead_s(
-                info.spot_interruptions_ppm,
+                self.gang_rate(info.spot_interruptions_ppm),
                 self.runtime_s,
                 boot_s,
             )),
@@ -509,6 +517,29 @@ impl<'a> JobCtx<'a> {
             }
             (_, Market::Spot) => Markets::only(Market::Spot).within(within(Market::Spot)),
             (_, Market::OnDemand) => Markets::ANY.within(within(Market::OnDemand)),
+        }
+    }
+
+    /// For a gang in `pool`, the on-demand nodes where [`JobCtx::node_markets`] gives it spot
+    /// nodes only (it allows spot and the pool sells spot cheaper), and on demand is within its
+    /// price ceilings: it may take them too, paid on demand. A gang whose spot run would miss
+    /// its deadline or finish later launches on demand there ([`JobCtx::launch_market`]);
+    /// without these it would never take the nodes it launched. `None` otherwise.
+    pub(crate) fn gang_on_demand(&self, index: &Index, pool: usize) -> Option<Markets> {
+        let od = Markets::only(Market::OnDemand);
+        let spot_only = self.node_markets(index, pool) == Markets::only(Market::Spot);
+        let od_ok =
+            !self.has_price_ceiling() || self.priced_out(index, pool, Market::OnDemand).is_none();
+        (self.nodes > 1 && spot_only && od_ok).then_some(od)
+    }
+
+    /// The markets of the nodes a gang's free-now candidate in `pool`, priced in `market`,
+    /// takes: those [`JobCtx::node_markets`] gives, or on-demand ones
+    /// ([`JobCtx::gang_on_demand`]).
+    pub(crate) fn gang_markets(&self, index: &Index, pool: usize, market: Market) -> Markets {
+        match self.gang_on_demand(index, pool) {
+            Some(od) if market == Market::OnDemand => od,
+            _ => self.node_markets(index, pool),
         }
     }
 
@@ -798,6 +829,12 @@ pub(crate) fn evaluate(
     if let Some(node) = free_now {
         viable.push(job.on_node(index, pool, node, CandidateKind::FreeNow, now));
         return;
+    }
+    // A gang kept to spot nodes here may take on-demand ones free for all of it, on demand.
+    if let Some(od) = job.gang_on_demand(index, pool)
+        && let Some(nodes) = capacity.best_fit_n_in(index, pool, job.gpus, job.nodes, od)
+    {
+        viable.push(job.on_node(index, pool, nodes[0], CandidateKind::FreeNow, now));
     }
     match capacity.earliest_free_n_in(index, pool, job.gpus, job.nodes, markets) {
         // The node that frees first is one the job is kept off: no wait here (the next one

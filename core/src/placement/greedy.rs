@@ -460,9 +460,20 @@ impl<'a> Round<'a> {
         let pruned = self.scan == Scan::Pruned;
         // Pruned, the scan skips the pools the job's own constraints rule out; it looks at them
         // only if it ends up needing every blocked candidate.
-        let restricted = pruned && ctx.scan_mask(order, &mut self.mask);
+        let mut restricted = pruned && ctx.scan_mask(order, &mut self.mask);
         if !restricted {
             self.mask.fill_to(order.pools.len());
+        }
+        // Pruned, a gang skips the pools that cannot hold it: fewer nodes than it needs, and no
+        // room under the quota to launch them all (a 100-node gang and 64-node cloud pools).
+        // They offer it nothing; the pools left out are looked at as the constraints' are.
+        if pruned && ctx.nodes > 1 {
+            for (pos, &(_, pool)) in order.pools.iter().enumerate() {
+                if self.mask.contains(pos) && !holds_gang(&self.index, &self.capacity, ctx, pool) {
+                    self.mask.set(pos, false);
+                    restricted = true;
+                }
+            }
         }
         // Pruned, a price tier of several pools is scanned in two passes: first its pools with
         // capacity free now for the job, then the others, whose candidates (waits, launches)
@@ -513,8 +524,8 @@ impl<'a> Round<'a> {
         self.bound = bound.into_buffer();
         // Blocked candidates are shown only when fewer than `keep` are workable (the scan then
         // went through every wanted pool), and their count only for a hold. A pool the mask
-        // left out breaks one of the job's own constraints ([`JobCtx::scan_mask`]): that is
-        // all `evaluate` would find there.
+        // left out breaks one of the job's own constraints ([`JobCtx::scan_mask`]) or cannot
+        // hold the gang ([`holds_gang`]): blocked candidates are all `evaluate` finds there.
         let full = job.map_or(self.detail == Detail::Full, |j| self.records(j));
         if restricted && completed && (full || self.viable.is_empty()) {
             for (pos, &(_, pool)) in order.pools.iter().enumerate() {
@@ -686,7 +697,7 @@ impl<'a> Round<'a> {
         let nodes: Vec<usize> = match (s.kind, s.node) {
             // The gang `evaluate` found, on nodes of the markets the job may take.
             (CandidateKind::FreeNow, Some(node)) if ctx.nodes > 1 => {
-                let markets = ctx.node_markets(&self.index, s.pool);
+                let markets = ctx.gang_markets(&self.index, s.pool, winner.market);
                 self.capacity
                     .best_fit_n_in(&self.index, s.pool, ctx.gpus, ctx.nodes, markets)
                     .unwrap_or_else(|| vec![node])
@@ -864,6 +875,17 @@ impl Phase<'_, '_> {
         }
         true
     }
+}
+
+/// Whether `pool` could offer the gang `ctx` a candidate: it has as many nodes as the gang
+/// needs (free now or a wait), or it may launch them all under its quota. One that cannot is
+/// only blocked ([`super::estimate::evaluate`]).
+fn holds_gang(index: &Index, capacity: &Capacity, ctx: &JobCtx, pool: usize) -> bool {
+    let info = &index.pools[pool];
+    let nodes = u32::try_from(info.nodes.len()).unwrap_or(u32::MAX);
+    nodes >= ctx.nodes
+        || (info.pool.launchable
+            && capacity.pool_size(index, pool).saturating_add(ctx.nodes) <= info.pool.node_limit)
 }
 
 /// The pools whose free capacity the joint assignment left to others than `job`.

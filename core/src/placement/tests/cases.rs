@@ -393,6 +393,10 @@ fn spot_nodes_take_only_jobs_that_allow_spot() {
     // A gang takes on-demand nodes only, all of them or none.
     check(spot_a1().node(P5, "a2", 8).node(P5, "a3", 8).job(8).gang(2), "assign a2 on_demand");
     check(spot_a1().node(P5, "a2", 8).job(8).gang(2).no_burst(), &hold(&[("needs a new node but bursting is disabled", 1), (NO_CAPACITY, 1)]));
+    // A gang that allows spot, where spot is cheaper, may take idle on-demand nodes too, paid
+    // on demand: those it launched on demand when spot would miss its deadline (else it would
+    // launch again and again beside them).
+    check(w().pool(P5, "H100", 8, 80.0, Some(32.0)).node(P5, "a2", 8).node(P5, "a3", 8).job(8).gang(2).spot(SpotRule::Allowed).deadline_in(3880), "assign a2 on_demand");
     // Preemption for an urgent job: not on a spot node it may not take.
     check(spot_a1().node(P5, "a2", 0).low("a1", 8, 60, 7200).low("a2", 8, 60, 7200).job(8).priority(Priority::Critical).deadline_in(5400).no_burst(), "assign a2 on_demand");
 }
