@@ -29,13 +29,11 @@ pub struct Scenario {
     pub checkpoint_interval_s: i64,
     pub fifo_burst_after_s: i64,
     pub lp_buckets: usize,
-    /// What becomes of a trace job on more than one node: `gang` runs it on `nodes` nodes of
-    /// one pool with `ceil(gpus / nodes)` GPUs each, all started together, for its true
-    /// runtime; `fold` (the default, for now) puts it on one node with
-    /// `min(gpus, largest on-prem node)` GPUs and stretches its runtime to keep its GPU-hours.
-    /// `gang` is not the default yet: on Blue Waters (2,335 gangs, 1,162 of them 100 nodes of
-    /// one GPU, above the cloud quota) Switchyard's run grew past 24 GB and was killed — a
-    /// planner cost to find before gangs are every replay's shape (BENCHMARKS.md).
+    /// What becomes of a trace job on more than one node: `gang` (the default) runs it on
+    /// `nodes` nodes of one pool with `ceil(gpus / nodes)` GPUs each, all started together,
+    /// for its true runtime, as the broker runs a multi-node job; `fold` puts it on one node
+    /// with `min(gpus, largest on-prem node)` GPUs and stretches its runtime to keep its
+    /// GPU-hours (the shape of the replays before gangs, kept for comparison).
     /// A job no pool could ever hold as a gang (more GPUs per node than the largest on-prem
     /// node, or more nodes than any pool has) is folded either way, and counted in the report.
     pub multi_node: MultiNode,
@@ -54,8 +52,8 @@ pub struct Scenario {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MultiNode {
-    Gang,
     #[default]
+    Gang,
     Fold,
 }
 
@@ -142,7 +140,7 @@ impl Default for Scenario {
             checkpoint_interval_s: 3600,
             fifo_burst_after_s: 600,
             lp_buckets: 256,
-            multi_node: MultiNode::Fold,
+            multi_node: MultiNode::Gang,
             onprem: vec![OnPrem {
                 region: "onprem:philly".into(),
                 name: "v100-8x".into(),

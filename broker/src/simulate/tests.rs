@@ -316,7 +316,7 @@ fn services_beside_batch_work_cost_and_hold_onprem_nodes() {
 }
 
 /// A multi-node trace job runs as a gang of `nodes` nodes with `ceil(gpus / nodes)` GPUs each
-/// and its true runtime; `multi_node = "fold"` folds it as before; a job no pool could hold as
+/// and its true runtime (the default); `multi_node = "fold"` folds it as before; a job no pool could hold as
 /// a gang is folded either way, and counted.
 #[test]
 fn multi_node_jobs_are_gangs_unless_folded() {
@@ -338,7 +338,7 @@ fn multi_node_jobs_are_gangs_unless_folded() {
         job(6, 4, 1),
     ];
     let s = Scenario::from_toml("multi_node = \"gang\"\n").expect("parses");
-    assert_eq!(Scenario::default().multi_node, scenario::MultiNode::Fold);
+    assert_eq!(Scenario::default().multi_node, scenario::MultiNode::Gang);
     let shape = |j: &switchyard_core::sim::SimJob| {
         (j.spec.resources.nodes, j.spec.resources.gpus, j.runtime_s)
     };
