@@ -189,12 +189,15 @@ fn assert_well_formed(wire: &wire::JobSpec, spec: &core::JobSpec) {
             "{k:?}"
         );
         assert_ne!(k, "CUDA_VISIBLE_DEVICES");
+        assert!(!switchyard_broker::rules::gang::ENV.contains(&k.as_str()), "{k:?}");
         assert!(!v.contains('\0'));
     }
     let r = &spec.resources;
     assert!((1..=64).contains(&r.gpus));
     assert_eq!(i64::from(r.gpus), wire.resources.gpus);
-    assert_eq!(r.nodes, 1);
+    // A multi-node job: 1 to 256 nodes, as asked (one when not asked).
+    assert!((1..=256).contains(&r.nodes), "nodes {}", r.nodes);
+    assert_eq!(i64::from(r.nodes), wire.resources.nodes.unwrap_or(1));
     assert!(r.gpu_models.iter().all(|m| !m.is_empty() && m == m.trim()));
     assert!(spec.estimated_runtime_s.is_none_or(|s| s > 0));
     assert!(spec.deadline.is_none_or(|d| d > NOW));
