@@ -77,12 +77,23 @@ fn check_jobs(scenario: &Scenario, trace: &[TraceJob], jobs: &[SimJob]) {
         .max(1);
     for (t, j) in trace.iter().zip(jobs) {
         let gpus = j.spec.resources.gpus;
-        assert_eq!(gpus, t.gpus.min(largest), "{t:?}");
-        assert!(gpus >= 1);
+        let nodes = j.spec.resources.nodes;
+        assert!(gpus >= 1 && nodes >= 1);
+        if nodes > 1 {
+            // A gang (the default): the trace's nodes, its GPUs spread over them, its runtime.
+            assert_eq!(nodes, t.nodes, "{t:?}");
+            assert_eq!(gpus, t.gpus.div_ceil(t.nodes), "{t:?}");
+            assert!(gpus <= largest, "{t:?}");
+            assert_eq!(j.runtime_s, t.runtime_s, "{t:?}");
+        } else {
+            // One node: the trace's GPUs, or folded onto the largest on-prem node.
+            assert_eq!(gpus, t.gpus.min(largest), "{t:?}");
+        }
         assert!(j.runtime_s >= t.runtime_s, "{t:?}: runtime {}", j.runtime_s);
-        // GPU-hours are kept when a job is folded onto fewer GPUs (rounded up).
+        // GPU-hours are kept when a job is folded onto fewer GPUs (rounded up), or spread
+        // over a gang's nodes.
         let before = i128::from(t.runtime_s) * i128::from(t.gpus);
-        let after = i128::from(j.runtime_s) * i128::from(gpus);
+        let after = i128::from(j.runtime_s) * i128::from(gpus) * i128::from(nodes);
         assert!(
             after >= before || j.runtime_s == i64::MAX,
             "{t:?}: {after} < {before}"
