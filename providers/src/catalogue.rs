@@ -226,6 +226,14 @@ pub fn pool_id(region: &RegionId, instance_type: &str) -> PoolId {
     PoolId::new(format!("{region}/{instance_type}"))
 }
 
+/// The first of a section's listed instance types (`wanted`) that none of the pools built
+/// for its configured regions has: a setting that would be skipped without a word.
+pub fn first_not_offered<'a>(wanted: &'a [String], pools: &[Pool]) -> Option<&'a String> {
+    wanted
+        .iter()
+        .find(|t| !pools.iter().any(|p| &p.instance_type == *t))
+}
+
 /// A launchable cloud pool priced from a catalogue entry. `priced_at` is when the catalogue's
 /// figures are taken to be from (the broker passes its start time, or the time of a live refresh).
 pub fn pool_from_entry(

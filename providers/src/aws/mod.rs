@@ -24,7 +24,7 @@ pub use config::{
 };
 pub use instances::{CLUSTER_TAG, POOL_TAG};
 
-use crate::catalogue::{Catalogue, CatalogueError, pool_from_entry, region_id};
+use crate::catalogue::{Catalogue, CatalogueError, first_not_offered, pool_from_entry, region_id};
 use crate::retry::Backoff;
 use crate::{INSTANCE_TAG, InstanceInfo, LaunchRequest, Offers, Provider, ProviderError};
 use async_trait::async_trait;
@@ -133,11 +133,7 @@ impl AwsProvider {
             }
         }
         // A listed type no configured region has would be skipped without a word.
-        if let Some(t) = config
-            .instance_types
-            .iter()
-            .find(|t| !pools.iter().any(|p| &p.instance_type == *t))
-        {
+        if let Some(t) = first_not_offered(&config.instance_types, &pools) {
             return Err(AwsConfigError(format!(
                 "instance_types: {t} is not a GPU instance type the bundled catalogue has in the \
                  configured regions ({})",

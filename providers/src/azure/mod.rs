@@ -31,7 +31,7 @@ pub use config::{
     AgentInstall, AzureConfig, AzureConfigError, ImageConfig, LocationSettings, RetrySettings,
 };
 
-use crate::catalogue::{Catalogue, CatalogueError, pool_from_entry, region_id};
+use crate::catalogue::{Catalogue, CatalogueError, first_not_offered, pool_from_entry, region_id};
 use crate::{
     INSTANCE_TAG, InstanceInfo, InstanceState, LaunchRequest, Offers, Provider, ProviderError,
 };
@@ -148,14 +148,10 @@ impl AzureProvider {
                 pools.push(pool);
             }
         }
-        if let Some(size) = config.vm_sizes.iter().find(|s| {
-            !catalogue
-                .entries()
-                .iter()
-                .any(|e| e.provider == "azure" && &e.instance_type == *s)
-        }) {
+        if let Some(size) = first_not_offered(&config.vm_sizes, &pools) {
             return Err(AzureConfigError(format!(
-                "vm_sizes: {size:?} is not an Azure GPU size of the bundled catalogue"
+                "vm_sizes: {size:?} is not an Azure GPU size the bundled catalogue has in the \
+                 configured locations"
             ))
             .into());
         }

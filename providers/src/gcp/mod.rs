@@ -42,7 +42,7 @@ pub use auth::{COMPUTE_SCOPE, JWT_BEARER_GRANT, ServiceAccountKey};
 pub use config::{AgentInstall, GcpConfig, GcpConfigError, RetrySettings, ZoneSettings, region_of};
 pub use names::{instance_name, label_value};
 
-use crate::catalogue::{Catalogue, CatalogueError, pool_from_entry, region_id};
+use crate::catalogue::{Catalogue, CatalogueError, first_not_offered, pool_from_entry, region_id};
 use crate::retry::Backoff;
 use crate::{InstanceInfo, InstanceState, LaunchRequest, Offers, Provider, ProviderError};
 use async_trait::async_trait;
@@ -173,11 +173,7 @@ impl GcpProvider {
                 pools.push(pool);
             }
         }
-        if let Some(t) = config
-            .machine_types
-            .iter()
-            .find(|t| !pools.iter().any(|p| &p.instance_type == *t))
-        {
+        if let Some(t) = first_not_offered(&config.machine_types, &pools) {
             return Err(GcpConfigError(format!(
                 "machine_types: {t} is not a GPU machine type the bundled catalogue has in the configured regions"
             ))
