@@ -48,13 +48,39 @@ fn env(lease: &Value) -> BTreeMap<String, String> {
     serde_json::from_value(lease["env"].clone()).unwrap()
 }
 
-/// The leases of a two-node gang placed on `a` and `b`, by rank.
-async fn placed(app: &TestApp, a: &TestAgent, b: &TestAgent) -> [(Value, &'static str); 2] {
+/// The leases of a two-node gang placed on `a` and `b`, by rank, each with its agent.
+async fn placed<'a>(
+    app: &TestApp,
+    a: &'a TestAgent,
+    b: &'a TestAgent,
+) -> [(Value, &'a TestAgent); 2] {
     let (la, lb) = (lease(app, a).await, lease(app, b).await);
     match env(&la)["SWITCHYARD_NODE_RANK"].as_str() {
-        "0" => [(la, "a"), (lb, "b")],
-        _ => [(lb, "b"), (la, "a")],
+        "0" => [(la, a), (lb, b)],
+        _ => [(lb, b), (la, a)],
     }
+}
+
+/// A broker with two hand-driven agents, at 10.0.0.11 and 10.0.0.12, and a developer of team
+/// ml who submitted `spec`.
+struct TwoNodes {
+    app: TestApp,
+    dev: String,
+    a: TestAgent,
+    b: TestAgent,
+    id: String,
+}
+
+async fn two_nodes(spec: Value) -> TwoNodes {
+    let app = TestApp::spawn().await;
+    let dev = app.token("developer", Some("ml")).await;
+    let a = agent_at(&app, "10.0.0.11").await;
+    let b = agent_at(&app, "10.0.0.12").await;
+    let id = app.submit(&dev, spec).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    TwoNodes { app, dev, a, b, id }
 }
 
 async fn start(app: &TestApp, agent: &TestAgent, attempt: &Value) {
@@ -89,18 +115,17 @@ async fn finish(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rank_is_told_its_place_and_the_job_succeeds_with_its_last_rank() {
-    let app = TestApp::spawn().await;
-    let dev = app.token("developer", Some("ml")).await;
-    let a = agent_at(&app, "10.0.0.11").await;
-    let b = agent_at(&app, "10.0.0.12").await;
-    let id = app.submit(&dev, gang_spec(2)).await.body["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let [(r0, on0), (r1, _)] = placed(&app, &a, &b).await;
+    let TwoNodes { app, dev, a, b, id } = two_nodes(gang_spec(2)).await;
+    let [(r0, ag0), (r1, ag1)] = placed(&app, &a, &b).await;
     let (e0, e1) = (env(&r0), env(&r1));
-    let addr0 = if on0 == "a" { "10.0.0.11" } else { "10.0.0.12" };
-    let addr1 = if on0 == "a" { "10.0.0.12" } else { "10.0.0.11" };
+    let address = |agent: &TestAgent| {
+        if agent.node == a.node {
+            "10.0.0.11"
+        } else {
+            "10.0.0.12"
+        }
+    };
+    let (addr0, addr1) = (address(ag0), address(ag1));
     for (rank, e) in [(0, &e0), (1, &e1)] {
         assert_eq!(e["SWITCHYARD_NODE_RANK"], rank.to_string());
         assert_eq!(e["NODE_RANK"], rank.to_string());
@@ -115,7 +140,6 @@ async fn every_rank_is_told_its_place_and_the_job_succeeds_with_its_last_rank() 
     assert_eq!(e0["MASTER_PORT"], "29500");
     assert_eq!(r0["gpus"], json!([0, 1, 2, 3]));
     assert_ne!(r0["attempt"]["attempt_id"], r1["attempt"]["attempt_id"]);
-    let (ag0, ag1) = if on0 == "a" { (&a, &b) } else { (&b, &a) };
     let job = app.job(&dev, &id).await.body;
     assert_eq!(job["state"], "placed", "{job}");
     assert_eq!(job["attempts"], 2, "one attempt per rank");
@@ -169,16 +193,8 @@ async fn every_rank_is_told_its_place_and_the_job_succeeds_with_its_last_rank() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_rank_fails_the_job_and_stops_the_other_ranks() {
-    let app = TestApp::spawn().await;
-    let dev = app.token("developer", Some("ml")).await;
-    let a = agent_at(&app, "10.0.0.11").await;
-    let b = agent_at(&app, "10.0.0.12").await;
-    let id = app.submit(&dev, gang_spec(2)).await.body["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let [(r0, on0), (r1, _)] = placed(&app, &a, &b).await;
-    let (ag0, ag1) = if on0 == "a" { (&a, &b) } else { (&b, &a) };
+    let TwoNodes { app, dev, a, b, id } = two_nodes(gang_spec(2)).await;
+    let [(r0, ag0), (r1, ag1)] = placed(&app, &a, &b).await;
     start(&app, ag0, &r0["attempt"]).await;
     start(&app, ag1, &r1["attempt"]).await;
 
@@ -206,16 +222,8 @@ async fn a_failed_rank_fails_the_job_and_stops_the_other_ranks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_taken_away_sends_the_whole_gang_back_to_the_queue() {
-    let app = TestApp::spawn().await;
-    let dev = app.token("developer", Some("ml")).await;
-    let a = agent_at(&app, "10.0.0.11").await;
-    let b = agent_at(&app, "10.0.0.12").await;
-    let id = app.submit(&dev, gang_spec(2)).await.body["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let [(r0, on0), (r1, _)] = placed(&app, &a, &b).await;
-    let (ag0, ag1) = if on0 == "a" { (&a, &b) } else { (&b, &a) };
+    let TwoNodes { app, dev, a, b, id } = two_nodes(gang_spec(2)).await;
+    let [(r0, ag0), (r1, ag1)] = placed(&app, &a, &b).await;
     start(&app, ag0, &r0["attempt"]).await;
     start(&app, ag1, &r1["attempt"]).await;
 
@@ -256,16 +264,8 @@ async fn a_rank_taken_away_sends_the_whole_gang_back_to_the_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_not_started_is_cancelled_on_every_node_and_a_too_large_one_is_refused() {
-    let app = TestApp::spawn().await;
-    let dev = app.token("developer", Some("ml")).await;
-    let a = agent_at(&app, "10.0.0.11").await;
-    let b = agent_at(&app, "10.0.0.12").await;
-    let id = app.submit(&dev, gang_spec(2)).await.body["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let [(r0, on0), (r1, _)] = placed(&app, &a, &b).await;
-    let (ag0, ag1) = if on0 == "a" { (&a, &b) } else { (&b, &a) };
+    let TwoNodes { app, dev, a, b, id } = two_nodes(gang_spec(2)).await;
+    let [(r0, ag0), (r1, ag1)] = placed(&app, &a, &b).await;
     start(&app, ag0, &r0["attempt"]).await;
     // Rank 0 runs, rank 1 has not started: the cancel withdraws rank 1 and stops rank 0.
     let r = app
@@ -407,20 +407,18 @@ async fn a_gang_whose_launch_gives_up_does_not_retry_the_rest_there_and_is_plann
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_urgent_job_that_preempts_one_rank_stops_the_whole_gang() {
-    let app = TestApp::spawn().await;
-    let dev = app.token("developer", Some("ml")).await;
-    let a = agent_at(&app, "10.0.0.11").await;
-    let b = agent_at(&app, "10.0.0.12").await;
     // A low-priority gang fills both nodes for ten hours.
     let mut low = gang_spec(2);
     low["priority"] = json!("low");
     low["estimated_runtime_s"] = json!(36_000);
-    let low_id = app.submit(&dev, low).await.body["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let [(r0, on0), (r1, _)] = placed(&app, &a, &b).await;
-    let (ag0, ag1) = if on0 == "a" { (&a, &b) } else { (&b, &a) };
+    let TwoNodes {
+        app,
+        dev,
+        a,
+        b,
+        id: low_id,
+    } = two_nodes(low).await;
+    let [(r0, ag0), (r1, ag1)] = placed(&app, &a, &b).await;
     start(&app, ag0, &r0["attempt"]).await;
     start(&app, ag1, &r1["attempt"]).await;
 
