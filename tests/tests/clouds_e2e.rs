@@ -105,6 +105,61 @@ where
     }
 }
 
+/// Job `id`'s run on the fake Azure: its instance in `pool` ready, the one VM the fake holds,
+/// the enrolment token that VM's bootstrap carried, and the job once it ended.
+struct AzureRun {
+    inst: Value,
+    vm: String,
+    token: String,
+    done: Value,
+}
+
+/// Waits `secs.0` for job `id`'s Azure instance in `pool` to be ready (dumping `extra` on a
+/// timeout), then `secs.1` for the job to end on it.
+async fn runs_on_azure(
+    broker: &Broker,
+    az: &azure::FakeHandle,
+    id: &str,
+    pool: &str,
+    secs: (u64, u64),
+    extra: &dyn Fn() -> String,
+) -> AzureRun {
+    let inst = wait(broker, "an Azure instance ready", secs.0, extra, || async {
+        instances(broker)
+            .await
+            .into_iter()
+            .find(|i| i["pool"] == pool && i["for_job"] == id && i["state"] == "ready")
+    })
+    .await;
+    let vms: Vec<String> = az
+        .live_instances()
+        .into_iter()
+        .filter(|r| !r.contains(':'))
+        .collect();
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let vm = vms[0].clone();
+    let root = az
+        .boot_root(&vm)
+        .unwrap_or_else(|| panic!("no sandbox for {vm}"));
+    let token = env_value(&root, "SWITCHYARD_ENROL_TOKEN").expect("the enrolment token");
+    let dump = || agent_log(az.boot_root(&vm));
+    let done = wait(broker, "the job to finish", secs.1, &dump, || async {
+        let j = broker.job(id).await;
+        matches!(
+            j["state"].as_str(),
+            Some("succeeded" | "failed" | "cancelled")
+        )
+        .then_some(j)
+    })
+    .await;
+    AzureRun {
+        inst,
+        vm,
+        token,
+        done,
+    }
+}
+
 fn agent_log(root: Option<std::path::PathBuf>) -> String {
     root.map(|r| {
         format!(
@@ -341,39 +396,16 @@ async fn a_gce_out_of_quota_fails_over_to_azure() {
 
     // The GCE launch fails with the quota error; the job launches on Azure, whose agent
     // enrols, and it succeeds there.
-    let azure_inst = wait(
-        &broker,
-        "an Azure instance ready",
-        45,
-        &|| format!("{:?}", az.request_log()),
-        || async {
-            instances(&broker).await.into_iter().find(|i| {
-                i["pool"] == AZURE_POOL && i["for_job"] == id.as_str() && i["state"] == "ready"
-            })
-        },
-    )
-    .await;
-    let vms: Vec<String> = az
-        .live_instances()
-        .into_iter()
-        .filter(|r| !r.contains(':'))
-        .collect();
-    assert_eq!(vms.len(), 1, "{vms:?}");
-    let vm = vms[0].clone();
-    let root = az
-        .boot_root(&vm)
-        .unwrap_or_else(|| panic!("no sandbox for {vm}"));
-    let token = env_value(&root, "SWITCHYARD_ENROL_TOKEN").expect("the enrolment token");
-    let dump = || agent_log(az.boot_root(&vm));
-    let done = wait(&broker, "the job to finish", 30, &dump, || async {
-        let j = broker.job(&id).await;
-        matches!(
-            j["state"].as_str(),
-            Some("succeeded" | "failed" | "cancelled")
-        )
-        .then_some(j)
+    let AzureRun {
+        inst: azure_inst,
+        vm,
+        token,
+        done,
+    } = runs_on_azure(&broker, &az, &id, AZURE_POOL, (45, 30), &|| {
+        format!("{:?}", az.request_log())
     })
     .await;
+    let dump = || agent_log(az.boot_root(&vm));
     assert_eq!(done["state"], "succeeded", "{done}\n{}", dump());
     assert_eq!(done["placement"]["pool"], AZURE_POOL, "{done}");
 
@@ -553,48 +585,22 @@ async fn aws_out_of_capacity_everywhere_fails_over_to_gce_then_azure() {
 
     // EC2 refuses in both regions, GCE for quota; the job launches on Azure, whose agent
     // enrols.
-    let azure_inst = wait(
-        &broker,
-        "an Azure instance ready",
-        60,
-        &|| {
-            format!(
-                "EC2 launches by region: {:?}\nAzure requests: {:?}",
-                ec2.launch_regions(),
-                az.request_log()
-            )
-        },
-        || async {
-            instances(&broker).await.into_iter().find(|i| {
-                i["pool"] == AZURE_8_POOL && i["for_job"] == id.as_str() && i["state"] == "ready"
-            })
-        },
-    )
-    .await;
-    assert_eq!(azure_inst["provider"], "azure", "{azure_inst}");
-    let vms: Vec<String> = az
-        .live_instances()
-        .into_iter()
-        .filter(|r| !r.contains(':'))
-        .collect();
-    assert_eq!(vms.len(), 1, "{vms:?}");
-    let vm = vms[0].clone();
-    let root = az
-        .boot_root(&vm)
-        .unwrap_or_else(|| panic!("no sandbox for {vm}"));
-    let token = env_value(&root, "SWITCHYARD_ENROL_TOKEN").expect("the enrolment token");
-    let dump = || agent_log(az.boot_root(&vm));
-
     // The job runs on the Azure node and succeeds before its deadline.
-    let done = wait(&broker, "the job to finish", 45, &dump, || async {
-        let j = broker.job(&id).await;
-        matches!(
-            j["state"].as_str(),
-            Some("succeeded" | "failed" | "cancelled")
+    let AzureRun {
+        inst: azure_inst,
+        vm,
+        token,
+        done,
+    } = runs_on_azure(&broker, &az, &id, AZURE_8_POOL, (60, 45), &|| {
+        format!(
+            "EC2 launches by region: {:?}\nAzure requests: {:?}",
+            ec2.launch_regions(),
+            az.request_log()
         )
-        .then_some(j)
     })
     .await;
+    assert_eq!(azure_inst["provider"], "azure", "{azure_inst}");
+    let dump = || agent_log(az.boot_root(&vm));
     assert_eq!(done["state"], "succeeded", "{done}\n{}", dump());
     assert_eq!(done["placement"]["pool"], AZURE_8_POOL, "{done}");
     assert_eq!(
