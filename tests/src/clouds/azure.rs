@@ -24,7 +24,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::openapi::{Direction, Spec};
-use super::{FakeCloud, Fault, boot};
+use super::{FakeCloud, Fault, Faults, boot};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -125,17 +125,6 @@ struct Op {
     started: Instant,
     done_at: Instant,
     failure: Option<(String, String)>,
-}
-
-#[derive(Default)]
-struct Faults {
-    capacity: bool,
-    quota: bool,
-    throttle: u32,
-    lose_next_launch: bool,
-    slow: Option<Duration>,
-    hang: Option<Duration>,
-    unauthorized: bool,
 }
 
 #[derive(Default)]
@@ -343,17 +332,7 @@ impl FakeHandle {
 
 impl FakeCloud for FakeHandle {
     fn inject(&self, fault: Fault) {
-        let mut st = self.state();
-        let f = &mut st.faults;
-        match fault {
-            Fault::Capacity => f.capacity = true,
-            Fault::Quota => f.quota = true,
-            Fault::Throttle(n) => f.throttle += n,
-            Fault::LoseNextLaunchAnswer => f.lose_next_launch = true,
-            Fault::SlowOperations(d) => f.slow = Some(d),
-            Fault::Hang(d) => f.hang = Some(d),
-            Fault::Unauthorized => f.unauthorized = true,
-        }
+        self.state().faults.inject(fault);
     }
 
     fn clear_faults(&self) {

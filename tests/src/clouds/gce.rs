@@ -34,7 +34,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::boot;
-use super::{FakeCloud, Fault};
+use super::{FakeCloud, Fault, Faults};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -113,13 +113,7 @@ struct FakeOp {
 
 #[derive(Default)]
 struct Inner {
-    throttle: u32,
-    lose_next_launch: bool,
-    slow: Option<Duration>,
-    hang: Option<Duration>,
-    unauthorized: bool,
-    capacity: bool,
-    quota: bool,
+    faults: Faults,
     instances: BTreeMap<String, FakeInstance>,
     operations: HashMap<String, FakeOp>,
     request_ids: HashMap<String, String>,
@@ -259,27 +253,11 @@ impl FakeHandle {
 
 impl FakeCloud for FakeHandle {
     fn inject(&self, fault: Fault) {
-        let mut inner = self.state.inner.lock().unwrap();
-        match fault {
-            Fault::Capacity => inner.capacity = true,
-            Fault::Quota => inner.quota = true,
-            Fault::Throttle(n) => inner.throttle = inner.throttle.saturating_add(n),
-            Fault::LoseNextLaunchAnswer => inner.lose_next_launch = true,
-            Fault::SlowOperations(d) => inner.slow = Some(d),
-            Fault::Hang(d) => inner.hang = Some(d),
-            Fault::Unauthorized => inner.unauthorized = true,
-        }
+        self.state.inner.lock().unwrap().faults.inject(fault);
     }
 
     fn clear_faults(&self) {
-        let mut inner = self.state.inner.lock().unwrap();
-        inner.throttle = 0;
-        inner.lose_next_launch = false;
-        inner.slow = None;
-        inner.hang = None;
-        inner.unauthorized = false;
-        inner.capacity = false;
-        inner.quota = false;
+        self.state.inner.lock().unwrap().faults = Faults::default();
     }
 
     fn vanish(&self, provider_id: &str) {
@@ -391,11 +369,11 @@ async fn handle(
     state.requests.fetch_add(1, Ordering::SeqCst);
     let (hang, throttled) = {
         let mut inner = state.inner.lock().unwrap();
-        let throttled = inner.throttle > 0;
+        let throttled = inner.faults.throttle > 0;
         if throttled {
-            inner.throttle -= 1;
+            inner.faults.throttle -= 1;
         }
-        (inner.hang, throttled)
+        (inner.faults.hang, throttled)
     };
     if let Some(d) = hang {
         tokio::time::sleep(d).await;
@@ -410,7 +388,7 @@ async fn handle(
     if uri.path() == "/token" {
         return token(&state, &method, &headers, &body);
     }
-    let unauthorized = state.inner.lock().unwrap().unauthorized;
+    let unauthorized = state.inner.lock().unwrap().faults.unauthorized;
     if unauthorized {
         return gce_error(
             StatusCode::UNAUTHORIZED,
@@ -493,7 +471,7 @@ fn token(state: &State, method: &Method, headers: &HeaderMap, body: &Bytes) -> R
     if !form_type {
         return reject("not a form body".into(), "Bad Request");
     }
-    if state.inner.lock().unwrap().unauthorized {
+    if state.inner.lock().unwrap().faults.unauthorized {
         // A revoked or deleted key: Google answers invalid_grant.
         return oauth_error("invalid_grant", "Invalid JWT Signature.");
     }
@@ -894,7 +872,7 @@ fn new_op(
     inner.next_id += 1;
     let id = 7_000_000_000_000_000_000u64 + inner.next_id;
     let name = format!("operation-{}-{id:x}", chrono::Utc::now().timestamp_millis());
-    let run_for = inner.slow.unwrap_or(state.options.operation_time);
+    let run_for = inner.faults.slow.unwrap_or(state.options.operation_time);
     inner.operations.insert(
         name.clone(),
         FakeOp {
@@ -1005,7 +983,7 @@ async fn insert(state: &Arc<State>, call: &Call) -> Response {
                 ),
             );
         }
-        let error = if inner.capacity || state.options.stockout_zones.contains(&zone) {
+        let error = if inner.faults.capacity || state.options.stockout_zones.contains(&zone) {
             Some((
                 "ZONE_RESOURCE_POOL_EXHAUSTED",
                 format!(
@@ -1014,7 +992,7 @@ async fn insert(state: &Arc<State>, call: &Call) -> Response {
                 ),
                 503,
             ))
-        } else if inner.quota {
+        } else if inner.faults.quota {
             Some((
                 "QUOTA_EXCEEDED",
                 format!("Quota 'NVIDIA_GPUS' exceeded. Limit: 0.0 in region {region}."),
@@ -1053,7 +1031,7 @@ async fn insert(state: &Arc<State>, call: &Call) -> Response {
         if let Some(r) = request_id {
             inner.request_ids.insert(r, op.clone());
         }
-        let lose = created && std::mem::take(&mut inner.lose_next_launch);
+        let lose = created && std::mem::take(&mut inner.faults.lose_next_launch);
         (op, created, lose)
     };
     if created && state.options.run_bootstrap {

@@ -20,7 +20,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::openapi::{Direction, Spec};
-use super::{FakeCloud, Fault, boot};
+use super::{FakeCloud, Fault, Faults, boot};
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -89,13 +89,7 @@ struct Sandbox {
 
 #[derive(Default)]
 struct Inner {
-    throttle: u32,
-    lose_next_launch: bool,
-    slow: Option<Duration>,
-    hang: Option<Duration>,
-    unauthorized: bool,
-    capacity: bool,
-    quota: bool,
+    faults: Faults,
     instances: BTreeMap<String, FakeInstance>,
     invalid: Vec<String>,
     last_launch: Option<Instant>,
@@ -225,27 +219,11 @@ impl FakeHandle {
 
 impl FakeCloud for FakeHandle {
     fn inject(&self, fault: Fault) {
-        let mut inner = self.state.inner.lock().unwrap();
-        match fault {
-            Fault::Capacity => inner.capacity = true,
-            Fault::Quota => inner.quota = true,
-            Fault::Throttle(n) => inner.throttle = inner.throttle.saturating_add(n),
-            Fault::LoseNextLaunchAnswer => inner.lose_next_launch = true,
-            Fault::SlowOperations(d) => inner.slow = Some(d),
-            Fault::Hang(d) => inner.hang = Some(d),
-            Fault::Unauthorized => inner.unauthorized = true,
-        }
+        self.state.inner.lock().unwrap().faults.inject(fault);
     }
 
     fn clear_faults(&self) {
-        let mut inner = self.state.inner.lock().unwrap();
-        inner.throttle = 0;
-        inner.lose_next_launch = false;
-        inner.slow = None;
-        inner.hang = None;
-        inner.unauthorized = false;
-        inner.capacity = false;
-        inner.quota = false;
+        self.state.inner.lock().unwrap().faults = Faults::default();
     }
 
     fn vanish(&self, provider_id: &str) {
@@ -349,7 +327,7 @@ async fn handle(
                 .collect()
         })
         .unwrap_or_default();
-    let hang = state.inner.lock().unwrap().hang;
+    let hang = state.inner.lock().unwrap().faults.hang;
     if let Some(d) = hang {
         tokio::time::sleep(d).await;
     }
@@ -396,7 +374,7 @@ async fn handle(
 
     {
         let mut inner = state.inner.lock().unwrap();
-        if inner.unauthorized || !authorized(&state, &headers) {
+        if inner.faults.unauthorized || !authorized(&state, &headers) {
             return error(
                 StatusCode::UNAUTHORIZED,
                 "global/invalid-api-key",
@@ -404,8 +382,8 @@ async fn handle(
                 Some("Check your API key or create a new one, then try again."),
             );
         }
-        if inner.throttle > 0 {
-            inner.throttle -= 1;
+        if inner.faults.throttle > 0 {
+            inner.faults.throttle -= 1;
             return (StatusCode::TOO_MANY_REQUESTS, "Too Many Requests").into_response();
         }
     }
@@ -505,7 +483,7 @@ fn instance_type_json(state: &State, e: &switchyard_providers::CatalogueEntry) -
 }
 
 fn instance_types(state: &State) -> Response {
-    let capacity = !state.inner.lock().unwrap().capacity;
+    let capacity = !state.inner.lock().unwrap().faults.capacity;
     let mut out = serde_json::Map::new();
     for (name, entries) in offered(state) {
         let regions: Vec<Value> = if capacity {
@@ -640,7 +618,7 @@ async fn launch(state: &Arc<State>, body: &Value) -> Response {
             );
         }
         let mut inner = state.inner.lock().unwrap();
-        if inner.capacity {
+        if inner.faults.capacity {
             return error(
                 StatusCode::BAD_REQUEST,
                 "instance-operations/launch/insufficient-capacity",
@@ -648,7 +626,7 @@ async fn launch(state: &Arc<State>, body: &Value) -> Response {
                 Some("Try a different region or instance type."),
             );
         }
-        if inner.quota {
+        if inner.faults.quota {
             return error(
                 StatusCode::BAD_REQUEST,
                 "global/quota-exceeded",
@@ -668,7 +646,7 @@ async fn launch(state: &Arc<State>, body: &Value) -> Response {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        let active_at = now + inner.slow.unwrap_or(Duration::ZERO);
+        let active_at = now + inner.faults.slow.unwrap_or(Duration::ZERO);
         inner.instances.insert(
             id.clone(),
             FakeInstance {
@@ -685,7 +663,7 @@ async fn launch(state: &Arc<State>, body: &Value) -> Response {
             },
         );
         inner.launches += 1;
-        let lose = std::mem::take(&mut inner.lose_next_launch);
+        let lose = std::mem::take(&mut inner.faults.lose_next_launch);
         (id, lose, format!("{}x{}", entry.gpu_count, entry.gpu_model))
     };
     if state.options.run_bootstrap

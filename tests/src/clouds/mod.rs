@@ -48,6 +48,33 @@ pub enum Fault {
     Unauthorized,
 }
 
+/// The faults a fake cloud holds now ([`Fault`] as state): each fake reads them as it answers.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    pub capacity: bool,
+    pub quota: bool,
+    /// Requests still to answer 429.
+    pub throttle: u32,
+    pub lose_next_launch: bool,
+    pub slow: Option<Duration>,
+    pub hang: Option<Duration>,
+    pub unauthorized: bool,
+}
+
+impl Faults {
+    pub fn inject(&mut self, fault: Fault) {
+        match fault {
+            Fault::Capacity => self.capacity = true,
+            Fault::Quota => self.quota = true,
+            Fault::Throttle(n) => self.throttle = self.throttle.saturating_add(n),
+            Fault::LoseNextLaunchAnswer => self.lose_next_launch = true,
+            Fault::SlowOperations(d) => self.slow = Some(d),
+            Fault::Hang(d) => self.hang = Some(d),
+            Fault::Unauthorized => self.unauthorized = true,
+        }
+    }
+}
+
 /// What the contract suite needs from a fake cloud besides its API.
 pub trait FakeCloud: Send + Sync {
     /// Starts injecting `fault` (faults accumulate until [`FakeCloud::clear_faults`]).
