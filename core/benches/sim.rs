@@ -64,6 +64,7 @@ fn jobs(n: usize) -> Vec<SimJob> {
                 estimate_s: None,
                 measured: true,
                 spec: JobSpec {
+                    expected_gpu_utilization_pct: None,
                     name: "j".into(),
                     team: "t".into(),
                     project: None,

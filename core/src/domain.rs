@@ -292,6 +292,10 @@ pub struct JobSpec {
     /// without, the region's own latency.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub callers: Vec<CallerShare>,
+    /// How busy the job says it keeps its GPUs, in percent (`expected_gpu_utilization`).
+    /// Simulated GPUs run at this level; nothing is placed by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_gpu_utilization_pct: Option<u8>,
 }
 
 /// One region a service's calls come from, and its share of them.

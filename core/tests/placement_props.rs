@@ -139,6 +139,7 @@ prop_compose! {
         max_latency_ms in prop::option::of(1u32..200),
     ) -> JobSpec {
         JobSpec {
+ expected_gpu_utilization_pct: None,
             name: "job".into(),
             team: "team".into(),
             project: None,
@@ -706,6 +707,7 @@ proptest! {
             .map(|(i, &(gpus, runtime))| QueuedJob {
                 id: JobId(Uuid::from_u128(i as u128 + 1)),
                 spec: JobSpec {
+ expected_gpu_utilization_pct: None,
                     name: "j".into(),
                     team: "team".into(),
                     project: None,

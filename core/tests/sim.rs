@@ -68,6 +68,7 @@ fn job(submit_s: i64, runtime_s: i64, deadline_factor: Option<f64>, spot: SpotRu
         runtime_s,
         estimate_s: None,
         spec: JobSpec {
+            expected_gpu_utilization_pct: None,
             name: "j".into(),
             team: "t".into(),
             project: None,

@@ -73,6 +73,7 @@ fn job(submit_s: i64, runtime_s: i64, gpus: u32, nodes: u32, deadline_s: Option<
         runtime_s,
         estimate_s: None,
         spec: JobSpec {
+            expected_gpu_utilization_pct: None,
             name: "j".into(),
             team: "t".into(),
             project: None,

@@ -193,6 +193,7 @@ mod tests {
 
     fn lease(n: u128) -> Lease {
         Lease {
+            expected_gpu_utilization_pct: None,
             attempt: AttemptRef {
                 job_id: Uuid::from_u128(n),
                 attempt_id: Uuid::from_u128(n),

@@ -308,6 +308,7 @@ mod tests {
 
     fn lease(n: u128, grace_s: u64) -> Lease {
         Lease {
+            expected_gpu_utilization_pct: None,
             attempt: AttemptRef {
                 job_id: Uuid::from_u128(n),
                 attempt_id: Uuid::from_u128(n),

@@ -45,6 +45,7 @@ impl FakeProbe {
                     utilization_pct: None,
                     temperature_c: None,
                     power_w: None,
+                    ..GpuInfo::default()
                 }
             })
             .collect();
@@ -115,6 +116,7 @@ impl GpuProbe for NvmlProbe {
                 utilization_pct: device.utilization_rates().ok().map(|u| u.gpu),
                 temperature_c: device.temperature(TemperatureSensor::Gpu).ok(),
                 power_w: device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+                ..GpuInfo::default()
             });
         }
         Ok(gpus)

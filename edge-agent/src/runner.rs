@@ -428,6 +428,7 @@ mod tests {
 
     fn lease(grace_s: u64) -> Lease {
         Lease {
+            expected_gpu_utilization_pct: None,
             attempt: AttemptRef {
                 job_id: Uuid::from_u128(1),
                 attempt_id: Uuid::from_u128(2),

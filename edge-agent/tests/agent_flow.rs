@@ -275,6 +275,7 @@ async fn wait_gone(pid: u32) {
 
 fn lease(command: &[&str]) -> Lease {
     Lease {
+        expected_gpu_utilization_pct: None,
         attempt: AttemptRef {
             job_id: Uuid::now_v7(),
             attempt_id: Uuid::now_v7(),

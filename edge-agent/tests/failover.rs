@@ -413,6 +413,7 @@ async fn eventually<T>(db: &Shared, what: &str, mut pick: impl FnMut(&Db) -> Opt
 
 fn lease(command: &[&str]) -> Lease {
     Lease {
+        expected_gpu_utilization_pct: None,
         attempt: AttemptRef {
             job_id: Uuid::now_v7(),
             attempt_id: Uuid::now_v7(),

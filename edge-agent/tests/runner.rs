@@ -25,6 +25,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 
 fn lease(command: &[&str], grace_s: u64) -> Lease {
     Lease {
+        expected_gpu_utilization_pct: None,
         attempt: AttemptRef {
             job_id: Uuid::now_v7(),
             attempt_id: Uuid::now_v7(),

@@ -189,6 +189,7 @@ async fn eventually<T>(
 
 fn lease(command: &[&str], env: &[(&str, &str)], serve: Option<ServeSpec>) -> Lease {
     Lease {
+        expected_gpu_utilization_pct: None,
         attempt: AttemptRef {
             job_id: Uuid::now_v7(),
             attempt_id: Uuid::now_v7(),

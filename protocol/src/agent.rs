@@ -19,12 +19,16 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use uuid::Uuid;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One accelerator as its agent sees it: what it is, and (read on every heartbeat) how busy and
+/// how healthy it is. A reading the source cannot give is absent, never zero; every field added
+/// after the first stage is left out of the JSON when absent or empty, so that a broker from
+/// before it still reads the rest (upgrade brokers before agents).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuInfo {
     pub index: u32,
     pub uuid: String,
-    /// Normalised model name (`H100`, `A100-80GB`, …).
+    /// Normalised model name (`H100`, `A100-80GB`, `MI300X`, …).
     pub model: String,
     pub memory_mb: u64,
     #[serde(default)]
@@ -35,6 +39,65 @@ pub struct GpuInfo {
     pub temperature_c: Option<u32>,
     #[serde(default)]
     pub power_w: Option<f64>,
+    /// Who made it: `nvidia`, `amd`, `intel`, `google`, `aws`. Absent from older agents: the
+    /// broker derives it from the model (`switchyard_core::gpu_model::vendor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// SM (graphics) clock now, MHz.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_clock_mhz: Option<u32>,
+    /// The temperature at which the GPU slows itself down (NVML's slowdown threshold; for
+    /// simulated GPUs the model's published figure). Above it the GPU is unhealthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowdown_temp_c: Option<u32>,
+    /// Profiling activity over the last sample period (NVML GPM on Hopper and later, or
+    /// DCGM profiling); absent where the GPU or driver cannot give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiling: Option<GpuProfiling>,
+    /// Error and throttle state; absent where the source reports none of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<GpuHealthReport>,
+}
+
+/// Profiling metrics: fractions of the sample period, in percent (0–100).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProfiling {
+    /// Time at least one warp was resident on an SM, averaged over SMs (`DCGM_FI_PROF_SM_ACTIVE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_active_pct: Option<f64>,
+    /// Resident warps over the most an SM holds (`DCGM_FI_PROF_SM_OCCUPANCY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_occupancy_pct: Option<f64>,
+    /// Time the memory interface was busy (`DCGM_FI_PROF_DRAM_ACTIVE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dram_active_pct: Option<f64>,
+}
+
+/// What the driver says about a GPU's errors and throttling.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuHealthReport {
+    /// XID errors the driver raised since the last heartbeat the broker answered (the agent
+    /// keeps them until one is answered, so a lost heartbeat loses none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xid_events: Vec<u32>,
+    /// Volatile ECC error counts (since the driver loaded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_corrected_volatile: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_uncorrected_volatile: Option<u64>,
+    /// Clock throttle reasons active now, snake case: `sw_power_cap`, `hw_slowdown`,
+    /// `hw_thermal_slowdown`, `sw_thermal_slowdown`, `hw_power_brake_slowdown`, `sync_boost`…
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throttle_reasons: Vec<String>,
+    /// Pages retired for double-bit errors (pre-Ampere) or rows remapped for uncorrectable
+    /// errors (Ampere and later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_pages: Option<u64>,
+    /// A row remapping failed, or a retirement or remapping waits for a reset.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reset_required: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -159,6 +222,10 @@ pub struct Lease {
     /// reports it in heartbeats (`Heartbeat::serving`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve: Option<ServeSpec>,
+    /// The job's declared GPU utilisation (`expected_gpu_utilization`, percent): simulated GPUs
+    /// (`--fake-gpus`) run at this level while the attempt holds them. Real GPUs ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_gpu_utilization_pct: Option<u32>,
 }
 
 /// How the agent runs a service replica.

@@ -97,6 +97,10 @@ pub struct JobSpec {
     /// Services only: the most latency the caller's region may see.
     #[serde(default)]
     pub max_latency_ms: Option<u32>,
+    /// How busy the job keeps its GPUs, in percent (0–100). Simulated GPUs (`up`) run at this
+    /// level; the utilisation policy judges real GPUs by what they report, not by this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_gpu_utilization: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

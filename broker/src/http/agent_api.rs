@@ -363,6 +363,10 @@ async fn work(
                     gpus: l.gpus,
                     grace_s: app.config.grace_s,
                     traceparent: l.trace_parent,
+                    expected_gpu_utilization_pct: l
+                        .spec
+                        .expected_gpu_utilization_pct
+                        .map(u32::from),
                     serve: l.serve,
                 })
                 .collect();

@@ -224,7 +224,22 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
             "applies only to jobs of kind \"service\"",
         ));
     }
+    let expected_gpu_utilization_pct = match spec.expected_gpu_utilization {
+        None => None,
+        Some(v) if v.is_finite() && (0.0..=100.0).contains(&v) => {
+            // In range, so the rounded value fits.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            Some(v.round() as u8)
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "expected_gpu_utilization",
+                "must be a percentage from 0 to 100",
+            ));
+        }
+    };
     Ok(core::JobSpec {
+        expected_gpu_utilization_pct,
         name: spec.name.trim().to_string(),
         team: spec.team.clone(),
         project: spec.project.clone(),

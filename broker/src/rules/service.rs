@@ -58,6 +58,7 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
 /// environment, resources, priority, spot rule, allow-list, latency bound and price ceiling.
 pub fn replica_job_spec(spec: &ServiceSpec) -> JobSpec {
     JobSpec {
+        expected_gpu_utilization: None,
         name: spec.name.clone(),
         team: spec.team.clone(),
         project: spec.project.clone(),

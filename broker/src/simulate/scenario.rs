@@ -519,6 +519,7 @@ impl Scenario {
                     runtime_s,
                     estimate_s: None,
                     spec: JobSpec {
+                        expected_gpu_utilization_pct: None,
                         name: format!("philly-{}", t.line),
                         team: "philly".into(),
                         project: None,

@@ -161,6 +161,7 @@ pub fn fleet(seed: u64, jobs: usize, pools: usize, nodes: usize) -> Snapshot {
             QueuedJob {
                 id: JobId(Uuid::from_u128(i as u128 + 1)),
                 spec: JobSpec {
+                    expected_gpu_utilization_pct: None,
                     name: format!("job-{i}"),
                     team: "ml".into(),
                     project: None,

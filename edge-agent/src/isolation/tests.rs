@@ -6,6 +6,7 @@ use uuid::Uuid;
 
 fn lease() -> Lease {
     Lease {
+        expected_gpu_utilization_pct: None,
         attempt: AttemptRef {
             job_id: Uuid::from_u128(1),
             attempt_id: Uuid::from_u128(2),

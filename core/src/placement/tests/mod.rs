@@ -173,6 +173,7 @@ impl W {
         self.snap.queued.push(QueuedJob {
             id: JobId(Uuid::from_u128(n)),
             spec: JobSpec {
+                expected_gpu_utilization_pct: None,
                 name: format!("j{n}"),
                 team: "ml".into(),
                 project: None,
