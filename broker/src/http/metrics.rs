@@ -198,17 +198,42 @@ impl Metrics {
         );
 
         let remaining = Family::<Labels, FloatGauge>::default();
+        let amount = Family::<Labels, FloatGauge>::default();
+        let spent = Family::<Labels, FloatGauge>::default();
+        let period_end = Family::<Labels, Gauge>::default();
         let policies = store.policies().await?;
         if policies.iter().any(|p| p.body.budget.is_some()) {
             for b in budget::statuses(store, &policies, now).await? {
+                let labels: Labels = vec![
+                    ("team".into(), b.team),
+                    ("project".into(), b.project.unwrap_or_default()),
+                ];
                 remaining
-                    .get_or_create(&vec![
-                        ("team".into(), b.team),
-                        ("project".into(), b.project.unwrap_or_default()),
-                    ])
+                    .get_or_create(&labels)
                     .set(b.remaining.as_dollars());
+                amount.get_or_create(&labels).set(b.amount.as_dollars());
+                spent.get_or_create(&labels).set(b.spent.as_dollars());
+                period_end
+                    .get_or_create(&labels)
+                    .set(b.period_end.millis() / 1000);
             }
         }
+        registry.register(
+            "switchyard_budget_usd",
+            "The budget for this period (project is empty for a team-wide budget)",
+            amount,
+        );
+        registry.register(
+            "switchyard_budget_spent_usd",
+            "What the ledger has charged against the budget this period",
+            spent,
+        );
+        registry.register(
+            "switchyard_budget_period_end_timestamp_seconds",
+            "When this budget period ends (Unix seconds): remaining / hours left is the spend \
+             rate the budget affords",
+            period_end,
+        );
         registry.register(
             "switchyard_budget_remaining_usd",
             "Budget left this period: the amount less what was spent and what live work has \
@@ -221,6 +246,7 @@ impl Metrics {
         let fb_used = Family::<Labels, Gauge>::default();
         let temp = Family::<Labels, Gauge>::default();
         let power = Family::<Labels, FloatGauge>::default();
+        let mut gpu_uuids: Vec<((String, u32), String)> = Vec::new();
         for node in store.nodes().await? {
             if node.revoked {
                 continue;
@@ -246,6 +272,7 @@ impl Metrics {
                 continue;
             };
             for gpu in &inventory.gpus {
+                gpu_uuids.push(((node.id.to_string(), gpu.index), gpu.uuid.clone()));
                 let labels: Labels = vec![
                     ("gpu".into(), gpu.index.to_string()),
                     ("UUID".into(), gpu.uuid.clone()),
@@ -275,6 +302,36 @@ impl Metrics {
             "switchyard_nodes",
             "Registered nodes by pool and health",
             nodes,
+        );
+
+        // Whose work each busy GPU holds: an info series (always 1) joined to the DCGM series
+        // on `UUID`, so that utilisation by team works with Switchyard's own GPU series and
+        // with an existing dcgm-exporter's alike.
+        let uuids: std::collections::HashMap<(String, u32), String> =
+            gpu_uuids.into_iter().collect();
+        let allocated = Family::<Labels, Gauge>::default();
+        for a in store.gpu_allocations().await? {
+            for gpu in &a.gpus {
+                let Some(uuid) = uuids.get(&(a.node.to_string(), *gpu)) else {
+                    continue;
+                };
+                allocated
+                    .get_or_create(&vec![
+                        ("UUID".into(), uuid.clone()),
+                        ("gpu".into(), gpu.to_string()),
+                        ("node".into(), a.node.to_string()),
+                        ("team".into(), a.team.clone()),
+                        ("job".into(), a.job.0.to_string()),
+                        ("job_name".into(), a.name.clone()),
+                        ("priority".into(), a.priority.as_str().into()),
+                    ])
+                    .set(1);
+            }
+        }
+        registry.register(
+            "switchyard_gpu_allocated",
+            "1 for each GPU a live job holds, labelled with the job and its team (join on UUID)",
+            allocated,
         );
         registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", util);
         registry.register(

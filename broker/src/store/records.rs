@@ -239,6 +239,17 @@ pub struct AttemptRecord {
     pub stopping: bool,
 }
 
+/// The GPUs one live attempt holds, and whose work it is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuAllocation {
+    pub node: NodeId,
+    pub gpus: Vec<u32>,
+    pub job: JobId,
+    pub team: String,
+    pub name: String,
+    pub priority: switchyard_core::Priority,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct LeaseRecord {
     pub job: JobId,

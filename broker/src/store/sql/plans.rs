@@ -88,6 +88,31 @@ impl Store {
             .collect()
     }
 
+    /// Which live attempt holds which GPUs, with its job's team and name: the
+    /// `switchyard_gpu_allocated` series that joins GPU telemetry to teams (`/metrics`). One
+    /// query, whatever the number of attempts.
+    pub async fn gpu_allocations(&self) -> StoreResult<Vec<GpuAllocation>> {
+        let rows = query(
+            "SELECT a.node_id, a.gpus_json, a.job_id, j.team, j.name, j.priority \
+             FROM attempts a JOIN jobs j ON j.id = a.job_id \
+             WHERE a.state IN ('assigned', 'running', 'preempting') ORDER BY a.id",
+        )
+        .fetch_all(&self.db)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(GpuAllocation {
+                    node: NodeId(r.get("node_id")?),
+                    gpus: parse_gpus(&r.get::<String>("gpus_json")?)?,
+                    job: JobId(r.uuid("job_id")?),
+                    team: r.get("team")?,
+                    name: r.get("name")?,
+                    priority: parse_priority(&r.get::<String>("priority")?)?,
+                })
+            })
+            .collect()
+    }
+
     /// Commits a round's assignments and launch requests in one transaction, each guarded by
     /// the job's version. A job changed since it was read fails the whole commit with
     /// [`StoreError::Stale`]. Jobs given a launch become `provisioning`.
