@@ -321,7 +321,7 @@ impl Metrics {
                         ("gpu".into(), gpu.to_string()),
                         ("node".into(), a.node.to_string()),
                         ("team".into(), a.team.clone()),
-                        ("job".into(), a.job.0.to_string()),
+                        ("job_id".into(), a.job.0.to_string()),
                         ("job_name".into(), a.name.clone()),
                         ("priority".into(), a.priority.as_str().into()),
                     ])
