@@ -13,6 +13,7 @@ pub mod serving;
 pub mod sim;
 pub mod time;
 pub mod validate;
+pub mod waste;
 
 pub use domain::*;
 pub use money::Money;
