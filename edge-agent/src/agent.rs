@@ -16,6 +16,10 @@
 //! Self-fencing ([`crate::fence`]): every answered heartbeat renews the lease from when it was
 //! sent; a fence task stops every job before the broker may requeue it, and no lease is taken
 //! while the lease is not renewed.
+//!
+//! XID errors are delivered without loss ([`XidLedger`]): the probe reports each once; the
+//! heartbeat keeps it in `health.xid_events` of every beat until one that carries it is
+//! answered 2xx, and only then forgets it.
 
 use crate::attempts::{AttemptTable, StopReason};
 use crate::backoff::{Backoff, Streak};
@@ -27,11 +31,14 @@ use crate::inventory::{self, GpuProbe};
 use crate::outbox::{EventSink, Outbox};
 use crate::runner::{self, RunOptions};
 use crate::serving::Serving;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use switchyard_protocol::agent::{Heartbeat, InterruptionNotice, Inventory, Lease};
+use switchyard_protocol::agent::{
+    GpuHealthReport, GpuInfo, Heartbeat, InterruptionNotice, Inventory, Lease,
+};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -88,11 +95,16 @@ pub async fn serve(
         .clone()
         .map(|clock| tokio::spawn(clock.run(attempts.clone())));
     let heartbeat_task = tokio::spawn({
+        // XIDs the enrolment's probe found are pending like any other.
+        let mut xids = XidLedger::default();
+        let mut last_inventory = enrolled.inventory.clone();
+        xids.absorb(&mut last_inventory.gpus);
         let beat = HeartbeatLoop {
             lease: enrolled.lease.clone(),
             client: enrolled.client.clone(),
             probe: enrolled.probe.clone(),
-            last_inventory: enrolled.inventory.clone(),
+            last_inventory,
+            xids,
             attempts: attempts.clone(),
             drain: drain_tx,
             notice: notice_rx,
@@ -280,6 +292,8 @@ struct HeartbeatLoop {
     client: BrokerClient,
     probe: Arc<dyn GpuProbe>,
     last_inventory: Inventory,
+    /// XIDs not yet in an answered heartbeat.
+    xids: XidLedger,
     attempts: Arc<AttemptTable>,
     drain: watch::Sender<bool>,
     /// The spot interruption notice, once the watcher found one.
@@ -315,41 +329,52 @@ impl HeartbeatLoop {
                     ticker.reset();
                 }
             }
-            self.refresh_inventory().await;
-            let interruption = self.notice.borrow().clone();
-            // Changes from here on are not in this beat: they bring another.
-            self.serving_changes.borrow_and_update();
-            let beat = Heartbeat {
-                inventory: self.last_inventory.clone(),
-                running: self.attempts.running(),
-                interruption,
-                serving: self.serving.reports(),
-            };
-            // The broker records the heartbeat when it hears it, after this: counting the
-            // lease from here keeps the agent's deadline before the broker's.
-            let sent = Instant::now();
-            match self.client.heartbeat(&beat).await {
-                Ok(response) => {
-                    streak.succeeded();
-                    if let Some(lease) = &self.lease {
-                        lease.renewed(sent);
-                    }
-                    for attempt in response.stop {
-                        if self.attempts.stop(attempt.attempt_id, StopReason::Broker) {
-                            tracing::info!(attempt.id = %attempt.attempt_id, "broker asked to stop");
-                        }
-                    }
-                    // An interrupted machine stays drained whatever the broker says.
-                    let interrupted = self.notice.borrow().is_some();
-                    self.set_drain(response.drain || interrupted);
+            if let Some(fatal) = self.beat(&mut streak).await {
+                return fatal;
+            }
+        }
+    }
+
+    /// One heartbeat: probe, send, apply the answer. `Some` when the token was refused.
+    async fn beat(&mut self, streak: &mut Streak) -> Option<AgentError> {
+        self.refresh_inventory().await;
+        let interruption = self.notice.borrow().clone();
+        // Changes from here on are not in this beat: they bring another.
+        self.serving_changes.borrow_and_update();
+        let beat = Heartbeat {
+            inventory: self.last_inventory.clone(),
+            running: self.attempts.running(),
+            interruption,
+            serving: self.serving.reports(),
+        };
+        // The broker records the heartbeat when it hears it, after this: counting the
+        // lease from here keeps the agent's deadline before the broker's.
+        let sent = Instant::now();
+        match self.client.heartbeat(&beat).await {
+            Ok(response) => {
+                streak.succeeded();
+                // The broker has this beat's XIDs: they need not go again.
+                self.xids.acknowledged(&mut self.last_inventory.gpus);
+                if let Some(lease) = &self.lease {
+                    lease.renewed(sent);
                 }
-                Err(e) if e.is_unauthorized() => {
-                    return AgentError::TokenRevoked {
-                        endpoint: "heartbeat",
-                    };
+                for attempt in response.stop {
+                    if self.attempts.stop(attempt.attempt_id, StopReason::Broker) {
+                        tracing::info!(attempt.id = %attempt.attempt_id, "broker asked to stop");
+                    }
                 }
-                // The next beat is the retry: the period paces it.
-                Err(e) => streak.failed(&e),
+                // An interrupted machine stays drained whatever the broker says.
+                let interrupted = self.notice.borrow().is_some();
+                self.set_drain(response.drain || interrupted);
+                None
+            }
+            Err(e) if e.is_unauthorized() => Some(AgentError::TokenRevoked {
+                endpoint: "heartbeat",
+            }),
+            // The next beat is the retry (its XIDs with it): the period paces it.
+            Err(e) => {
+                streak.failed(&e);
+                None
             }
         }
     }
@@ -374,7 +399,10 @@ impl HeartbeatLoop {
         match tokio::task::spawn_blocking(move || inventory::inventory(probe.as_ref(), isolation))
             .await
         {
-            Ok(Ok(inventory)) => self.last_inventory = inventory,
+            Ok(Ok(mut inventory)) => {
+                self.xids.absorb(&mut inventory.gpus);
+                self.last_inventory = inventory;
+            }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "probing GPUs failed; reporting the last inventory")
             }
@@ -384,3 +412,62 @@ impl HeartbeatLoop {
         }
     }
 }
+
+/// The most XIDs kept per GPU while the broker cannot be reached; later ones are counted and
+/// logged, not kept (the first are the diagnostic ones).
+const MAX_PENDING_XIDS: usize = 64;
+
+/// XIDs the probe reported that no answered heartbeat has carried yet, by GPU uuid.
+#[derive(Debug, Default)]
+pub struct XidLedger {
+    pending: BTreeMap<String, Vec<u32>>,
+}
+
+impl XidLedger {
+    /// Takes the XIDs a fresh probe found (each reported once) and puts every pending one in
+    /// its GPU's report, so that the heartbeat carries them all.
+    pub fn absorb(&mut self, gpus: &mut [GpuInfo]) {
+        for gpu in gpus.iter_mut() {
+            let new = gpu
+                .health
+                .as_mut()
+                .map(|h| std::mem::take(&mut h.xid_events))
+                .unwrap_or_default();
+            if !new.is_empty() {
+                let pending = self.pending.entry(gpu.uuid.clone()).or_default();
+                for code in new {
+                    if pending.len() < MAX_PENDING_XIDS {
+                        pending.push(code);
+                    } else {
+                        tracing::warn!(gpu = %gpu.uuid, xid = code,
+                            "too many XIDs waiting for the broker: this one is not kept");
+                    }
+                }
+            }
+            if let Some(pending) = self.pending.get(&gpu.uuid).filter(|p| !p.is_empty()) {
+                gpu.health
+                    .get_or_insert_with(GpuHealthReport::default)
+                    .xid_events = pending.clone();
+            }
+        }
+    }
+
+    /// A heartbeat carrying every pending XID was answered 2xx: forget them, and take them out
+    /// of the inventory reused when the next probe fails.
+    pub fn acknowledged(&mut self, gpus: &mut [GpuInfo]) {
+        self.pending.clear();
+        for gpu in gpus.iter_mut() {
+            if let Some(h) = gpu.health.as_mut() {
+                h.xid_events.clear();
+            }
+        }
+    }
+
+    /// How many XIDs wait for the broker.
+    pub fn pending(&self) -> usize {
+        self.pending.values().map(Vec::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;

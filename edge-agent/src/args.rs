@@ -3,6 +3,7 @@
 //! `switchyard agent ...` subcommand. This module parses and validates; it does no I/O.
 
 use crate::brokers::parse_broker_url;
+use crate::fakegpu::GpuFault;
 use clap::Args;
 use reqwest::Url;
 use std::fmt;
@@ -42,6 +43,18 @@ pub struct AgentArgs {
         value_delimiter = ','
     )]
     pub fake_gpus: Vec<GpuDeclaration>,
+
+    /// Inject a fault into a simulated GPU (with --fake-gpus), repeatable: INDEX:KIND@DELAY,
+    /// KIND one of xid=N (one XID error), ecc=N (N uncorrectable volatile ECC errors),
+    /// overheat or overheat=C (above the slowdown threshold, thermal throttling); DELAY from
+    /// the agent's start, e.g. 0s, 30s, 2m. Example: 2:xid=79@30s.
+    #[arg(
+        long = "fake-gpu-fault",
+        env = "SWITCHYARD_FAKE_GPU_FAULTS",
+        value_name = "INDEX:KIND@DELAY",
+        value_delimiter = ','
+    )]
+    pub fake_gpu_faults: Vec<GpuFault>,
 
     /// Name this machine reports to the broker [default: the hostname].
     #[arg(long, env = "SWITCHYARD_AGENT_NAME", value_name = "NAME")]
@@ -156,6 +169,7 @@ impl AgentArgs {
             brokers,
             enrol_token: None,
             fake_gpus: Vec::new(),
+            fake_gpu_faults: Vec::new(),
             name: None,
             grace_s: 10,
             state_dir: None,
@@ -384,6 +398,28 @@ mod tests {
         assert!(parse(&["--fake-gpus", "1xL4"]).is_err());
         assert!(parse(&["--broker", "not a url"]).is_err());
         assert!(parse(&["--broker", "http://b", "--heartbeat-s", "0"]).is_err());
+    }
+
+    #[test]
+    fn gpu_faults_are_repeatable_and_a_bad_one_is_refused_naming_the_flag() {
+        let args = parse(&[
+            "--broker",
+            "http://b",
+            "--fake-gpus",
+            "4xH100",
+            "--fake-gpu-fault",
+            "2:xid=79@30s",
+            "--fake-gpu-fault",
+            "0:ecc=1@0s,1:overheat@2m",
+        ])
+        .unwrap();
+        let faults: Vec<String> = args.fake_gpu_faults.iter().map(|f| f.to_string()).collect();
+        assert_eq!(faults, ["2:xid=79@30s", "0:ecc=1@0s", "1:overheat@120s"]);
+        let err = parse(&["--broker", "http://b", "--fake-gpu-fault", "2:xid=79@soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--fake-gpu-fault"), "{err}");
+        assert!(err.contains("`soon`"), "{err}");
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub enum AgentError {
     #[error("cannot isolate jobs: {0}")]
     Isolation(String),
 
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
     #[error("cannot build the HTTP client: {0}")]
     HttpClient(String),
 }

@@ -1,141 +1,63 @@
-//! What this machine offers: GPUs (from NVML, or simulated with `--fake-gpus`), CPUs and memory.
-//! A [`GpuProbe`] is read once at enrolment and again on every heartbeat (NVML metrics change).
-//! Probing blocks (NVML calls into the driver); callers run it off the async executor.
+//! What this machine offers: GPUs, CPUs and memory. A [`GpuProbe`] is read once at enrolment
+//! and again on every heartbeat (metrics change); [`probe_for`] picks it: simulated GPUs
+//! ([`crate::fakegpu`]), NVIDIA's through NVML ([`crate::nvml`]), AMD's through `amd-smi`
+//! ([`crate::amdsmi`]). Probing blocks (NVML calls into the driver, `amd-smi` is a process);
+//! callers run it off the async executor.
 
+use crate::amdsmi::AmdSmiProbe;
 use crate::args::GpuDeclaration;
 use crate::error::AgentError;
-use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
-use nvml_wrapper::error::NvmlError;
-use switchyard_core::gpu_model::normalize;
+pub use crate::fakegpu::FakeProbe;
+use crate::fakegpu::{GpuFault, GpuSim};
+pub use crate::nvml::NvmlProbe;
+use std::sync::Arc;
 use switchyard_protocol::agent::{GpuInfo, Inventory};
-use uuid::Uuid;
 
 /// A source of GPU facts.
 pub trait GpuProbe: Send + Sync {
-    /// The GPUs now, with whatever metrics the source has.
+    /// The GPUs now, with whatever metrics the source has. XID events appear once, in the
+    /// first reading after they happened (`health.xid_events`); the heartbeat keeps them until
+    /// the broker has them.
     fn gpus(&self) -> Result<Vec<GpuInfo>, AgentError>;
     /// True when the GPUs are declared rather than real.
     fn simulated(&self) -> bool;
-}
-
-/// GPUs declared with `--fake-gpus`: no metrics, uuids stable for one agent name.
-#[derive(Debug)]
-pub struct FakeProbe {
-    gpus: Vec<GpuInfo>,
-}
-
-impl FakeProbe {
-    /// `agent_name` seeds the uuids so that several simulated agents on one machine report
-    /// distinct GPUs, and a restarted agent reports the same ones.
-    pub fn new(declarations: &[GpuDeclaration], agent_name: &str) -> Self {
-        let models = declarations
-            .iter()
-            .flat_map(|d| (0..d.count).map(move |_| d));
-        let gpus = models
-            .enumerate()
-            .map(|(i, d)| {
-                let index = u32::try_from(i).unwrap_or(u32::MAX);
-                GpuInfo {
-                    index,
-                    uuid: fake_uuid(agent_name, index),
-                    model: d.model.clone(),
-                    memory_mb: u64::from(d.memory_gb) * 1024,
-                    memory_used_mb: None,
-                    utilization_pct: None,
-                    temperature_c: None,
-                    power_w: None,
-                    ..GpuInfo::default()
-                }
-            })
-            .collect();
-        FakeProbe { gpus }
+    /// The board on which runners say what runs on simulated GPUs; `None` for real ones.
+    fn gpu_sim(&self) -> Option<Arc<GpuSim>> {
+        None
     }
 }
 
-impl GpuProbe for FakeProbe {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, AgentError> {
-        Ok(self.gpus.clone())
-    }
-
-    fn simulated(&self) -> bool {
-        true
-    }
-}
-
-/// `GPU-` plus a uuid derived from the agent name and the index (FNV-1a, two seeds).
-fn fake_uuid(agent_name: &str, index: u32) -> String {
-    let hash = |seed: u64| {
-        let mut h = seed;
-        for b in agent_name.bytes().chain(index.to_le_bytes()) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        h
-    };
-    let id = Uuid::from_u64_pair(hash(0xcbf2_9ce4_8422_2325), hash(0x8422_2325_cbf2_9ce4));
-    format!("GPU-{id}")
-}
-
-/// Real GPUs through the NVIDIA management library.
-pub struct NvmlProbe {
-    nvml: Nvml,
-}
-
-impl NvmlProbe {
-    /// Loads `libnvidia-ml.so.1`; a missing driver is a clear error, never a panic.
-    pub fn new() -> Result<Self, AgentError> {
-        match Nvml::init() {
-            Ok(nvml) => Ok(NvmlProbe { nvml }),
-            Err(NvmlError::LibloadingError(e)) => Err(AgentError::NoDriver(e.to_string())),
-            Err(NvmlError::DriverNotLoaded) => Err(AgentError::DriverNotLoaded),
-            Err(e) => Err(AgentError::Nvml(e.to_string())),
-        }
-    }
-}
-
-impl GpuProbe for NvmlProbe {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, AgentError> {
-        let nvml_err = |e: NvmlError| AgentError::Nvml(e.to_string());
-        let count = self.nvml.device_count().map_err(nvml_err)?;
-        let mut gpus = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let device = self.nvml.device_by_index(index).map_err(nvml_err)?;
-            let name = device.name().map_err(nvml_err)?;
-            let memory = device.memory_info().map_err(nvml_err)?;
-            // Decimal GB for the model's memory variant: an "80GB" card reports 79–80 GiB,
-            // which must still name the 80 GB variant.
-            let memory_gb = u32::try_from((memory.total + 500_000_000) / 1_000_000_000).ok();
-            gpus.push(GpuInfo {
-                index,
-                uuid: device.uuid().map_err(nvml_err)?,
-                model: normalize(&name, memory_gb),
-                memory_mb: memory.total / (1024 * 1024),
-                memory_used_mb: Some(memory.used / (1024 * 1024)),
-                // Metrics some GPUs do not support are left out rather than failing the probe.
-                utilization_pct: device.utilization_rates().ok().map(|u| u.gpu),
-                temperature_c: device.temperature(TemperatureSensor::Gpu).ok(),
-                power_w: device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
-                ..GpuInfo::default()
-            });
-        }
-        Ok(gpus)
-    }
-
-    fn simulated(&self) -> bool {
-        false
-    }
-}
-
-/// The probe the flags ask for: declared GPUs, or NVML.
+/// The probe the flags ask for: declared GPUs (`--fake-gpus`, with their faults); else NVML;
+/// else `amd-smi` when it is on `PATH`; else NVML's error, which says what to do.
 pub fn probe_for(
     declarations: &[GpuDeclaration],
+    faults: &[GpuFault],
     agent_name: &str,
 ) -> Result<Box<dyn GpuProbe>, AgentError> {
-    if declarations.is_empty() {
-        Ok(Box::new(NvmlProbe::new()?))
-    } else {
-        Ok(Box::new(FakeProbe::new(declarations, agent_name)))
+    if !declarations.is_empty() {
+        let sim = Arc::new(GpuSim::new());
+        return Ok(Box::new(FakeProbe::with_faults(
+            declarations,
+            agent_name,
+            sim,
+            faults.to_vec(),
+        )?));
+    }
+    if let Some(f) = faults.first() {
+        return Err(AgentError::Config(format!(
+            "--fake-gpu-fault {f}: faults are injected into simulated GPUs only; pass --fake-gpus"
+        )));
+    }
+    match NvmlProbe::new() {
+        Ok(probe) => Ok(Box::new(probe)),
+        Err(nvml_error) => match AmdSmiProbe::find() {
+            Some(program) => {
+                tracing::info!(error = %nvml_error, program = %program.display(),
+                    "no NVIDIA driver: reading AMD GPUs with amd-smi");
+                Ok(Box::new(AmdSmiProbe::new(program)?))
+            }
+            None => Err(nvml_error),
+        },
     }
 }
 
@@ -201,21 +123,26 @@ mod tests {
         );
         assert!(inv.cpus >= 1);
         assert!(inv.memory_mb > 0);
-        assert!(
-            inv.gpus
-                .iter()
-                .all(|g| g.utilization_pct.is_none() && g.uuid.starts_with("GPU-"))
-        );
+        // Idle simulated GPUs: 0 %, from NVIDIA, with a slowdown threshold.
+        assert!(inv.gpus.iter().all(|g| g.utilization_pct == Some(0)
+            && g.uuid.starts_with("GPU-")
+            && g.vendor.as_deref() == Some("nvidia")
+            && g.slowdown_temp_c.is_some()));
     }
 
     #[test]
-    fn fake_uuids_are_stable_per_agent_and_distinct_across_agents() {
-        let a1 = FakeProbe::new(&[decl("2xH100")], "a").gpus().unwrap();
-        let a2 = FakeProbe::new(&[decl("2xH100")], "a").gpus().unwrap();
-        let b = FakeProbe::new(&[decl("2xH100")], "b").gpus().unwrap();
-        assert_eq!(a1, a2);
-        assert_ne!(a1[0].uuid, a1[1].uuid);
-        assert_ne!(a1[0].uuid, b[0].uuid);
+    fn a_fault_needs_simulated_gpus() {
+        let fault: GpuFault = "0:xid=79@0s".parse().unwrap();
+        let err = probe_for(&[], &[fault], "a").err().unwrap().to_string();
+        assert!(err.contains("--fake-gpu-fault 0:xid=79@0s"), "{err}");
+        assert!(err.contains("--fake-gpus"), "{err}");
+        let err = probe_for(&[decl("2xH100")], &["2:ecc=1@0s".parse().unwrap()], "a")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("--fake-gpu-fault 2:ecc=1@0s"), "{err}");
+        assert!(err.contains("GPU 2 is not declared"), "{err}");
+        assert!(probe_for(&[decl("2xH100")], &["1:overheat@0s".parse().unwrap()], "a").is_ok());
     }
 
     #[test]
@@ -241,8 +168,9 @@ mod tests {
     }
 
     /// Runs where an NVIDIA driver is present (`SWITCHYARD_TEST_NVML=1`: then every GPU must
-    /// report utilisation, memory used, temperature and power); elsewhere checks the error
-    /// says what to do.
+    /// report utilisation, memory used, temperature, power, SM clock, its slowdown threshold
+    /// and vendor, throttle state; ECC and profiling where the GPU has them, and a second read
+    /// brings GPM profiling on Hopper and later); elsewhere checks the error says what to do.
     #[test]
     fn nvml_probe_reads_gpus_or_explains() {
         match NvmlProbe::new() {
@@ -255,10 +183,41 @@ mod tests {
                     for g in &gpus {
                         assert!(g.utilization_pct.is_some_and(|u| u <= 100), "{g:?}");
                         assert!(g.memory_used_mb.is_some_and(|m| m <= g.memory_mb), "{g:?}");
-                        assert!(g.temperature_c.is_some_and(|t| t > 0), "{g:?}");
+                        assert!(g.temperature_c.is_some_and(|t| t > 0 && t < 150), "{g:?}");
                         assert!(g.power_w.is_some_and(|p| p > 0.0), "{g:?}");
+                        assert_eq!(g.vendor.as_deref(), Some("nvidia"), "{g:?}");
+                        assert!(g.sm_clock_mhz.is_some_and(|c| c > 0 && c < 5000), "{g:?}");
+                        assert!(
+                            g.slowdown_temp_c.is_some_and(|t| (60..130).contains(&t)),
+                            "{g:?}"
+                        );
+                        assert!(g.uuid.starts_with("GPU-"), "{g:?}");
+                        // Data-centre GPUs report ECC; whatever is reported is sane.
+                        if let Some(h) = &g.health {
+                            assert!(h.throttle_reasons.iter().all(|r| !r.is_empty()
+                                && r.chars().all(|c| c.is_ascii_lowercase() || c == '_')));
+                        }
+                        // Profiling is never there after a single sample.
+                        assert!(g.profiling.is_none(), "{g:?}");
                     }
-                    eprintln!("NVML reported: {gpus:#?}");
+                    std::thread::sleep(std::time::Duration::from_millis(1200));
+                    let again = probe.gpus().unwrap();
+                    assert_eq!(again.len(), gpus.len());
+                    for g in &again {
+                        let hopper_or_later = ["H100", "H200", "H20", "GH200", "B200", "B300"]
+                            .contains(&g.model.as_str());
+                        if let Some(p) = &g.profiling {
+                            for v in [p.sm_active_pct, p.sm_occupancy_pct, p.dram_active_pct]
+                                .into_iter()
+                                .flatten()
+                            {
+                                assert!((0.0..=100.0).contains(&v), "{g:?}");
+                            }
+                        } else {
+                            assert!(!hopper_or_later, "GPM expected on {}: {g:?}", g.model);
+                        }
+                    }
+                    eprintln!("NVML reported: {again:#?}");
                 }
             }
             Err(e) => {

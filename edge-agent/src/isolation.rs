@@ -49,11 +49,12 @@ const FALLBACK_LOCK_DIR: &str = "/var/lib/switchyard-agent/job-uids";
 const KILL_SETTLE: Duration = Duration::from_secs(2);
 
 /// The variables the agent sets last, so that a job's `env` cannot override them.
-const AGENT_VARS: [&str; 4] = [
+const AGENT_VARS: [&str; 5] = [
     "SWITCHYARD_JOB_ID",
     "SWITCHYARD_ATTEMPT_ID",
     "CUDA_VISIBLE_DEVICES",
     "TRACEPARENT",
+    crate::fakegpu::SIM_ENV,
 ];
 
 /// How jobs run on this agent: decided once at start.

@@ -6,7 +6,7 @@
 //! process default when one is installed and otherwise builds its own aws-lc-rs provider, so
 //! it works alone and alongside a `main` that installs one.
 //!
-//! Code map: `args` (flags), `inventory` (GPU probes), `identity` (enrolment, saved state),
+//! Code map: `args` (flags), `inventory` (GPU probes: `fakegpu` simulated, `nvml`, `amdsmi`), `identity` (enrolment, saved state),
 //! `client` (HTTP), `brokers` (the broker replicas, failover between them), `agent`
 //! (heartbeat, work, shutdown), `attempts` (what runs), `runner` and `group` (processes),
 //! `isolation` (each job's uid, directory and clean environment), `logs` (output → chunks),
@@ -15,12 +15,14 @@
 //! The agent never touches the database and depends only on `protocol` and `core`.
 
 pub mod agent;
+pub mod amdsmi;
 pub mod args;
 pub mod attempts;
 pub mod backoff;
 pub mod brokers;
 pub mod client;
 pub mod error;
+pub mod fakegpu;
 pub mod fence;
 pub mod group;
 pub mod identity;
@@ -28,6 +30,7 @@ pub mod interruption;
 pub mod inventory;
 pub mod isolation;
 pub mod logs;
+pub mod nvml;
 pub mod outbox;
 pub mod runner;
 pub mod serving;
@@ -70,8 +73,11 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
         identity::secure(dir)?;
     }
     let sandbox = Arc::new(isolation::Sandbox::from_args(&args)?);
-    let probe: Arc<dyn inventory::GpuProbe> =
-        Arc::from(inventory::probe_for(&args.fake_gpus, &name)?);
+    let probe: Arc<dyn inventory::GpuProbe> = Arc::from(inventory::probe_for(
+        &args.fake_gpus,
+        &args.fake_gpu_faults,
+        &name,
+    )?);
     let inventory = {
         let probe = probe.clone();
         let isolated = sandbox.is_isolated();
@@ -199,6 +205,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
             .min(client.heartbeat_timeout());
         client = client.with_heartbeat_timeout(timeout);
     }
+    let gpu_sim = probe.gpu_sim();
     let enrolled = Enrolled {
         client,
         probe,
@@ -209,6 +216,7 @@ pub async fn run_until(args: AgentArgs, shutdown: impl Future<Output = ()>) -> a
             default_grace: Duration::from_secs(args.grace_s),
             sandbox,
             serving: Arc::new(serving::Serving::new(args.advertise_host.clone())?),
+            gpu_sim,
         },
         interruption,
         lease,

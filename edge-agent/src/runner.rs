@@ -6,9 +6,12 @@
 //! user's and may hold secrets: it is logged at DEBUG only.
 //!
 //! A service replica (a lease with `serve`) also gets a port in `$PORT` and a readiness probe
-//! for as long as its process lives ([`crate::serving`]).
+//! for as long as its process lives ([`crate::serving`]). On simulated GPUs an attempt holds
+//! its GPUs on the board ([`crate::fakegpu::GpuSim`]) from its start to its end, at its lease's
+//! level, and gets `$SWITCHYARD_GPU_SIM`, a file in its directory to write its level to.
 
 use crate::attempts::{StopReason, StopSignal};
+use crate::fakegpu::{self, GpuSim, SimHold};
 use crate::group::{self, Termination};
 use crate::isolation::{JobSpace, Sandbox, job_env};
 use crate::logs::{self, COALESCE_WINDOW};
@@ -36,6 +39,9 @@ pub struct RunOptions {
     pub sandbox: Arc<Sandbox>,
     /// The agent's service replicas: their ports, probes and reports.
     pub serving: Arc<Serving>,
+    /// Simulated GPUs (`--fake-gpus`): where attempts say which GPUs they hold and at what
+    /// level they run; `None` on real GPUs.
+    pub gpu_sim: Option<Arc<GpuSim>>,
 }
 
 /// The longest grace period the agent grants: a day. The lease comes from the network, and a
@@ -88,6 +94,8 @@ struct Launched {
     space: JobSpace,
     /// A service replica's port and probe.
     replica: Option<Reservation>,
+    /// Its hold on simulated GPUs, released when the process ends.
+    sim: Option<SimHold>,
 }
 
 /// Spawns the lease's process in a space of its own (a service replica with its port),
@@ -121,10 +129,34 @@ async fn launch_attempt(
             None => None,
         };
         let port = replica.as_ref().map(Reservation::port);
-        spawn(lease, &space, sandbox, port).map(|child| (child, space, replica))
+        let sim_file = match &opts.gpu_sim {
+            Some(_) if !lease.gpus.is_empty() => Some(
+                fakegpu::create_level_file(
+                    space.dir(),
+                    lease.expected_gpu_utilization_pct,
+                    space.uid(),
+                )
+                .map_err(|e| format!("failed to start the job: its GPU level file: {e}"))?,
+            ),
+            _ => None,
+        };
+        spawn(lease, &space, sandbox, port, sim_file.as_deref())
+            .map(|child| (child, space, replica, sim_file))
     });
     match started {
-        Ok((child, space, mut replica)) => {
+        Ok((child, space, mut replica, sim_file)) => {
+            let sim = opts
+                .gpu_sim
+                .as_ref()
+                .filter(|_| !lease.gpus.is_empty())
+                .map(|board| {
+                    board.attach(
+                        lease.attempt.attempt_id,
+                        &lease.gpus,
+                        lease.expected_gpu_utilization_pct,
+                        sim_file,
+                    )
+                });
             let pid = child.id().unwrap_or_default();
             tracing::info!(pid, uid = ?space.uid(), "job started");
             // The argv is the user's and may hold secrets: never at INFO.
@@ -141,6 +173,7 @@ async fn launch_attempt(
                 child,
                 space,
                 replica,
+                sim,
             })
         }
         Err(reason) => {
@@ -166,6 +199,7 @@ async fn supervise(
         mut child,
         space,
         mut replica,
+        sim,
     } = launched;
     let attempt = &lease.attempt;
     // The id is known until the child is reaped, which has not happened yet.
@@ -230,6 +264,8 @@ async fn supervise(
         }
     };
     drop(replica);
+    // Its simulated GPUs are idle again.
+    drop(sim);
 
     // Whatever still runs as the job's uid (out of its group, say) must not outlive it: it
     // would hold the GPUs the broker now counts as free, and see the next job with that uid.
@@ -355,14 +391,19 @@ fn spawn(
     space: &JobSpace,
     sandbox: &Sandbox,
     port: Option<u16>,
+    sim_file: Option<&std::path::Path>,
 ) -> Result<Child, String> {
     let Some((program, args)) = lease.command.split_first() else {
         return Err("failed to start the job: its command is empty".to_string());
     };
+    let mut env = job_env(lease, space.dir(), sandbox.pass_env(), port);
+    if let Some(file) = sim_file {
+        env.insert(fakegpu::SIM_ENV.into(), file.as_os_str().to_owned());
+    }
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()
-        .envs(job_env(lease, space.dir(), sandbox.pass_env(), port))
+        .envs(env)
         .current_dir(space.dir());
     if let Some(uid) = space.uid() {
         cmd.uid(uid).gid(uid);
@@ -459,6 +500,7 @@ mod tests {
             default_grace: Duration::from_secs(30),
             sandbox: sandbox.clone(),
             serving: serving.clone(),
+            gpu_sim: None,
         };
         for grace_s in [u64::MAX, u64::MAX / 1000, 86_401] {
             let grace = grace_of(&lease(grace_s), &opts);
@@ -475,6 +517,7 @@ mod tests {
             default_grace: Duration::MAX,
             sandbox,
             serving,
+            gpu_sim: None,
         };
         assert_eq!(grace_of(&lease(0), &huge_default), MAX_GRACE);
     }
@@ -487,7 +530,7 @@ mod tests {
         l.command = vec!["sh".into(), "-c".into(), "trap '' TERM; sleep 300".into()];
         let (_dir, sandbox) = sandbox();
         let space = sandbox.enter(&l.attempt).unwrap();
-        let mut child = spawn(&l, &space, &sandbox, None).unwrap();
+        let mut child = spawn(&l, &space, &sandbox, None, None).unwrap();
         let pid = child.id().unwrap();
         // Let the shell set its trap before the first SIGTERM.
         tokio::time::sleep(Duration::from_millis(300)).await;

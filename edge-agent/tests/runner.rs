@@ -80,6 +80,7 @@ impl Attempt {
             default_grace: Duration::from_secs(10),
             sandbox,
             serving: serving(),
+            gpu_sim: None,
         };
         tokio::spawn(run_attempt(lease, sink, stop, opts));
         Attempt {
@@ -379,6 +380,7 @@ async fn a_lease_not_started_when_the_agent_shuts_down_is_drained_too() {
         default_grace: Duration::from_secs(1),
         sandbox,
         serving: serving(),
+        gpu_sim: None,
     };
     run_attempt(l, sink, stop, opts).await;
     let mut seen = Vec::new();
@@ -594,4 +596,71 @@ async fn an_escaped_process_holding_the_output_does_not_hang_the_attempt() {
         "the escaped process is outside the job's group: not the agent's to kill"
     );
     assert_eq!(finished(&events), (Some(0), None, None, false));
+}
+
+/// On simulated GPUs a job holds its GPUs at its lease's level while it runs, may change the
+/// level through `$SWITCHYARD_GPU_SIM` (which its own `env` cannot redirect), and leaves them
+/// idle when it ends.
+#[tokio::test]
+async fn a_job_drives_its_simulated_gpus_through_the_level_file() {
+    use switchyard_agent::fakegpu::{FakeProbe, GpuSim};
+    use switchyard_agent::inventory::GpuProbe;
+    let decl = "4xH100".parse().unwrap();
+    let probe =
+        FakeProbe::with_faults(&[decl], "node-sim", Arc::new(GpuSim::new()), vec![]).unwrap();
+    let levels = || -> Vec<Option<u32>> {
+        probe
+            .gpus()
+            .unwrap()
+            .iter()
+            .map(|g| g.utilization_pct)
+            .collect()
+    };
+    let mut l = lease(
+        &[
+            "sh",
+            "-c",
+            "sleep 0.5; echo 33 > \"$SWITCHYARD_GPU_SIM\"; echo written; sleep 300",
+        ],
+        1,
+    );
+    l.gpus = vec![1, 3];
+    l.expected_gpu_utilization_pct = Some(70);
+    l.env.insert(
+        "SWITCHYARD_GPU_SIM".into(),
+        "/tmp/not-the-agents-file".into(),
+    );
+    let table = Arc::new(AttemptTable::new());
+    let stop = table.admit(&l, Duration::from_secs(1)).unwrap();
+    let (sink, mut events) = EventSink::channel(64);
+    let (_dir, sandbox) = plain_sandbox(Vec::new());
+    let opts = RunOptions {
+        default_grace: Duration::from_secs(1),
+        sandbox,
+        serving: serving(),
+        gpu_sim: Some(probe.sim().clone()),
+    };
+    let id = l.attempt.attempt_id;
+    let runner = tokio::spawn(run_attempt(l, sink, stop, opts));
+    // Started: the lease's level.
+    let first = timeout(DEADLINE, events.recv()).await.unwrap();
+    assert!(
+        matches!(first, Some(AgentEvent::Started { .. })),
+        "{first:?}"
+    );
+    assert_eq!(levels(), vec![Some(0), Some(70), Some(0), Some(70)]);
+    // The job's own level, once it wrote it.
+    let deadline = Instant::now() + DEADLINE;
+    while levels() != vec![Some(0), Some(33), Some(0), Some(33)] {
+        assert!(
+            Instant::now() < deadline,
+            "level never changed: {:?}",
+            levels()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(table.stop(id, StopReason::Broker));
+    timeout(DEADLINE, runner).await.unwrap().unwrap();
+    assert_eq!(levels(), vec![Some(0); 4]);
+    assert!(!std::path::Path::new("/tmp/not-the-agents-file").exists());
 }
