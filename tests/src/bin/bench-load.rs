@@ -6,8 +6,11 @@
 //!
 //! ```text
 //! cargo build --release -p switchyard-broker -p switchyard-agent
-//! cargo run --release -p switchyard-tests --bin bench-load -- [submit|heartbeat|list|all]
+//! cargo run --release -p switchyard-tests --bin bench-load -- [submit|heartbeat|heartbeat8|list|all]
 //! ```
+//!
+//! `heartbeat8` runs 10,000 agents with 4 GPUs and the first stage's readings, then with 8 GPUs
+//! and every reading an NVML agent sends since issue 28, one after the other on fresh brokers.
 //!
 //! `SWITCHYARD_BENCH_DATABASE_URL=postgres://…/db` runs the broker on PostgreSQL instead (the
 //! `list` phase then fills PostgreSQL directly). `scripts/bench-pg.sh` starts a throwaway,
@@ -181,7 +184,7 @@ async fn submit_phase() {
     }
 }
 
-async fn heartbeat_phase(agents: usize) {
+async fn heartbeat_phase(agents: usize, gpus: u32, rich: bool) {
     let broker = start_broker("heartbeat_interval_s = 10\nlease_ttl_s = 60\n").await;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
@@ -217,7 +220,7 @@ async fn heartbeat_phase(agents: usize) {
                 .post(format!("{url}/agent/v1/register"))
                 .bearer_auth(&enrol)
                 .json(&json!({"hostname": format!("sim-{i}"),
-                              "agent_version": "bench", "inventory": inventory()}))
+                              "agent_version": "bench", "inventory": inventory(gpus, rich)}))
                 .send()
                 .await
                 .unwrap()
@@ -263,7 +266,7 @@ async fn heartbeat_phase(agents: usize) {
             let r = http
                 .post(format!("{url}/agent/v1/heartbeat"))
                 .bearer_auth(&token)
-                .json(&json!({"inventory": inventory(), "running": []}))
+                .json(&json!({"inventory": inventory(gpus, rich), "running": []}))
                 .send()
                 .await;
             if r.is_ok_and(|r| r.status().is_success()) {
@@ -277,20 +280,38 @@ async fn heartbeat_phase(agents: usize) {
     let wall = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds(pid) - cpu0;
     println!(
-        "heartbeat: {agents} agents every 10 s = {per_s:.0}/s offered, {} answered OK of {} in \
-         {wall:.1} s; broker CPU {:.3} cores ({cpu:.1} CPU s)",
+        "heartbeat: {agents} agents × {gpus} GPUs ({}) every 10 s = {per_s:.0}/s offered, {} \
+         answered OK of {} in {wall:.1} s; broker CPU {:.3} cores ({cpu:.1} CPU s)",
+        if rich {
+            "full telemetry"
+        } else {
+            "first-stage readings"
+        },
         ok.load(Ordering::Relaxed),
         sent.load(Ordering::Relaxed),
         cpu / wall
     );
 }
 
-fn inventory() -> Value {
-    let gpus: Vec<Value> = (0..4)
+/// An agent's inventory: `gpus` H100s with the first stage's four readings, or (`rich`) with
+/// everything a real NVML agent sends since issue 28 (vendor, SM clock, slowdown threshold,
+/// profiling, ECC counts, throttle reasons).
+fn inventory(gpus: u32, rich: bool) -> Value {
+    let gpus: Vec<Value> = (0..gpus)
         .map(|i| {
-            json!({"index": i, "uuid": format!("GPU-{i}"), "model": "H100", "memory_mb": 81920,
-                        "memory_used_mb": 1024, "utilization_pct": 50, "temperature_c": 60,
-                        "power_w": 300.0})
+            let mut g = json!({"index": i, "uuid": format!("GPU-{i}"), "model": "H100",
+                               "memory_mb": 81920, "memory_used_mb": 1024,
+                               "utilization_pct": 50, "temperature_c": 60, "power_w": 300.0});
+            if rich {
+                g["vendor"] = json!("nvidia");
+                g["sm_clock_mhz"] = json!(1755);
+                g["slowdown_temp_c"] = json!(90);
+                g["profiling"] = json!({"sm_active_pct": 48.5, "sm_occupancy_pct": 30.25,
+                                        "dram_active_pct": 22.0});
+                g["health"] = json!({"ecc_corrected_volatile": 0, "ecc_uncorrected_volatile": 0,
+                                     "throttle_reasons": ["sw_power_cap"], "retired_pages": 0});
+            }
+            g
         })
         .collect();
     json!({"gpus": gpus, "cpus": 64, "memory_mb": 524288, "simulated": true})
@@ -451,8 +472,13 @@ async fn main() {
     if matches!(phase.as_str(), "submit" | "all") {
         submit_phase().await;
     }
-    if matches!(phase.as_str(), "heartbeat" | "all") {
-        heartbeat_phase(10_000).await;
+    if phase == "heartbeat" {
+        heartbeat_phase(10_000, 4, false).await;
+    }
+    // Issue 28's heartbeat beside the first stage's, in the same run.
+    if matches!(phase.as_str(), "heartbeat8" | "all") {
+        heartbeat_phase(10_000, 4, false).await;
+        heartbeat_phase(10_000, 8, true).await;
     }
     if matches!(phase.as_str(), "list" | "all") {
         list_phase(1_000_000).await;
