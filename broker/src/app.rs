@@ -131,6 +131,8 @@ impl App {
         let ledger = tokio::spawn(crate::control::ledger::run(app.clone()));
         let services = tokio::spawn(crate::control::services::run(app.clone()));
         let heartbeat_writer = tokio::spawn(crate::control::heartbeats::run(app.clone()));
+        // The waste rule (issue 28): leader only, like the ledger; stops with the process.
+        tokio::spawn(crate::control::waste::run(app.clone()));
         // Every broker reads the gateways' reports (its views; the leader's autoscaler).
         tokio::spawn(crate::gateway::traffic::load(app.clone()));
         Ok(Running {

@@ -576,6 +576,36 @@ pub struct PolicyBody {
     /// On-prem internal rate, USD per GPU-hour, by GPU model (e.g. `{"H100": 1.5}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub onprem_rates: Option<BTreeMap<String, f64>>,
+    /// What to do with a job that holds GPUs without using them (issue 28).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<UtilizationRule>,
+}
+
+/// A policy's waste rule: a job whose GPUs stay under `min_gpu_utilization_pct` (their mean
+/// activity: profiling SM activity where the GPU gives it, else utilisation) for `window_s` is
+/// acted on. Service replicas are never acted on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UtilizationRule {
+    /// Percent, 1–100: under it, a job is idle.
+    pub min_gpu_utilization_pct: u32,
+    /// Seconds, 60 to 604800 (7 days): how long a job must stay idle.
+    pub window_s: u32,
+    pub action: WasteAction,
+    /// Jobs of these priorities are never acted on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exempt_priorities: Vec<Priority>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WasteAction {
+    /// An audit entry (listed for finance and infra); the job keeps running.
+    Notify,
+    /// The job is cancelled with the reason.
+    Stop,
+    /// The attempt is stopped and the job queued again with the reason.
+    Requeue,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -716,6 +746,80 @@ pub struct WhatIfReport {
     /// cost differences first.
     #[serde(default)]
     pub changes: Vec<WhatIfChange>,
+    /// What the draft's `utilization` rule would have done to the past period's recorded
+    /// attempts; absent when the draft has no such rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waste: Option<WhatIfWaste>,
+}
+
+/// The recorded attempts a draft `utilization` rule would have acted on (issue 28). Judged from
+/// each attempt's longest idle stretch under the nearest recorded threshold at or under the
+/// rule's (5, 10, 20, 30 or 50 %): a listed attempt certainly met the rule; one whose stretch
+/// lay between two recorded thresholds may be missed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WhatIfWaste {
+    pub action: WasteAction,
+    /// The recorded threshold the answer used (percent).
+    pub judged_at_pct: Option<u32>,
+    /// Attempts recorded in the period (of the team, or the draft's project).
+    pub attempts_recorded: u32,
+    /// Those the rule would have acted on, most GPU-hours freed first (at most 200).
+    pub would_act: Vec<WhatIfWasted>,
+    /// GPU-hours and dollars freed at least: each attempt's idle stretch past the window.
+    pub gpu_hours_freed: f64,
+    pub usd_freed: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WhatIfWasted {
+    pub job_id: Uuid,
+    pub name: String,
+    pub project: Option<String>,
+    pub priority: Priority,
+    pub gpus: u32,
+    /// Its longest idle stretch under the threshold used, seconds.
+    pub longest_idle_s: i64,
+    pub gpu_hours_freed: f64,
+    pub usd_freed: f64,
+}
+
+/// `GET /waste`: idle GPU-hours (jobs holding GPUs they do not use) in a period, by team, and
+/// the jobs that wasted most.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WasteReport {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub teams: Vec<TeamWaste>,
+    /// The jobs with the most idle GPU-hours, most first.
+    pub worst: Vec<WastedJob>,
+    pub total_idle_gpu_hours: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TeamWaste {
+    pub team: String,
+    pub idle_gpu_hours: f64,
+    /// Jobs judged in the period.
+    pub jobs: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WastedJob {
+    pub job_id: Uuid,
+    pub team: String,
+    pub project: Option<String>,
+    pub name: String,
+    pub priority: Priority,
+    pub gpus: u32,
+    pub idle_gpu_hours: f64,
+    /// Its GPUs' mean activity at the last sample (percent); absent without a reading.
+    pub activity_pct: Option<f64>,
+    /// When its current idle stretch began; absent when it is not idle now.
+    pub idle_since: Option<DateTime<Utc>>,
+    pub last_sample_at: DateTime<Utc>,
+    /// What the rule did (`notify`, `stop`, `requeue`), if it acted, and why.
+    pub action: Option<WasteAction>,
+    pub reason: Option<String>,
 }
 
 /// One job the draft policy treats differently from the current one.

@@ -6,7 +6,8 @@
 //! knows (queue depth by state and priority, spend rate per team, budget remaining, instances
 //! by state and provider, nodes, and each GPU's utilisation, memory, temperature and power from
 //! the agents' last heartbeats) are read at scrape time, so they are never stale and never
-//! drift from the truth.
+//! drift from the truth. So is `switchyard_gpu_wasted_hours_total{team}` (the waste rule's idle
+//! GPU-hours, `control/waste.rs`): a counter, because the store only adds to it.
 //!
 //! GPU series use NVIDIA dcgm-exporter's names and labels (`DCGM_FI_DEV_GPU_UTIL`,
 //! `DCGM_FI_DEV_FB_USED`, `DCGM_FI_DEV_GPU_TEMP`, `DCGM_FI_DEV_POWER_USAGE` with `gpu`, `UUID`,
@@ -195,6 +196,21 @@ impl Metrics {
             "What the team's work live now (running attempts, live cloud instances) costs an hour, \
              as the ledger accrues it",
             spend_rate,
+        );
+
+        // Idle GPU-hours by team, as the waste rule judged them (`control/waste.rs`): from the
+        // store, which only adds to them, so the series is a counter on every replica.
+        let wasted = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        for (team, ms) in store.wasted_gpu_ms_by_team().await? {
+            wasted
+                .get_or_create(&vec![("team".into(), team)])
+                .inc_by(ms as f64 / 3_600_000.0);
+        }
+        registry.register(
+            "switchyard_gpu_wasted_hours",
+            "GPU-hours jobs held idle (their GPUs' activity under the team's utilization \
+             threshold, 10 % without a rule), by team",
+            wasted,
         );
 
         let remaining = Family::<Labels, FloatGauge>::default();

@@ -1,6 +1,8 @@
 //! Team policies: validation of what finance sends (field-level errors), conversion into the
 //! planner's [`TeamPolicy`], and the submit-time check that refuses a job its team's policy can
-//! never allow. What-if is `what_if.rs`.
+//! never allow. What-if is `what_if.rs`. The `utilization` section (the waste rule, issue 28) is
+//! checked here and converted by [`utilization_rule`]; it is carried out by
+//! `control/waste.rs`.
 //!
 //! Policies are stored as sent ([`PolicyBody`], dollars and local times); the planner gets plain
 //! values: micro-dollars, UTC minute ranges. Time windows are converted for the date of `now`
@@ -12,7 +14,9 @@ use chrono::{DateTime, Duration, NaiveTime, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 use switchyard_core as core;
 use switchyard_core::{Money, Pool, Region, SpotRule, TeamPolicy, Timestamp};
-use switchyard_protocol::api::{BudgetPeriod, PolicyBody, PolicyWindow, Priority};
+use switchyard_protocol::api::{
+    BudgetPeriod, PolicyBody, PolicyWindow, Priority, UtilizationRule, WasteAction,
+};
 
 use crate::clock;
 use crate::http::error::ApiError;
@@ -212,7 +216,58 @@ pub fn validate(body: &PolicyBody, regions: &[Region], pools: &[Pool]) -> Result
             }
         }
     }
+    if let Some(u) = &body.utilization {
+        check_utilization(u)?;
+    }
     Ok(())
+}
+
+/// The shortest and longest `utilization.window_s`: under a minute is a few heartbeats (noise);
+/// over a week no job would ever meet it.
+pub const UTILIZATION_WINDOW_S: std::ops::RangeInclusive<u32> = 60..=7 * 24 * 3600;
+
+fn check_utilization(u: &UtilizationRule) -> Result<(), ApiError> {
+    if !(1..=100).contains(&u.min_gpu_utilization_pct) {
+        return Err(ApiError::invalid(
+            "utilization.min_gpu_utilization_pct",
+            "must be a percentage from 1 to 100",
+        ));
+    }
+    if !UTILIZATION_WINDOW_S.contains(&u.window_s) {
+        return Err(ApiError::invalid(
+            "utilization.window_s",
+            "must be from 60 seconds to 604800 (7 days)",
+        ));
+    }
+    for (i, p) in u.exempt_priorities.iter().enumerate() {
+        if u.exempt_priorities[..i].contains(p) {
+            return Err(ApiError::invalid(
+                format!("utilization.exempt_priorities[{i}]"),
+                "is listed twice",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A policy's waste rule as core's [`core::waste::UtilizationRule`], if it has one (and it is
+/// valid: a stored body was checked when it was put).
+pub fn utilization_rule(body: &PolicyBody) -> Option<core::waste::UtilizationRule> {
+    let u = body.utilization.as_ref()?;
+    Some(core::waste::UtilizationRule {
+        min_gpu_utilization_pct: u8::try_from(u.min_gpu_utilization_pct.clamp(1, 100)).ok()?,
+        window_s: u.window_s,
+        action: match u.action {
+            WasteAction::Notify => core::waste::WasteAction::Notify,
+            WasteAction::Stop => core::waste::WasteAction::Stop,
+            WasteAction::Requeue => core::waste::WasteAction::Requeue,
+        },
+        exempt_priorities: u
+            .exempt_priorities
+            .iter()
+            .map(|p| core_priority(*p))
+            .collect(),
+    })
 }
 
 fn core_priority(p: Priority) -> core::Priority {

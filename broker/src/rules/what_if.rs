@@ -2,7 +2,9 @@
 //! current policies and under a draft, every rule applied as the live planner applies it
 //! (allow-lists, prices, spot, burst, windows, ceilings, hard budgets, on-prem rates), on the
 //! pools the broker has now. The handler (`http/api/policies.rs`) reads the store; this builds
-//! the world and the draft set from what it read, and runs the two replays.
+//! the world and the draft set from what it read, and runs the two replays. A draft with a
+//! `utilization` rule also gets [`waste`]: the recorded attempts the rule would have acted on
+//! (from `gpu_waste`'s bounded per-attempt history, not from the replay).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -13,12 +15,13 @@ use switchyard_core::sim::{
 };
 use switchyard_core::{Money, Pool, PoolId, Region, Snapshot, TeamPolicy, Timestamp};
 use switchyard_protocol::api::{
-    DayCost, PolicyBody, QueueDelay, WhatIfChange, WhatIfOutcome, WhatIfReport,
+    DayCost, PolicyBody, QueueDelay, WasteAction, WhatIfChange, WhatIfOutcome, WhatIfReport,
+    WhatIfWaste, WhatIfWasted,
 };
 
 use crate::clock;
 use crate::rules::policy::{policy_to_core, priced_for};
-use crate::store::{JobRecord, NodeRecord, PolicyRecord};
+use crate::store::{JobRecord, NodeRecord, PolicyRecord, WasteRow};
 
 /// Jobs replayed by a what-if: the team's last 30 days, at most this many.
 pub const WHAT_IF_MAX_JOBS: i64 = 5_000;
@@ -416,6 +419,7 @@ pub fn what_if(
             current: empty.clone(),
             draft: empty,
             changes: Vec::new(),
+            waste: None,
         });
     };
     let sim_jobs: Vec<SimJob> = jobs.iter().map(|(j, _)| j.clone()).collect();
@@ -441,7 +445,72 @@ pub fn what_if(
         current: outcome(&current, first_day, last_day),
         draft: outcome(&draft, first_day, last_day),
         changes: changes(&jobs, &current, &draft),
+        waste: None,
     })
+}
+
+/// Recorded attempts a what-if's waste answer looks at, at most.
+pub const WHAT_IF_MAX_WASTE_ROWS: i64 = 20_000;
+/// Attempts listed in a what-if's waste answer, at most.
+pub const WHAT_IF_MAX_WASTED: usize = 200;
+
+/// What a draft `utilization` rule would have done to the recorded attempts `rows` (the
+/// team's, or the draft's project's, over the what-if period): those whose longest recorded
+/// idle stretch meets the window (their priority not exempt), with the GPU-hours and dollars
+/// the rule frees at least — the stretch past the window, at the attempt's hourly rate.
+/// Answered from `gpu_waste`'s bounded history (`core::waste::would_fire`): certain for a
+/// listed attempt; a stretch whose activity lay between two recorded thresholds, or one broken
+/// by a single busy sample, is not seen; and it cannot say *when* in the attempt the stretch
+/// was (so not what the attempt would have cost had it been requeued and run again).
+pub fn waste(rule: &core::waste::UtilizationRule, rows: &[WasteRow]) -> WhatIfWaste {
+    let judged_at = core::waste::RECORDED_THRESHOLDS
+        .iter()
+        .copied()
+        .filter(|t| *t <= rule.min_gpu_utilization_pct)
+        .max();
+    let mut would: Vec<WhatIfWasted> = rows
+        .iter()
+        .filter(|r| rule.applies_to(r.priority))
+        .filter_map(|r| {
+            let freed_ms = core::waste::would_fire(rule, &r.history, r.gpus)?;
+            let longest = r
+                .history
+                .iter()
+                .find(|h| Some(h.threshold_pct) == judged_at)
+                .map_or(0, |h| h.longest_idle_ms);
+            let gpu_hours = freed_ms as f64 / 3_600_000.0;
+            // The attempt's hourly rate is for all its GPUs.
+            let usd = r.hourly_rate_micros.map_or(0.0, |rate| {
+                rate as f64 / 1e6 * gpu_hours / f64::from(r.gpus.max(1))
+            });
+            Some(WhatIfWasted {
+                job_id: r.job.0,
+                name: r.name.clone(),
+                project: r.project.clone(),
+                priority: crate::http::api::waste::wire_priority(r.priority),
+                gpus: r.gpus,
+                longest_idle_s: longest / 1000,
+                gpu_hours_freed: gpu_hours,
+                usd_freed: usd,
+            })
+        })
+        .collect();
+    would.sort_by(|a, b| b.gpu_hours_freed.total_cmp(&a.gpu_hours_freed));
+    let gpu_hours_freed = would.iter().map(|w| w.gpu_hours_freed).sum();
+    let usd_freed = would.iter().map(|w| w.usd_freed).sum();
+    would.truncate(WHAT_IF_MAX_WASTED);
+    WhatIfWaste {
+        action: match rule.action {
+            core::waste::WasteAction::Notify => WasteAction::Notify,
+            core::waste::WasteAction::Stop => WasteAction::Stop,
+            core::waste::WasteAction::Requeue => WasteAction::Requeue,
+        },
+        judged_at_pct: judged_at.map(u32::from),
+        attempts_recorded: u32::try_from(rows.len()).unwrap_or(u32::MAX),
+        would_act: would,
+        gpu_hours_freed,
+        usd_freed,
+    }
 }
 
 #[cfg(test)]

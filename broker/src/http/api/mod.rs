@@ -14,6 +14,7 @@ pub mod policies;
 pub mod services;
 pub mod spend;
 pub mod tokens;
+pub mod waste;
 
 use axum::Json;
 use axum::Router;
@@ -89,6 +90,7 @@ pub fn api() -> (Router<App>, utoipa::openapi::OpenApi) {
         .routes(routes!(catalogue::patch_pool))
         .routes(routes!(spend::report))
         .routes(routes!(budgets::list))
+        .routes(routes!(waste::report))
         .split_for_parts();
     doc.servers = Some(vec![utoipa::openapi::Server::new("/api/v1")]);
     openapi::complete(&mut doc);

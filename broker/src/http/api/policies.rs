@@ -232,6 +232,26 @@ pub async fn what_if(
     policy::validate(&draft, &regions, &pools)?;
     let now = app.clock.now();
     let since = now.plus_secs(-WHAT_IF_DAYS * 86_400);
+    // The draft's waste rule, answered from the recorded attempts (issue 28).
+    let waste = match policy::utilization_rule(&draft) {
+        Some(rule) => {
+            let rows = app
+                .store
+                .waste_rows(
+                    since,
+                    now.plus_millis(1),
+                    Some(&team),
+                    what_if::WHAT_IF_MAX_WASTE_ROWS,
+                )
+                .await?;
+            let rows: Vec<_> = rows
+                .into_iter()
+                .filter(|r| project.is_none() || r.project == project)
+                .collect();
+            Some(what_if::waste(&rule, &rows))
+        }
+        None => None,
+    };
     let recorded = app
         .store
         .list_jobs(&JobFilter {
@@ -289,5 +309,7 @@ pub async fn what_if(
     })
     .await
     .map_err(|e| ApiError::Internal(format!("what-if task failed: {e}")))?;
-    report.map(Json).ok_or_else(too_long)
+    let mut report = report.ok_or_else(too_long)?;
+    report.waste = waste;
+    Ok(Json(report))
 }

@@ -211,7 +211,8 @@ impl Store {
                     } else {
                         query(
                             "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
-                             reason = $4, version = version + 1 \
+                             reason = CASE WHEN $1 = 'cancelled' THEN COALESCE(stop_reason, $4) \
+                             ELSE $4 END, version = version + 1 \
                              WHERE id = $5 AND current_attempt = $6 \
                              AND state IN ('placed', 'running')",
                         )
@@ -354,7 +355,8 @@ pub(super) async fn finish_requeued(
         "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
          ELSE 'queued' END, \
          finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
-         reason = CASE WHEN cancel_requested THEN 'cancelled by user' ELSE COALESCE($4, reason) END, \
+         reason = CASE WHEN cancel_requested THEN COALESCE(stop_reason, 'cancelled by user') \
+         ELSE COALESCE($4, reason) END, \
          version = version + 1 \
          WHERE id = $2 AND current_attempt = $3 AND state IN ('placed', 'running') \
          RETURNING cancel_requested",

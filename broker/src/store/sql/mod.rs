@@ -30,10 +30,12 @@ mod rows;
 mod services;
 mod spend;
 mod types;
+mod waste;
 
 pub use gateway::{RouteRow, RoutedService, ServiceTokenRecord, StoredReport};
 pub(crate) use rows::*;
 pub use types::{DbId, DbTime};
+pub use waste::{WasteRank, WasteRow, WasteWrite};
 
 // What the method files (`use super::*`) share.
 use super::postgres;
