@@ -1054,6 +1054,9 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
         .await
         .unwrap_or_default();
     assert!(label.starts_with("forecast (linear): $"), "{label:?}");
+    // Idle GPU-hours this month by team, from the waste rule's record (issue 28).
+    b.el("[data-test=overview-waste] [data-test=waste-teams-table]")
+        .await;
 
     // The catalogue counts live nodes from each pool's node list, and a launchable cloud pool
     // with none says what it may launch instead of "0 / 0".

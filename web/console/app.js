@@ -643,6 +643,37 @@ document.addEventListener('securitypolicyviolation', (e) => {
       })));
     }
     grid.appendChild(qp);
+
+    // Idle GPU-hours this month by team, and the jobs that wasted most (the waste rule, issue 28;
+    // `GET /api/v1/waste` is for admin, finance and infra).
+    if (S.me.role !== 'developer') {
+      const waste = await settle(get('/api/v1/waste' + qs({ period: 'month' })));
+      if (!live(seq)) return;
+      const wp = h('div', { class: 'panel', 'data-test': 'overview-waste' }, h('h2', null, 'Idle GPU-hours this month, by team'));
+      const gpuHours = (x) => (Number(x) || 0).toFixed(2);
+      if (waste instanceof ApiError) {
+        wp.appendChild(notice('Idle GPU-hours are not available: ' + waste.message, waste.status !== 404));
+      } else {
+        wp.appendChild(table(['Team', ['Idle GPU-hours', 'num'], ['Jobs', 'num']],
+          waste.teams.map((t) => h('tr', { 'data-test': 'waste-team-row', 'data-team': t.team },
+            h('td', null, t.team),
+            h('td', { class: 'num', 'data-test': 'waste-hours' }, gpuHours(t.idle_gpu_hours)),
+            h('td', { class: 'num' }, String(t.jobs)))),
+          { test: 'waste-teams-table', empty: 'No GPU time judged this month.' }));
+        const worst = waste.worst.filter((j) => j.idle_gpu_hours > 0).slice(0, 8);
+        if (worst.length) {
+          wp.appendChild(h('h3', null, 'Worst jobs'));
+          wp.appendChild(table(['Job', 'Team', ['Idle GPU-hours', 'num'], 'Rule'],
+            worst.map((j) => h('tr', { 'data-test': 'waste-job', 'data-job-id': j.job_id },
+              h('td', null, h('a', { href: '#/jobs/' + j.job_id }, j.name)),
+              h('td', null, teamLabel(j.team, j.project)),
+              h('td', { class: 'num' }, gpuHours(j.idle_gpu_hours)),
+              h('td', { class: 'small', title: j.reason || '' }, j.action ? badge(j.action) : (j.idle_since ? 'idle now' : '—')))),
+            { test: 'waste-jobs-table' }));
+        }
+      }
+      grid.appendChild(wp);
+    }
   }
 
   /// The budget's `alert_at` thresholds its spend has crossed this period, as words
