@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use switchyard_protocol::api::{
     AgentTokenList, AgentTokenRevoked, AuditList, BudgetList, CreateEnrolmentToken, CreateToken,
     EnrolmentTokenCreated, ErrorBody, InstanceList, JobList, JobSpec, JobState, JobView, LogPage,
-    LogStream, NodeDetail, PolicyBody, PolicyList, PolicyView, PoolList, PoolPatch, PoolView,
+    LogStream, NodeDetail, NodeList, NodeState, PolicyBody, PolicyList, PolicyView, PoolList, PoolPatch, PoolView,
     QueueDelay, RegionList, ReplicaState, Role, ServiceEventList, ServiceList, ServiceSpec,
     ServiceState, ServiceView, TokenCreated, TokenList, TokenView,
 };
@@ -1322,27 +1322,12 @@ pub async fn token_create(
     Ok(())
 }
 
-/// `switchyard nodes`: every GPU node that joined a pool, from the pools' node lists (`--json`:
-/// `{"nodes": [...]}`, each node with its `pool`).
+/// `switchyard nodes`: every GPU node that is not revoked, its state and its unhealthy GPUs
+/// with the reasons (`--json`: `{"nodes": [...]}` as `GET /nodes` answers).
 pub async fn nodes(c: &Client) -> anyhow::Result<()> {
-    let list: PoolList = c.get("/pools").await?;
-    if c.json {
-        let nodes: Vec<Value> = list
-            .pools
-            .iter()
-            .flat_map(|p| {
-                p.node_list.iter().map(|n| {
-                    let mut v = serde_json::to_value(n).unwrap_or(Value::Null);
-                    if let Some(m) = v.as_object_mut() {
-                        m.insert("pool".into(), Value::String(p.id.clone()));
-                    }
-                    v
-                })
-            })
-            .collect();
-        out!("{}", json_text(&serde_json::json!({ "nodes": nodes }))?);
+    let Some(list) = c.fetch::<NodeList>(Method::GET, "/nodes", None).await? else {
         return Ok(());
-    }
+    };
     let now = Utc::now();
     let mut table = Table::new(&[
         "NODE",
@@ -1352,35 +1337,73 @@ pub async fn nodes(c: &Client) -> anyhow::Result<()> {
         "HEALTH",
         "JOBS RUN AS",
         "LAST HEARTBEAT",
+        "UNHEALTHY GPUS",
     ]);
-    for p in &list.pools {
-        for n in &p.node_list {
-            table.row(vec![
-                printable(&n.id).into_owned(),
-                printable(&p.id).into_owned(),
-                truncate(&printable(&n.hostname), 32),
-                format!(
-                    "{}{}",
-                    n.gpus_total,
-                    if n.simulated { " (simulated)" } else { "" }
-                ),
-                match (n.healthy, n.draining) {
-                    (_, true) => "draining",
-                    (true, false) => "healthy",
-                    (false, false) => "unhealthy",
-                }
-                .into(),
-                if n.isolation {
-                    "own uid each"
-                } else {
-                    "agent's user"
-                }
-                .into(),
-                ago(n.last_heartbeat, now),
-            ]);
-        }
+    for n in &list.nodes {
+        let sick: Vec<String> = n
+            .gpus
+            .iter()
+            .flat_map(|g| g.reasons.iter().map(|r| printable(r).into_owned()))
+            .collect();
+        table.row(vec![
+            printable(&n.id).into_owned(),
+            printable(&n.pool).into_owned(),
+            truncate(&printable(&n.hostname), 32),
+            format!(
+                "{}{}",
+                n.gpus.len(),
+                if n.simulated { " (simulated)" } else { "" }
+            ),
+            node_state(n.state).into(),
+            if n.isolation {
+                "own uid each"
+            } else {
+                "agent's user"
+            }
+            .into(),
+            ago(n.last_heartbeat, now),
+            if sick.is_empty() {
+                "-".into()
+            } else {
+                sick.join("; ")
+            },
+        ]);
     }
     table.print()
+}
+
+fn node_state(state: NodeState) -> &'static str {
+    match state {
+        NodeState::Healthy => "healthy",
+        NodeState::Lost => "lost",
+        NodeState::Draining => "draining",
+        NodeState::Revoked => "revoked",
+    }
+}
+
+/// `switchyard nodes drain ID` / `nodes undrain ID` (infra, admin): stop new work on a node
+/// (running work finishes), or take work again and clear its GPUs' health marks.
+pub async fn node_drain(c: &Client, id: &str, drain: bool) -> anyhow::Result<()> {
+    let verb = if drain { "drain" } else { "undrain" };
+    let path = format!("/nodes/{}/{verb}", seg(id));
+    let Some(n) = c.fetch::<NodeDetail>(Method::POST, &path, None).await? else {
+        return Ok(());
+    };
+    if drain {
+        out!(
+            "{} draining: it takes no new work; {} job{} running finish",
+            printable(&n.id),
+            n.running.len(),
+            if n.running.len() == 1 { "" } else { "s" }
+        );
+    } else {
+        out!(
+            "{} {}: it takes work again; its GPUs' health marks are cleared",
+            printable(&n.id),
+            node_state(n.state)
+        );
+    }
+    Ok(())
 }
 
 /// `switchyard node ID`: one node, its GPUs as of the last heartbeat, and the jobs on them.

@@ -258,8 +258,11 @@ enum Command {
         #[command(subcommand)]
         command: PoolCommand,
     },
-    /// List GPU nodes: pool, host, GPUs, health, how jobs run, last heartbeat.
+    /// List GPU nodes: pool, host, GPUs, state, how jobs run, last heartbeat, unhealthy GPUs
+    /// and why; `nodes drain ID` / `nodes undrain ID` (infra, admin).
     Nodes {
+        #[command(subcommand)]
+        command: Option<NodesCommand>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -469,6 +472,25 @@ enum PoolCommand {
         /// Whether the broker may launch cloud nodes in the pool.
         #[arg(long, value_name = "BOOL")]
         launchable: Option<bool>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NodesCommand {
+    /// Stop new work on a node; the jobs running there finish.
+    Drain {
+        /// The node's id (from `nodes`).
+        node: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Let a drained node take work again, and clear its GPUs' health marks (you vouch for
+    /// them).
+    Undrain {
+        /// The node's id (from `nodes`).
+        node: String,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -748,7 +770,15 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
             };
             done(cli::pool_set(&connect(&client)?, &id, edit).await)
         }
-        Command::Nodes { client } => done(cli::nodes(&connect(&client)?).await),
+        Command::Nodes { command, client } => match command {
+            None => done(cli::nodes(&connect(&client)?).await),
+            Some(NodesCommand::Drain { node, client }) => {
+                done(cli::node_drain(&connect(&client)?, &node, true).await)
+            }
+            Some(NodesCommand::Undrain { node, client }) => {
+                done(cli::node_drain(&connect(&client)?, &node, false).await)
+            }
+        },
         Command::Node { id, client } => done(cli::node(&connect(&client)?, &id).await),
         Command::EnrolmentToken {
             pool,

@@ -291,33 +291,23 @@ fn inventory(gpus: Vec<Value>) -> Value {
     json!({"gpus": gpus, "cpus": 8, "memory_mb": 65536, "simulated": true})
 }
 
-/// Telemetry out of range, as a single GPU's readings, and the field named.
+/// Readings out of physical range, as a single GPU's, and the field: dropped and counted
+/// (issue 28), the rest of the heartbeat still counts.
+fn impossible_readings() -> Vec<(Value, &'static str)> {
+    vec![
+        (json!({"temperature_c": 4_294_967_295_u64}), "temperature_c"),
+        (json!({"temperature_c": 201}), "temperature_c"),
+        (json!({"power_w": 1e308}), "power_w"),
+        (json!({"power_w": -1.0}), "power_w"),
+        (json!({"utilization_pct": 101}), "utilization_pct"),
+        (json!({"memory_used_mb": 81921}), "memory_used_mb"),
+    ]
+}
+
+/// An inventory out of range (not a reading: what the GPU is), as a single GPU's, and the
+/// field named.
 fn bad_gpus() -> Vec<(Vec<Value>, &'static str)> {
     vec![
-        (
-            vec![gpu(json!({"temperature_c": 4_294_967_295_u64}))],
-            "inventory.gpus[0].temperature_c",
-        ),
-        (
-            vec![gpu(json!({"temperature_c": 201}))],
-            "inventory.gpus[0].temperature_c",
-        ),
-        (
-            vec![gpu(json!({"power_w": 1e308}))],
-            "inventory.gpus[0].power_w",
-        ),
-        (
-            vec![gpu(json!({"power_w": -1.0}))],
-            "inventory.gpus[0].power_w",
-        ),
-        (
-            vec![gpu(json!({"utilization_pct": 101}))],
-            "inventory.gpus[0].utilization_pct",
-        ),
-        (
-            vec![gpu(json!({"memory_used_mb": 81921}))],
-            "inventory.gpus[0].memory_used_mb",
-        ),
         (
             vec![gpu(json!({"memory_mb": 4_194_305, "memory_used_mb": 0}))],
             "inventory.gpus[0].memory_mb",
@@ -342,8 +332,7 @@ fn bad_gpus() -> Vec<(Vec<Value>, &'static str)> {
 }
 
 #[tokio::test]
-async fn agent_telemetry_out_of_range_is_refused_at_register_and_heartbeat_and_never_reaches_metrics()
- {
+async fn agent_inventory_out_of_range_is_refused_and_impossible_readings_never_reach_metrics() {
     let app = TestApp::spawn().await;
     let enrol = app
         .call(
@@ -394,24 +383,44 @@ async fn agent_telemetry_out_of_range_is_refused_at_register_and_heartbeat_and_n
     for (gpus, field) in bad_gpus() {
         assert_invalid(&beat(inventory(gpus)).await, field, field);
     }
-    let metrics = app
-        .call(Method::GET, "/metrics", Some(&app.admin), None)
-        .await;
-    let text = metrics.body.as_str().unwrap();
-    assert!(text.contains("DCGM_FI_DEV_GPU_TEMP{"), "{text}");
-    let temps: Vec<&str> = text
-        .lines()
-        .filter(|l| {
-            l.starts_with("DCGM_FI_DEV_GPU_TEMP{") || l.starts_with("DCGM_FI_DEV_POWER_USAGE{")
-        })
-        .collect();
-    assert_eq!(temps.len(), 2, "{text}");
-    for line in temps {
-        let value = line.rsplit(' ').next().unwrap();
+    for (reading, field) in impossible_readings() {
+        let r = beat(inventory(vec![gpu(reading.clone())])).await;
+        assert_eq!(r.status, StatusCode::OK, "{reading}: {}", r.body);
+        let metrics = app
+            .call(Method::GET, "/metrics", Some(&app.admin), None)
+            .await;
+        let text = metrics.body.as_str().unwrap();
         assert!(
-            ["61", "300.5"].contains(&value),
-            "only the good readings: {line}"
+            text.contains(&format!(
+                "switchyard_telemetry_dropped_total{{field=\"{field}\"}}"
+            )),
+            "{text}"
         );
+        let readings: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                [
+                    "DCGM_FI_DEV_GPU_TEMP{",
+                    "DCGM_FI_DEV_POWER_USAGE{",
+                    "DCGM_FI_DEV_GPU_UTIL{",
+                    "DCGM_FI_DEV_FB_USED{",
+                ]
+                .iter()
+                .any(|p| l.starts_with(p))
+            })
+            .collect();
+        assert_eq!(
+            readings.len(),
+            3,
+            "the other three readings: {reading}: {text}"
+        );
+        for line in readings {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(
+                ["61", "300.5", "50", "1024"].contains(&value),
+                "only the good readings: {line}"
+            );
+        }
     }
 }
 

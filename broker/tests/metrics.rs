@@ -69,7 +69,9 @@ async fn metrics_show_the_queue_the_gpus_and_the_scheduler() {
         .map(|i| {
             json!({"index": i, "uuid": format!("GPU-real-{i}"), "model": "H100",
                    "memory_mb": 81920, "memory_used_mb": 1024 * (i + 1),
-                   "utilization_pct": 40 + i, "temperature_c": 60 + i, "power_w": 301.5})
+                   "utilization_pct": 40 + i, "temperature_c": 60 + i, "power_w": 301.5,
+                   "sm_clock_mhz": 1980, "profiling": {"sm_active_pct": 25.0 * f64::from(i + 1)},
+                   "health": {"ecc_uncorrected_volatile": 0}})
         })
         .collect();
     heartbeat_with(&app, &agent, gpus).await;
@@ -127,6 +129,37 @@ async fn metrics_show_the_queue_the_gpus_and_the_scheduler() {
             &["gpu=\"0\"", "Hostname=\"test-host\""]
         ),
         Some(60.0)
+    );
+    // Issue 28: the SM clock, the last XID (0: none), double-bit ECC errors, profiling as a
+    // 0-1 ratio only where measured, and the health rules' verdict.
+    assert_eq!(
+        find(&m, "DCGM_FI_DEV_SM_CLOCK", &["gpu=\"0\""]),
+        Some(1980.0)
+    );
+    assert_eq!(
+        find(
+            &m,
+            "DCGM_FI_PROF_SM_ACTIVE",
+            &["gpu=\"1\"", "UUID=\"GPU-real-1\""]
+        ),
+        Some(0.5)
+    );
+    assert_eq!(find(&m, "DCGM_FI_PROF_DRAM_ACTIVE", &[]), None);
+    assert_eq!(
+        find(&m, "DCGM_FI_DEV_XID_ERRORS", &["gpu=\"0\""]),
+        Some(0.0)
+    );
+    assert_eq!(
+        find(&m, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", &["gpu=\"1\""]),
+        Some(0.0)
+    );
+    assert_eq!(
+        find(
+            &m,
+            "switchyard_gpu_healthy",
+            &["gpu=\"1\"", "UUID=\"GPU-real-1\""]
+        ),
+        Some(1.0)
     );
     assert_eq!(
         find(&m, "DCGM_FI_DEV_POWER_USAGE", &["gpu=\"0\""]),

@@ -318,6 +318,8 @@ pub struct NodeDetail {
     pub simulated: bool,
     pub registered_at: DateTime<Utc>,
     pub last_heartbeat: DateTime<Utc>,
+    /// `healthy`, `lost`, `draining` or `revoked` (see [`NodeState`]).
+    pub state: NodeState,
     /// As of the last heartbeat; absent figures were not reported.
     pub gpus: Vec<NodeGpu>,
     /// Attempts running on the node now. Another team's job shows to a developer as
@@ -337,6 +339,57 @@ pub struct NodeGpu {
     pub utilization_pct: Option<u32>,
     pub temperature_c: Option<u32>,
     pub power_w: Option<f64>,
+    /// Who made it (`nvidia`, `amd`, …), as its agent reports it; absent from older agents.
+    #[serde(default)]
+    pub vendor: Option<String>,
+    #[serde(default)]
+    pub uuid: String,
+    /// False while a health rule marks it (a fatal XID, uncorrectable ECC errors, overheating):
+    /// it takes no new work.
+    #[serde(default = "default_true")]
+    pub healthy: bool,
+    /// Why it is unhealthy, one sentence each ("GPU 2 fell off the bus (XID 79)").
+    #[serde(default)]
+    pub reasons: Vec<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// A node's state: `healthy` (heartbeating, taking work), `lost` (no heartbeat within the
+/// lease), `draining` (takes no new work; running work finishes: an operator's drain, a spot
+/// notice, or a cloud instance being replaced), `revoked` (its agent token was revoked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    Healthy,
+    Lost,
+    Draining,
+    Revoked,
+}
+
+/// `GET /nodes`: every node that is not revoked, by id.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeList {
+    pub nodes: Vec<NodeSummary>,
+}
+
+/// One node in `GET /nodes`: where it is, its state, its GPUs with their health, and what
+/// runs on it (another team's job shows to a developer as `name: null`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeSummary {
+    pub id: String,
+    pub hostname: String,
+    pub pool: String,
+    pub state: NodeState,
+    pub last_heartbeat: DateTime<Utc>,
+    /// Whether its agent runs every job as its own unprivileged uid with a clean environment.
+    pub isolation: bool,
+    /// GPUs declared with `--fake-gpus` rather than read from NVML.
+    pub simulated: bool,
+    pub gpus: Vec<NodeGpu>,
+    pub running: Vec<NodeJob>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

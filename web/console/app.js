@@ -2496,10 +2496,20 @@ document.addEventListener('securitypolicyviolation', (e) => {
           : 'The agent has not reported utilisation, memory, temperature or power for these GPUs.'));
       }
       const runningOn = (idx) => (n.running || []).filter((r) => (r.gpus || []).includes(idx));
-      gp.appendChild(table(['GPU', 'Model', ['Memory', 'num'], ...GPU_METRICS.map((m) => [m.title, 'num']), 'Running'],
+      // Health (issue 28): a GPU a health rule marked takes no new work; its reasons say why.
+      const sick = gpus.filter((g) => g.healthy === false);
+      if (sick.length) {
+        gp.appendChild(notice(sick.length + ' of ' + gpus.length + ' GPU' + (gpus.length === 1 ? '' : 's') +
+          ' unhealthy: ' + sick.flatMap((g) => g.reasons || []).join('; ') +
+          (sick.length === gpus.length ? '. The node takes no new work.' : '. The others still take work.'), true, 'node-gpu-sick'));
+      }
+      gp.appendChild(table(['GPU', 'Model', 'Health', ['Memory', 'num'], ...GPU_METRICS.map((m) => [m.title, 'num']), 'Running'],
         gpus.map((g) => h('tr', { 'data-test': 'node-gpu-row', 'data-index': g.index },
           h('td', null, String(g.index)),
-          h('td', null, g.model),
+          h('td', null, g.model, g.vendor ? h('div', { class: 'small muted' }, g.vendor) : null),
+          h('td', { 'data-test': 'node-gpu-health' }, g.healthy === false
+            ? [h('span', { class: 'badge failed' }, 'unhealthy'), ...(g.reasons || []).map((r) => h('div', { class: 'small' }, r))]
+            : h('span', { class: 'badge ready' }, 'healthy')),
           h('td', { class: 'num' }, GPU_METRICS[1].fmt(g.memory_total_mb)),
           GPU_METRICS.map((m) => h('td', { class: 'num' + (reported(g, m.key) ? '' : ' muted small'), 'data-metric': m.key }, reported(g, m.key) ? m.fmt(g[m.key]) : 'not reported')),
           h('td', { class: 'small' }, runningOn(g.index).map((r) => h('div', null, jobRef(r))))),

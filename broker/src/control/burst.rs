@@ -12,6 +12,11 @@
 //!   not a second machine: the retry uses the same key, and before giving an instance up after
 //!   such a failure the controller looks for it by its tag and adopts it if it exists;
 //! - `booting` past the boot timeout → terminated, its job re-planned;
+//! - `ready` on a node with a sticky unhealthy GPU (a fatal XID or uncorrectable ECC errors,
+//!   `rules/health.rs`; an overheat clears itself and is waited out) → replaced: the node
+//!   drains and the instance becomes `draining`; once no work is left on it (requeued by the
+//!   health rules or finished) it is terminated, and the planner launches a fresh one for
+//!   whatever waits ([`replace_sick`]);
 //! - `ready` with nothing running → idle; idle past the TTL (and past the provider's minimum
 //!   billed time, which is paid anyway) → terminated, its lifetime cost written to the ledger;
 //! - the orphan reaper: every tagged instance a provider lists that the broker does not know
@@ -83,6 +88,22 @@ pub async fn reconcile(app: &App, reap: bool) -> Result<bool, StoreError> {
         .into_iter()
         .map(|a| a.node.to_string())
         .collect();
+    // Nodes of live instances with a sticky GPU mark, and its reason: those are replaced.
+    let sick: HashMap<String, String> = if instances.iter().any(|i| {
+        matches!(i.state, InstanceState::Ready | InstanceState::Draining) && i.node.is_some()
+    }) {
+        app.store
+            .nodes()
+            .await?
+            .into_iter()
+            .filter_map(|n| {
+                crate::rules::health::first_sticky(&n.gpu_marks)
+                    .map(|m| (n.id.to_string(), m.reason.clone()))
+            })
+            .collect()
+    } else {
+        HashMap::new()
+    };
     let mut changed = false;
     // Launches side by side: a provider call that hangs until its timeout holds up no other.
     let launches = instances
@@ -117,7 +138,14 @@ pub async fn reconcile(app: &App, reap: bool) -> Result<bool, StoreError> {
                 }
             }
             InstanceState::Ready | InstanceState::Draining => {
-                idle_check(app, inst, &busy, now).await?
+                match inst
+                    .node
+                    .as_ref()
+                    .and_then(|n| Some((n, sick.get(n.as_str())?)))
+                {
+                    Some((node, reason)) => replace_sick(app, inst, node, reason, &busy).await?,
+                    None => idle_check(app, inst, &busy, now).await?,
+                }
             }
             InstanceState::Terminated => false,
         };
@@ -278,6 +306,27 @@ async fn idle_check(
         false,
     )
     .await
+}
+
+/// An instance whose node has a sick GPU: drained (idempotent), then terminated once nothing
+/// runs on it, without waiting for the idle TTL: nothing should run there again.
+async fn replace_sick(
+    app: &App,
+    inst: &InstanceRecord,
+    node: &switchyard_core::NodeId,
+    reason: &str,
+    busy: &HashSet<String>,
+) -> Result<bool, StoreError> {
+    let drained = app.store.drain_for_replacement(&inst.id, node).await?;
+    if drained {
+        tracing::warn!(instance.id = %inst.id, node.id = %node, reason,
+            "instance has a sick GPU: draining it for replacement");
+    }
+    if busy.contains(node.as_str()) {
+        return Ok(drained);
+    }
+    let ended = end(app, inst, Some(&format!("replaced: {reason}")), true).await?;
+    Ok(drained || ended)
 }
 
 /// Terminates at the provider first, then records the end: an instance is never marked ended

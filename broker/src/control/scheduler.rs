@@ -7,6 +7,11 @@
 //! The mirror is rebuilt from the database at start and whenever a commit finds it stale (a
 //! compare-and-swap on job versions failed), so a stale plan is re-planned, never half-applied.
 //! Handlers never place anything: they store, then send an event here.
+//!
+//! GPU health is applied here, in the snapshot, not in `core`: a GPU the health rules marked
+//! (`rules/health.rs`) is left out of its node's free set, and a node with no healthy GPU left
+//! is shown to the planner as draining (it takes nothing). The marks come with the nodes
+//! (`NodesChanged` reloads them).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -130,6 +135,8 @@ struct NodeState {
     last_heartbeat: Timestamp,
     /// The market of the instance the node runs on (on-prem: on demand).
     market: Market,
+    /// Its GPUs the health rules marked unhealthy: never free.
+    sick: GpuSet,
 }
 
 impl NodeState {
@@ -137,7 +144,13 @@ impl NodeState {
     /// most [`MAX_GPUS_PER_NODE`] GPUs: the agent API refuses a larger inventory.)
     fn free_gpus(&self) -> GpuSet {
         let all = GpuSet::first(self.gpus_total.min(MAX_GPUS_PER_NODE)).unwrap_or_default();
-        all.difference(gpu_set(&self.busy))
+        all.difference(gpu_set(&self.busy)).difference(self.sick)
+    }
+
+    /// Takes no new work: drained, or none of its GPUs is healthy.
+    fn closed(&self) -> bool {
+        let all = GpuSet::first(self.gpus_total.min(MAX_GPUS_PER_NODE)).unwrap_or_default();
+        self.draining || all.is_subset(self.sick)
     }
 }
 
@@ -233,6 +246,7 @@ impl State {
                     draining: n.draining,
                     last_heartbeat: n.last_heartbeat,
                     market: markets.get(&n.id).copied().unwrap_or(Market::OnDemand),
+                    sick: crate::rules::health::unhealthy(&n.gpu_marks),
                 },
             );
         }
@@ -298,7 +312,7 @@ impl State {
                     gpus_total: n.gpus_total,
                     free_gpus: n.free_gpus(),
                     healthy: n.healthy,
-                    draining: n.draining,
+                    draining: n.closed(),
                     last_heartbeat: n.last_heartbeat,
                     market: n.market,
                 })

@@ -2,7 +2,12 @@
 //! enrolment, heartbeats that renew a node's lease (and carry spot interruption notices, which
 //! drain the node and requeue its work), the work long-poll, and events (started, log chunks,
 //! finished) checked against the lease that the reporting agent holds. What agents report
-//! (inventory, telemetry, names) is range-checked before it is stored ([`check_inventory`]).
+//! (inventory, names) is range-checked before it is stored ([`check_inventory`]); telemetry out
+//! of physical range is dropped and counted (`rules/health.rs` `drop_out_of_range`,
+//! `switchyard_telemetry_dropped_total{field}`), never stored or exported. Each heartbeat's GPUs
+//! are judged by the health rules (`rules/health.rs`): allocation-free while nothing changes;
+//! a change is written at once (`Store::apply_gpu_health`), the scheduler reloads its nodes, and
+//! the work of a GPU that fell off the bus is requeued and stopped in this heartbeat's answer.
 
 use axum::Json;
 use axum::Router;
@@ -66,8 +71,9 @@ impl FromRequestParts<App> for AgentCaller {
 async fn register(
     State(app): State<App>,
     headers: axum::http::HeaderMap,
-    ApiJson(req): ApiJson<RegisterRequest>,
+    ApiJson(mut req): ApiJson<RegisterRequest>,
 ) -> Result<(StatusCode, Json<RegisterResponse>), ApiError> {
+    drop_telemetry(&app, &mut req.inventory);
     let enrolment_token = crate::http::auth::bearer_of(&headers).ok_or(ApiError::Unauthorized)?;
     if req.inventory.gpus.is_empty() {
         return Err(ApiError::invalid(
@@ -146,18 +152,19 @@ pub fn sanitize(s: &str) -> String {
 //
 // An agent's readings go into the node's stored inventory and from there to `/metrics` and
 // the pool views; an agent is a machine that may be broken or taken over, so what it says is
-// checked like any other input: out of range is refused (400, naming the field), never stored.
+// checked like any other input: a malformed inventory is refused (400, naming the field); a
+// reading out of physical range (a broken sensor says 4 billion °C) is dropped and counted
+// ([`drop_telemetry`]): the rest of the heartbeat, which renews the lease, still counts.
 
 /// GPUs on one node, at most (the largest job asks for 64 on one node).
 pub const MAX_GPUS: usize = 64;
 /// A GPU's memory, at most: 4 TiB in MiB.
 pub const MAX_GPU_MEMORY_MB: u64 = 4 * 1024 * 1024;
-/// A GPU's temperature (°C), at most: silicon is long dead beyond it.
-pub const MAX_TEMPERATURE_C: u32 = 200;
-/// A GPU's power draw (W), at most: several times the largest board's.
-pub const MAX_POWER_W: f64 = 5000.0;
 /// Text an agent reports (GPU uuid and model, agent version, notices), at most, in characters.
 const MAX_TEXT: usize = 128;
+/// XID events or throttle reasons in one GPU's heartbeat, at most (the agent keeps XIDs only
+/// until a heartbeat is answered).
+const MAX_HEALTH_ITEMS: usize = 64;
 /// A hostname, at most: DNS's limit.
 const MAX_HOSTNAME: usize = 253;
 
@@ -178,6 +185,14 @@ fn check_text(field: &str, s: &str, max: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Drops the readings of `inventory` out of physical range, counting each in
+/// `switchyard_telemetry_dropped_total{field}`.
+fn drop_telemetry(app: &App, inventory: &mut Inventory) {
+    crate::rules::health::drop_out_of_range(inventory, |field| {
+        app.metrics.telemetry_dropped(field);
+    });
+}
+
 /// Checks an inventory as register and heartbeat receive it (`inventory.…` fields).
 pub fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
     if inv.gpus.len() > MAX_GPUS {
@@ -193,31 +208,25 @@ pub fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
                 "at most 4194304 (4 TiB)",
             ));
         }
-        if g.memory_used_mb.is_some_and(|used| used > g.memory_mb) {
-            return Err(ApiError::invalid(
-                field("memory_used_mb"),
-                "must be at most memory_mb",
-            ));
+        if let Some(vendor) = &g.vendor {
+            check_text(&field("vendor"), vendor, MAX_TEXT)?;
         }
-        if g.utilization_pct.is_some_and(|u| u > 100) {
-            return Err(ApiError::invalid(
-                field("utilization_pct"),
-                "must be 0 to 100",
-            ));
-        }
-        if g.temperature_c.is_some_and(|t| t > MAX_TEMPERATURE_C) {
-            return Err(ApiError::invalid(
-                field("temperature_c"),
-                "must be at most 200 °C",
-            ));
-        }
-        if g.power_w
-            .is_some_and(|p| !(p.is_finite() && (0.0..=MAX_POWER_W).contains(&p)))
-        {
-            return Err(ApiError::invalid(
-                field("power_w"),
-                "must be a finite number of watts, 0 to 5000",
-            ));
+        if let Some(h) = &g.health {
+            if h.xid_events.len() > MAX_HEALTH_ITEMS {
+                return Err(ApiError::invalid(
+                    field("health.xid_events"),
+                    "at most 64 XID events",
+                ));
+            }
+            if h.throttle_reasons.len() > MAX_HEALTH_ITEMS {
+                return Err(ApiError::invalid(
+                    field("health.throttle_reasons"),
+                    "at most 64 reasons",
+                ));
+            }
+            for r in &h.throttle_reasons {
+                check_text(&field("health.throttle_reasons"), r, MAX_TEXT)?;
+            }
         }
     }
     Ok(())
@@ -226,8 +235,9 @@ pub fn check_inventory(inv: &Inventory) -> Result<(), ApiError> {
 async fn heartbeat(
     State(app): State<App>,
     AgentCaller(node): AgentCaller,
-    ApiJson(hb): ApiJson<Heartbeat>,
+    ApiJson(mut hb): ApiJson<Heartbeat>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
+    drop_telemetry(&app, &mut hb.inventory);
     check_inventory(&hb.inventory)?;
     if let Some(notice) = &hb.interruption {
         check_text("interruption.action", &notice.action, MAX_TEXT)?;
@@ -278,6 +288,13 @@ async fn heartbeat(
         // A replica became ready or stopped being: the reconciler may now replace old ones.
         app.services.notify_one();
     }
+    if crate::rules::health::changes(&hb.inventory.gpus, &node.gpu_marks) {
+        for s in gpu_health(&app, &node, &hb.inventory, now).await? {
+            if !stop.contains(&s) {
+                stop.push(s);
+            }
+        }
+    }
     if let Some(notice) = &hb.interruption {
         for s in interrupted(&app, &node, notice).await? {
             if !stop.contains(&s) {
@@ -289,6 +306,33 @@ async fn heartbeat(
         stop,
         drain: node.draining || hb.interruption.is_some(),
     }))
+}
+
+/// The heartbeat's GPUs change the node's health marks: written (under the node's row lock,
+/// judged again against the stored marks), the scheduler told, and the attempts on a GPU that
+/// fell off the bus returned for the heartbeat's `stop` (their jobs are requeued).
+async fn gpu_health(
+    app: &App,
+    node: &NodeRecord,
+    inventory: &Inventory,
+    now: switchyard_core::Timestamp,
+) -> Result<Vec<AttemptRef>, ApiError> {
+    let change = app
+        .store
+        .apply_gpu_health(&node.id, &inventory.gpus, now)
+        .await?;
+    if !change.changed {
+        return Ok(Vec::new());
+    }
+    let reasons: Vec<&str> = change.marks.iter().map(|m| m.reason.as_str()).collect();
+    tracing::warn!(node.id = %node.id, unhealthy = ?reasons, jobs.requeued = change.requeued.len(),
+        "GPU health changed");
+    // Nodes changed, and maybe attempts (requeued) and instances (draining): the scheduler
+    // reloads everything. Rare: marks change only when a GPU falls sick or recovers.
+    app.scheduler.send(SchedulerEvent::InstancesChanged);
+    // A cloud instance with a sick GPU is replaced (burst.rs).
+    app.burst.notify_one();
+    Ok(change.stopped)
 }
 
 /// A spot interruption notice: the node drains and its work is requeued now, while the machine

@@ -12,7 +12,13 @@
 //! GPU series use NVIDIA dcgm-exporter's names and labels (`DCGM_FI_DEV_GPU_UTIL`,
 //! `DCGM_FI_DEV_FB_USED`, `DCGM_FI_DEV_GPU_TEMP`, `DCGM_FI_DEV_POWER_USAGE` with `gpu`, `UUID`,
 //! `device` (`nvidia0`, …), `modelName`, `Hostname`) so that existing GPU dashboards work unchanged; a `node` and a
-//! `pool` label say where the GPU is in Switchyard's terms.
+//! `pool` label say where the GPU is in Switchyard's terms. Also dcgm-exporter's
+//! `DCGM_FI_DEV_SM_CLOCK`, `DCGM_FI_DEV_XID_ERRORS` (the last XID), `DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`
+//! and, only where the GPU measures them, the profiling ratios (0–1) `DCGM_FI_PROF_SM_ACTIVE`,
+//! `DCGM_FI_PROF_SM_OCCUPANCY`, `DCGM_FI_PROF_DRAM_ACTIVE`; Switchyard's
+//! `switchyard_gpu_healthy{node,pool,gpu,UUID}` (the health rules' verdict) and
+//! `switchyard_telemetry_dropped_total{field}` (readings out of physical range, dropped before
+//! they were stored: never exported).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -44,6 +50,8 @@ pub struct Metrics {
     leader: Gauge,
     /// The fencing epoch it leads (or last led) under.
     leader_epoch: Gauge,
+    /// Agents' readings dropped as out of physical range, by field (`rules/health.rs`).
+    telemetry_dropped: Family<Labels, Counter>,
 }
 
 /// Upper bounds of `switchyard_placement_seconds`: 1-3-10 steps from 10 µs to 5 s.
@@ -70,6 +78,7 @@ impl Default for Metrics {
             jobs_submitted: Counter::default(),
             leader: Gauge::default(),
             leader_epoch: Gauge::default(),
+            telemetry_dropped: Family::default(),
         }
     }
 }
@@ -90,6 +99,13 @@ impl Metrics {
     /// Nodes whose lease expired (lost: their work was requeued).
     pub fn lease_expired(&self, nodes: usize) {
         self.lease_expiries.inc_by(nodes as u64);
+    }
+
+    /// An agent's reading of `field` was out of physical range and dropped.
+    pub fn telemetry_dropped(&self, field: &'static str) {
+        self.telemetry_dropped
+            .get_or_create(&vec![("field".into(), field.into())])
+            .inc();
     }
 
     pub fn job_submitted(&self) {
@@ -147,6 +163,12 @@ impl Metrics {
             "switchyard_leader_epoch",
             "The fencing epoch this replica leads or last led under",
             self.leader_epoch.clone(),
+        );
+        registry.register(
+            "switchyard_telemetry_dropped",
+            "Agents' GPU readings dropped as out of physical range (never stored or exported), \
+             by field",
+            self.telemetry_dropped.clone(),
         );
 
         let queue = Family::<Labels, Gauge>::default();
@@ -262,6 +284,13 @@ impl Metrics {
         let fb_used = Family::<Labels, Gauge>::default();
         let temp = Family::<Labels, Gauge>::default();
         let power = Family::<Labels, FloatGauge>::default();
+        let sm_clock = Family::<Labels, Gauge>::default();
+        let xid = Family::<Labels, Gauge>::default();
+        let ecc_dbe = Family::<Labels, Gauge>::default();
+        let sm_active = Family::<Labels, FloatGauge>::default();
+        let sm_occupancy = Family::<Labels, FloatGauge>::default();
+        let dram_active = Family::<Labels, FloatGauge>::default();
+        let gpu_healthy = Family::<Labels, Gauge>::default();
         let mut gpu_uuids: Vec<((String, u32), String)> = Vec::new();
         for node in store.nodes().await? {
             if node.revoked {
@@ -312,6 +341,40 @@ impl Metrics {
                 if let Some(v) = gpu.power_w {
                     power.get_or_create(&labels).set(v);
                 }
+                if let Some(v) = gpu.sm_clock_mhz {
+                    sm_clock.get_or_create(&labels).set(i64::from(v));
+                }
+                if let Some(h) = &gpu.health {
+                    // As dcgm-exporter: the last XID seen (the agent sends those since the
+                    // last answered heartbeat), 0 for none.
+                    xid.get_or_create(&labels)
+                        .set(h.xid_events.last().map_or(0, |&x| i64::from(x)));
+                    if let Some(n) = h.ecc_uncorrected_volatile {
+                        ecc_dbe
+                            .get_or_create(&labels)
+                            .set(i64::try_from(n).unwrap_or(i64::MAX));
+                    }
+                }
+                // Profiling as dcgm-exporter exports it: ratios 0–1, only where measured.
+                if let Some(p) = &gpu.profiling {
+                    for (family, pct) in [
+                        (&sm_active, p.sm_active_pct),
+                        (&sm_occupancy, p.sm_occupancy_pct),
+                        (&dram_active, p.dram_active_pct),
+                    ] {
+                        if let Some(pct) = pct {
+                            family.get_or_create(&labels).set(pct / 100.0);
+                        }
+                    }
+                }
+                gpu_healthy
+                    .get_or_create(&vec![
+                        ("node".into(), node.id.to_string()),
+                        ("pool".into(), node.pool.to_string()),
+                        ("gpu".into(), gpu.index.to_string()),
+                        ("UUID".into(), gpu.uuid.clone()),
+                    ])
+                    .set(i64::from(!node.gpu_marks.iter().any(|m| m.gpu == gpu.index)));
             }
         }
         registry.register(
@@ -350,6 +413,34 @@ impl Metrics {
             allocated,
         );
         registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", util);
+        registry.register("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)", sm_clock);
+        registry.register("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered", xid);
+        registry.register(
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            "Total number of double-bit volatile ECC errors",
+            ecc_dbe,
+        );
+        registry.register(
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "The ratio of cycles an SM has at least 1 warp assigned (in %)",
+            sm_active,
+        );
+        registry.register(
+            "DCGM_FI_PROF_SM_OCCUPANCY",
+            "The ratio of number of warps resident on an SM (in %)",
+            sm_occupancy,
+        );
+        registry.register(
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "Ratio of cycles the device memory interface is active sending or receiving data (in %)",
+            dram_active,
+        );
+        registry.register(
+            "switchyard_gpu_healthy",
+            "1 while the GPU is healthy, 0 while a health rule marks it (fatal XID, uncorrectable \
+             ECC, overheating; reasons in GET /api/v1/nodes)",
+            gpu_healthy,
+        );
         registry.register(
             "DCGM_FI_DEV_FB_USED",
             "Framebuffer memory used (in MiB)",

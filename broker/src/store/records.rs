@@ -85,6 +85,20 @@ pub struct NodeRecord {
     pub revoked: bool,
     pub registered_at: Timestamp,
     pub last_heartbeat: Timestamp,
+    /// Its unhealthy GPUs and why (`rules/health.rs`); empty when all are healthy.
+    pub gpu_marks: Vec<crate::rules::health::GpuMark>,
+}
+
+/// What `Store::apply_gpu_health` did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuHealthChange {
+    /// The node's marks changed (the scheduler must reload its nodes).
+    pub changed: bool,
+    /// The node's marks now (when changed).
+    pub marks: Vec<crate::rules::health::GpuMark>,
+    /// Attempts on a GPU that fell off the bus, ended: the agent must stop them.
+    pub stopped: Vec<switchyard_protocol::agent::AttemptRef>,
+    pub requeued: Vec<JobId>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -210,7 +210,22 @@ impl Store {
             )
             .await?;
         }
-        if let Some(job) = inst.for_job {
+        // Unless the job now waits for another instance: it ran here, was requeued (a GPU fell
+        // off the bus, issue 28) and the planner asked for a fresh one.
+        let waits_elsewhere: Option<String> = match inst.for_job {
+            None => None,
+            Some(job) => {
+                query_scalar(
+                    "SELECT id FROM instances WHERE for_job = $1 AND id <> $2 \
+                     AND state IN ('requested', 'booting') LIMIT 1",
+                )
+                .bind(job.0)
+                .bind(id)
+                .fetch_optional(&mut tx)
+                .await?
+            }
+        };
+        if let (Some(job), None) = (inst.for_job, waits_elsewhere) {
             let why = format!("instance {id} ended before the job was placed");
             requeue_provisioning(&mut tx, job.0, &why).await?;
         }

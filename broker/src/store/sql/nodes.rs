@@ -1,8 +1,11 @@
-//! Nodes: enrolment, heartbeats, lease expiry, revocation, interruption notices, and what the
-//! agent of a node is told to run or stop.
+//! Nodes: enrolment, heartbeats, lease expiry, revocation, interruption notices, GPU health
+//! marks (`apply_gpu_health`: the verdicts of `rules/health.rs`, and the work of a GPU that fell
+//! off the bus requeued), an operator's drain and undrain (audited), and what the agent of a
+//! node is told to run or stop.
 
 use super::*;
-use switchyard_protocol::agent::ReplicaReport;
+use crate::rules::health::{self, GpuMark};
+use switchyard_protocol::agent::{GpuInfo, ReplicaReport};
 
 impl Store {
     pub async fn register_node(
@@ -92,6 +95,7 @@ impl Store {
             revoked: false,
             registered_at: now,
             last_heartbeat: now,
+            gpu_marks: Vec::new(),
         }))
     }
 
@@ -421,6 +425,212 @@ impl Store {
             requeued,
             instances,
         })
+    }
+}
+
+impl Store {
+    /// A heartbeat's GPUs judged by the health rules ([`health::assess`]) against the node's
+    /// stored marks, in one transaction (the row locked, so two heartbeats cannot both add a
+    /// mark): the marks are written only when they change; the node of a launched instance
+    /// with a sticky mark drains (the burst controller replaces it); and the live attempts holding a GPU
+    /// newly fallen off the bus (XID 79) end `lost`, their jobs requeued with the mark's reason
+    /// (a gang's other ranks are stopped and requeued with it, as for a lost node). Other marks
+    /// leave running work alone. Unknown node: nothing.
+    pub async fn apply_gpu_health(
+        &self,
+        node: &NodeId,
+        gpus: &[GpuInfo],
+        now: Timestamp,
+    ) -> StoreResult<GpuHealthChange> {
+        let mut tx = self.write_tx().await?;
+        let Some(stored) = query_scalar::<Option<String>>(AssertSqlSafe(format!(
+            "SELECT gpu_marks_json FROM nodes WHERE id = $1{}",
+            self.dialect().for_update
+        )))
+        .bind(node.as_str())
+        .fetch_optional(&mut tx)
+        .await?
+        else {
+            return Ok(GpuHealthChange::default());
+        };
+        let marks: Vec<GpuMark> = match stored {
+            None => Vec::new(),
+            Some(json) => {
+                serde_json::from_str(&json).map_err(|e| corrupt(format!("node GPU marks: {e}")))?
+            }
+        };
+        let Some(verdict) = health::assess(gpus, &marks, now.millis()) else {
+            return Ok(GpuHealthChange::default());
+        };
+        query("UPDATE nodes SET gpu_marks_json = $1 WHERE id = $2")
+            .bind(health::to_json(&verdict.marks))
+            .bind(node.as_str())
+            .execute(&mut tx)
+            .await?;
+        let mut out = GpuHealthChange {
+            changed: true,
+            ..GpuHealthChange::default()
+        };
+        if health::first_sticky(&verdict.marks).is_some() {
+            // A launched instance is replaced (burst.rs): its node drains now, in the same
+            // commit, so that the planner puts nothing there meanwhile (not even the work
+            // requeued below).
+            let instances = query(
+                "UPDATE instances SET state = 'draining' \
+                 WHERE node_id = $1 AND state IN ('booting', 'ready')",
+            )
+            .bind(node.as_str())
+            .execute(&mut tx)
+            .await?
+            .rows_affected();
+            if instances > 0 {
+                query("UPDATE nodes SET draining = TRUE WHERE id = $1")
+                    .bind(node.as_str())
+                    .execute(&mut tx)
+                    .await?;
+            }
+        }
+        if !verdict.fell_off.is_empty() {
+            let rows = query(
+                "SELECT id, job_id, epoch, node_rank, gang_lead, gpus_json FROM attempts \
+                 WHERE node_id = $1 AND state IN ('assigned', 'running', 'preempting') \
+                 ORDER BY created_at, id",
+            )
+            .bind(node.as_str())
+            .fetch_all(&mut tx)
+            .await?;
+            for row in &rows {
+                let held = parse_gpus(&row.get::<String>("gpus_json")?)?;
+                let Some(gpu) = held.iter().find(|g| verdict.fell_off.contains(g)) else {
+                    continue;
+                };
+                let why = verdict
+                    .marks
+                    .iter()
+                    .find(|m| m.gpu == *gpu && m.xid == Some(health::XID_FELL_OFF_THE_BUS))
+                    .map_or_else(
+                        || format!("GPU {gpu} fell off the bus"),
+                        |m| m.reason.clone(),
+                    );
+                let attempt = attempt_ref_from_row(row)?;
+                let gang = gang_from_row(row)?;
+                query(
+                    "UPDATE attempts SET state = 'lost', finished_at = $1, error = $2 \
+                     WHERE id = $3",
+                )
+                .bind(now)
+                .bind(&why)
+                .bind(attempt.attempt_id)
+                .execute(&mut tx)
+                .await?;
+                let end = ledger::settle_attempt(&mut tx, attempt.attempt_id, now).await?;
+                query(
+                    "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
+                     ELSE 'queued' END, \
+                     finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
+                     reason = $2, version = version + 1 \
+                     WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
+                )
+                .bind(end)
+                .bind(format!("{why}: requeued"))
+                .bind(attempt.job_id)
+                .bind(gang.as_ref().map_or(attempt.attempt_id, |g| g.lead))
+                .execute(&mut tx)
+                .await?;
+                if let Some(g) = &gang {
+                    let why = gang::requeue_reason(g.rank, node.as_str(), &why);
+                    events::stop_gang(&mut tx, g, attempt.attempt_id, &why, now, &mut Vec::new())
+                        .await?;
+                }
+                out.requeued.push(JobId(attempt.job_id));
+                out.stopped.push(attempt);
+            }
+        }
+        tx.commit().await?;
+        out.marks = verdict.marks;
+        Ok(out)
+    }
+
+    /// An operator drains (`drain`) or undrains a node, in one transaction with its audit entry
+    /// (`node.drain` / `node.undrain`, the node's draining flag and GPU marks before and after).
+    /// Draining stops new work; running work finishes. Undraining also clears the GPU marks:
+    /// the operator vouches for the GPUs (an ECC count that is still there marks its GPU again
+    /// on the next heartbeat). `None`: no such node (or it was revoked).
+    pub async fn set_node_drain(
+        &self,
+        node: &NodeId,
+        drain: bool,
+        actor: &str,
+        now: Timestamp,
+    ) -> StoreResult<Option<NodeRecord>> {
+        let mut tx = self.write_tx().await?;
+        let Some(row) = query(AssertSqlSafe(format!(
+            "SELECT * FROM nodes WHERE id = $1 AND NOT revoked{}",
+            self.dialect().for_update
+        )))
+        .bind(node.as_str())
+        .fetch_optional(&mut tx)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let mut record = node_from_row(&row)?;
+        let before = serde_json::json!({
+            "draining": record.draining,
+            "gpu_marks": record.gpu_marks,
+        });
+        if drain {
+            query("UPDATE nodes SET draining = TRUE WHERE id = $1")
+                .bind(node.as_str())
+                .execute(&mut tx)
+                .await?;
+        } else {
+            query("UPDATE nodes SET draining = FALSE, gpu_marks_json = NULL WHERE id = $1")
+                .bind(node.as_str())
+                .execute(&mut tx)
+                .await?;
+            record.gpu_marks.clear();
+        }
+        record.draining = drain;
+        let after = serde_json::json!({
+            "draining": record.draining,
+            "gpu_marks": record.gpu_marks,
+        });
+        insert_audit(
+            &mut tx,
+            &NewAuditEntry {
+                at: now,
+                actor: actor.to_string(),
+                action: if drain { "node.drain" } else { "node.undrain" }.into(),
+                target: format!("node:{node}"),
+                before_json: Some(before.to_string()),
+                after_json: Some(after.to_string()),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(record))
+    }
+
+    /// A launched instance whose node has a sick GPU is to be replaced: its node drains (no new
+    /// work) and the instance becomes `draining`, in one transaction. Idempotent; returns
+    /// whether anything changed.
+    pub async fn drain_for_replacement(&self, instance: &str, node: &NodeId) -> StoreResult<bool> {
+        let mut tx = self.write_tx().await?;
+        let n = query("UPDATE nodes SET draining = TRUE WHERE id = $1 AND NOT draining")
+            .bind(node.as_str())
+            .execute(&mut tx)
+            .await?
+            .rows_affected();
+        let i = query(
+            "UPDATE instances SET state = 'draining' WHERE id = $1 AND state IN ('booting', 'ready')",
+        )
+        .bind(instance)
+        .execute(&mut tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(n + i > 0)
     }
 }
 

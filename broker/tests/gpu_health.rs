@@ -1,0 +1,547 @@
+//! GPU health (issue 28): sick GPUs leave placement, a GPU that fell off the bus has its work
+//! requeued, operators drain and undrain nodes, impossible telemetry is dropped and counted,
+//! and a cloud instance with a bad GPU is replaced. The agents are played by hand, their
+//! heartbeats built here; on SQLite, or PostgreSQL with `SWITCHYARD_TEST_PG_URL`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// `n` healthy GPUs as an agent reports them, then `tweak`ed per GPU.
+fn gpus(n: u32, tweak: impl Fn(u32, &mut Value)) -> Value {
+    (0..n)
+        .map(|i| {
+            let mut g = json!({"index": i, "uuid": format!("GPU-fake-{i}"), "model": "H100",
+                               "memory_mb": 81920, "temperature_c": 50});
+            tweak(i, &mut g);
+            g
+        })
+        .collect()
+}
+
+async fn heartbeat(app: &TestApp, agent: &TestAgent, gpus: Value, running: Value) -> Response {
+    app.call(
+        Method::POST,
+        "/agent/v1/heartbeat",
+        Some(&agent.token),
+        Some(json!({
+            "inventory": {"gpus": gpus, "cpus": 8, "memory_mb": 65536, "simulated": true},
+            "running": running,
+        })),
+    )
+    .await
+}
+
+async fn node_view(app: &TestApp, token: &str, node: &str) -> Value {
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/nodes/{node}"),
+            Some(token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    r.body
+}
+
+/// Waits until the scheduler planned twice more: what it would place, it has.
+async fn planned(app: &TestApp) {
+    let before = scheduler_rounds(app).await;
+    eventually("two scheduler rounds", 20, async || {
+        (scheduler_rounds(app).await >= before + 2).then_some(())
+    })
+    .await;
+}
+
+async fn submit_one(app: &TestApp, token: &str, name: &str) -> String {
+    let r = app
+        .submit(
+            token,
+            json!({"name": name, "team": "ml", "command": ["true"], "resources": {"gpus": 1}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    r.body["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_with_a_fatal_xid_is_left_out_of_placement() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(2).await;
+    let r = heartbeat(
+        &app,
+        &agent,
+        gpus(2, |i, g| {
+            if i == 0 {
+                g["health"] = json!({"xid_events": [48]});
+            }
+        }),
+        json!([]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+
+    let dev = app.token("developer", Some("ml")).await;
+    let n = node_view(&app, &dev, &agent.node).await;
+    assert_eq!(n["gpus"][0]["healthy"], false, "{n}");
+    assert_eq!(
+        n["gpus"][0]["reasons"],
+        json!(["GPU 0 had a double-bit ECC error (XID 48)"]),
+        "{n}"
+    );
+    assert_eq!(n["gpus"][1]["healthy"], true, "{n}");
+    assert_eq!(n["state"], "healthy", "{n}");
+
+    // The job gets the healthy GPU; a second finds none free.
+    let first = submit_one(&app, &dev, "first").await;
+    let lease = eventually("the first job's lease", 20, async || {
+        let w = work(&app, &agent, 1).await;
+        w["leases"].as_array().unwrap().first().cloned()
+    })
+    .await;
+    assert_eq!(lease["attempt"]["job_id"], first.as_str());
+    assert_eq!(lease["gpus"], json!([1]), "{lease}");
+    let second = submit_one(&app, &dev, "second").await;
+    planned(&app).await;
+    assert_eq!(app.job(&dev, &second).await.body["state"], "queued");
+
+    // The agent repeats the XID until a heartbeat is answered: still one reason.
+    heartbeat(
+        &app,
+        &agent,
+        gpus(2, |i, g| {
+            if i == 0 {
+                g["health"] = json!({"xid_events": [48]});
+            }
+        }),
+        json!([]),
+    )
+    .await;
+    let list = app
+        .call(Method::GET, "/api/v1/nodes", Some(&dev), None)
+        .await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.body);
+    let node = &list.body["nodes"][0];
+    assert_eq!(node["id"], agent.node.as_str(), "{}", list.body);
+    assert_eq!(node["gpus"][0]["reasons"].as_array().unwrap().len(), 1);
+    assert_eq!(node["running"][0]["name"], "first", "{}", list.body);
+    // Another team's developer sees the job, not its name.
+    let other = app.token("developer", Some("other")).await;
+    let list = app
+        .call(Method::GET, "/api/v1/nodes", Some(&other), None)
+        .await;
+    assert_eq!(list.body["nodes"][0]["running"][0]["name"], Value::Null);
+    assert_eq!(list.body["nodes"][0]["running"][0]["team"], "ml");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_only_gpu_overheats_takes_nothing_until_it_cools() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(1).await;
+    let hot = |t: u32| {
+        gpus(1, move |_, g| {
+            g["temperature_c"] = json!(t);
+            g["slowdown_temp_c"] = json!(87);
+        })
+    };
+    heartbeat(&app, &agent, hot(91), json!([])).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let n = node_view(&app, &dev, &agent.node).await;
+    assert_eq!(
+        n["gpus"][0]["reasons"],
+        json!(["GPU 0 is at 91 °C, at or above its slowdown threshold of 87 °C"]),
+        "{n}"
+    );
+    let id = submit_one(&app, &dev, "waits").await;
+    planned(&app).await;
+    assert_eq!(app.job(&dev, &id).await.body["state"], "queued");
+
+    // Just under the threshold: still too hot (hysteresis).
+    heartbeat(&app, &agent, hot(85), json!([])).await;
+    planned(&app).await;
+    assert_eq!(app.job(&dev, &id).await.body["state"], "queued");
+    // Cool: the mark clears by itself and the job is placed.
+    heartbeat(&app, &agent, hot(70), json!([])).await;
+    app.wait_for_job(&dev, &id, Duration::from_secs(10), |j| {
+        j["state"] == "placed"
+    })
+    .await;
+    let n = node_view(&app, &dev, &agent.node).await;
+    assert_eq!(n["gpus"][0]["healthy"], true, "{n}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncorrectable_ecc_errors_take_the_only_gpu_out() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(1).await;
+    heartbeat(
+        &app,
+        &agent,
+        gpus(1, |_, g| {
+            g["health"] = json!({"ecc_uncorrected_volatile": 2, "ecc_corrected_volatile": 7});
+        }),
+        json!([]),
+    )
+    .await;
+    let dev = app.token("developer", Some("ml")).await;
+    let id = submit_one(&app, &dev, "waits").await;
+    planned(&app).await;
+    assert_eq!(app.job(&dev, &id).await.body["state"], "queued");
+    let n = node_view(&app, &dev, &agent.node).await;
+    assert_eq!(
+        n["gpus"][0]["reasons"][0],
+        "GPU 0 has 2 uncorrectable ECC errors since its driver loaded"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_on_a_gpu_that_fell_off_the_bus_is_requeued_with_the_reason() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(1).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let id = submit_one(&app, &dev, "victim").await;
+    let attempt = start_leased(&app, &agent, &id, 1).await;
+
+    let fell = gpus(1, |_, g| g["health"] = json!({"xid_events": [79]}));
+    let r = heartbeat(&app, &agent, fell.clone(), json!([attempt])).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    // The attempt on the sick GPU is told to stop, in this very answer.
+    assert_eq!(r.body["stop"], json!([attempt]), "{}", r.body);
+    let job = app.job(&dev, &id).await.body;
+    assert_eq!(job["state"], "queued", "{job}");
+    assert!(
+        job["reason"]
+            .as_str()
+            .unwrap()
+            .contains("GPU 0 fell off the bus (XID 79)"),
+        "{job}"
+    );
+    // The XID again (the agent repeats it until answered): nothing new, the job is not placed
+    // on the node's only GPU.
+    let r = heartbeat(&app, &agent, fell, json!([])).await;
+    assert_eq!(r.body["stop"], json!([]), "{}", r.body);
+    planned(&app).await;
+    let job = app.job(&dev, &id).await.body;
+    assert_eq!(job["state"], "queued", "{job}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_fatal_marks_leave_running_work_alone() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(1).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let id = submit_one(&app, &dev, "survivor").await;
+    let attempt = start_leased(&app, &agent, &id, 1).await;
+    let r = heartbeat(
+        &app,
+        &agent,
+        gpus(1, |_, g| g["health"] = json!({"xid_events": [48]})),
+        json!([attempt]),
+    )
+    .await;
+    assert_eq!(r.body["stop"], json!([]), "{}", r.body);
+    assert_eq!(app.job(&dev, &id).await.body["state"], "running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infra_drains_and_undrains_a_node_and_both_are_audited() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(1).await;
+    // A sticky mark the undrain clears.
+    heartbeat(
+        &app,
+        &agent,
+        gpus(1, |_, g| g["health"] = json!({"xid_events": [74]})),
+        json!([]),
+    )
+    .await;
+    let infra = app.token("infra", None).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let path = |verb: &str| format!("/api/v1/nodes/{}/{verb}", agent.node);
+
+    let r = app
+        .call(Method::POST, &path("drain"), Some(&dev), None)
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+    assert_eq!(r.error_code(), "forbidden", "{}", r.body);
+    let r = app
+        .call(
+            Method::POST,
+            "/api/v1/nodes/no-such-node/drain",
+            Some(&infra),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    assert_eq!(r.error_code(), "not_found", "{}", r.body);
+
+    let r = app
+        .call(Method::POST, &path("drain"), Some(&infra), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["state"], "draining", "{}", r.body);
+    // The agent hears it on its next heartbeat.
+    let hb = heartbeat(&app, &agent, gpus(1, |_, _| {}), json!([])).await;
+    assert_eq!(hb.body["drain"], true, "{}", hb.body);
+
+    let r = app
+        .call(Method::POST, &path("undrain"), Some(&infra), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["state"], "healthy", "{}", r.body);
+    assert_eq!(r.body["gpus"][0]["healthy"], true, "{}", r.body);
+    let hb = heartbeat(&app, &agent, gpus(1, |_, _| {}), json!([])).await;
+    assert_eq!(hb.body["drain"], false, "{}", hb.body);
+    // The node takes work again.
+    let id = submit_one(&app, &dev, "after").await;
+    app.wait_for_job(&dev, &id, Duration::from_secs(10), |j| {
+        j["state"] == "placed"
+    })
+    .await;
+
+    let audit = app
+        .call(
+            Method::GET,
+            &format!("/api/v1/audit?target=node:{}", agent.node),
+            Some(&app.admin),
+            None,
+        )
+        .await;
+    assert_eq!(audit.status, StatusCode::OK, "{}", audit.body);
+    let actions: Vec<&str> = audit.body["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["node.undrain", "node.drain"], "{}", audit.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_takes_no_new_work_and_running_work_finishes() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(2).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let running = submit_one(&app, &dev, "running").await;
+    let attempt = start_leased(&app, &agent, &running, 1).await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/nodes/{}/drain", agent.node),
+            Some(&app.admin),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let waits = submit_one(&app, &dev, "waits").await;
+    planned(&app).await;
+    assert_eq!(app.job(&dev, &waits).await.body["state"], "queued");
+    let hb = heartbeat(&app, &agent, gpus(2, |_, _| {}), json!([attempt])).await;
+    assert_eq!(hb.body["stop"], json!([]), "{}", hb.body);
+    assert_eq!(app.job(&dev, &running).await.body["state"], "running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telemetry_out_of_physical_range_is_dropped_counted_and_never_exported() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(2).await;
+    let r = heartbeat(
+        &app,
+        &agent,
+        gpus(2, |i, g| {
+            if i == 0 {
+                g["utilization_pct"] = json!(101);
+                g["temperature_c"] = json!(4_294_967_295_u64);
+                g["power_w"] = json!(-1.0);
+                g["memory_used_mb"] = json!(90_000);
+                g["sm_clock_mhz"] = json!(9000);
+                g["profiling"] = json!({"sm_active_pct": 140.0, "dram_active_pct": 25.0});
+            } else {
+                g["utilization_pct"] = json!(60);
+                g["power_w"] = json!(300.0);
+                g["sm_clock_mhz"] = json!(1980);
+                g["profiling"] = json!({"sm_active_pct": 50.0});
+                g["health"] = json!({"xid_events": [13], "ecc_uncorrected_volatile": 0});
+            }
+        }),
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "the heartbeat still counts: {}",
+        r.body
+    );
+    let n = node_view(&app, &app.admin, &agent.node).await;
+    let g0 = &n["gpus"][0];
+    for field in [
+        "utilization_pct",
+        "temperature_c",
+        "power_w",
+        "memory_used_mb",
+    ] {
+        assert_eq!(g0[field], Value::Null, "{field}: {n}");
+    }
+    assert_eq!(n["gpus"][1]["utilization_pct"], 60, "{n}");
+    assert_eq!(g0["healthy"], true, "{n}");
+
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .bearer_auth(&app.admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for field in [
+        "utilization_pct",
+        "temperature_c",
+        "power_w",
+        "memory_used_mb",
+        "sm_clock_mhz",
+        "sm_active_pct",
+    ] {
+        let line = format!("switchyard_telemetry_dropped_total{{field=\"{field}\"}} 1");
+        assert!(text.contains(&line), "{line} in\n{text}");
+    }
+    let series = |name: &str, gpu: u32| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with(&format!("{name}{{")) && l.contains(&format!("gpu=\"{gpu}\""))
+            })
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // GPU 0's impossible readings are not exported; GPU 1's are.
+    assert!(series("DCGM_FI_DEV_GPU_UTIL", 0).is_empty(), "{text}");
+    assert!(series("DCGM_FI_DEV_SM_CLOCK", 0).is_empty(), "{text}");
+    assert!(series("DCGM_FI_PROF_SM_ACTIVE", 0).is_empty(), "{text}");
+    assert!(
+        series("DCGM_FI_PROF_DRAM_ACTIVE", 0)[0].ends_with(" 0.25"),
+        "{text}"
+    );
+    assert!(
+        series("DCGM_FI_DEV_SM_CLOCK", 1)[0].ends_with(" 1980"),
+        "{text}"
+    );
+    assert!(
+        series("DCGM_FI_PROF_SM_ACTIVE", 1)[0].ends_with(" 0.5"),
+        "{text}"
+    );
+    assert!(
+        series("DCGM_FI_DEV_XID_ERRORS", 1)[0].ends_with(" 13"),
+        "{text}"
+    );
+    assert!(
+        series("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1)[0].ends_with(" 0"),
+        "{text}"
+    );
+    assert!(
+        series("switchyard_gpu_healthy", 1)[0].ends_with(" 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_gauge_says_which_gpu_is_sick() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(2).await;
+    heartbeat(
+        &app,
+        &agent,
+        gpus(2, |i, g| {
+            if i == 1 {
+                g["health"] = json!({"xid_events": [95]});
+            }
+        }),
+        json!([]),
+    )
+    .await;
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .bearer_auth(&app.admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let healthy: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("switchyard_gpu_healthy{"))
+        .collect();
+    assert_eq!(healthy.len(), 2, "{text}");
+    for l in healthy {
+        let want = if l.contains("gpu=\"1\"") { " 0" } else { " 1" };
+        assert!(l.ends_with(want), "{l}");
+        assert!(l.contains(&format!("node=\"{}\"", agent.node)), "{l}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_instance_whose_gpu_fell_off_the_bus_is_replaced() {
+    let (app, fake) = spawn_two_clouds(|c| c.idle_ttl_s = 600).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let id = app.submit(&dev, urgent("replaced")).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let launch = eventually("a launch", 20, async || fake.launches().first().cloned()).await;
+    let agent = app.agent_with_token(&launch.enrolment_token, 8).await;
+    let attempt = start_leased(&app, &agent, &id, 1).await;
+    let first = instances(&app).await[0]["id"].as_str().unwrap().to_string();
+
+    // GPU 0 (the job holds 0 and 1) falls off the bus.
+    let r = heartbeat(
+        &app,
+        &agent,
+        gpus(8, |i, g| {
+            if i == 0 {
+                g["health"] = json!({"xid_events": [79]});
+            }
+        }),
+        json!([attempt]),
+    )
+    .await;
+    assert_eq!(r.body["stop"], json!([attempt]), "{}", r.body);
+
+    // The instance is terminated (its work is gone), and a fresh one is launched for the job.
+    eventually("the sick instance terminated", 20, async || {
+        instances(&app)
+            .await
+            .iter()
+            .find(|i| i["id"] == first.as_str() && i["state"] == "terminated")
+            .cloned()
+    })
+    .await;
+    assert_eq!(fake.terminations().len(), 1, "{:?}", fake.terminations());
+    let second = eventually("a second launch", 20, async || {
+        fake.launches().get(1).cloned()
+    })
+    .await;
+    // The job waits for the fresh instance (ending the old one did not take it back), and runs
+    // there.
+    let job = app.job(&dev, &id).await.body;
+    assert_eq!(job["state"], "provisioning", "{job}");
+    let fresh = app.agent_with_token(&second.enrolment_token, 8).await;
+    start_leased(&app, &fresh, &id, 1).await;
+    let all = instances(&app).await;
+    let old = all.iter().find(|i| i["id"] == first.as_str()).unwrap();
+    assert!(
+        old["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("GPU 0 fell off the bus (XID 79)"),
+        "{old}"
+    );
+}
