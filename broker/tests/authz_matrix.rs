@@ -63,6 +63,7 @@ const MATRIX: &[(&str, &str, [Want; 8])] = &[
     ("GET",   "/api/v1/audit",                         [OK,    OK,    OK,    OK,    OK,    OK,    FORB,  FORB ]),
     ("GET",   "/api/v1/spend",                         [SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  BLIND]),
     ("GET",   "/api/v1/budgets",                       [SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  BLIND]),
+    ("GET",   "/api/v1/waste",                         [OK,    OK,    OK,    OK,    OK,    OK,    FORB,  FORB ]),
     ("GET",   "/metrics",                              [OK,    OK,    OK,    OK,    OK,    OK,    FORB,  FORB ]),
     ("POST",  "/api/v1/services",                      [NEW,   NEW,   FORB,  FORB,  FORB,  FORB,  NEW,   FORB ]),
     ("GET",   "/api/v1/services",                      [SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  SEES,  BLIND]),

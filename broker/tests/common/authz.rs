@@ -268,6 +268,7 @@ pub async fn request_for(
         ("GET", "/api/v1/audit") => (path.into(), None),
         ("GET", "/api/v1/spend") => (format!("{path}?group_by=team&team={team}"), None),
         ("GET", "/api/v1/budgets") => (path.into(), None),
+        ("GET", "/api/v1/waste") => (path.into(), None),
         ("GET", "/metrics") => (path.into(), None),
         ("POST", "/api/v1/services") => (path.into(), Some(service_spec(team))),
         ("GET", "/api/v1/services") => {
