@@ -73,6 +73,7 @@ fn jobs(n: usize) -> Vec<SimJob> {
                     resources: Resources {
                         gpus,
                         gpu_models: vec![],
+                        accelerator: None,
                         min_gpu_memory_gb: 0,
                         cpus: 0,
                         memory_gb: 0,

@@ -3,6 +3,7 @@
 //! These are the broker's and the simulator's shared vocabulary. Wire shapes live in
 //! `switchyard-protocol`; storage shapes live in the broker. Nothing here knows about either.
 
+pub use crate::gpu_model::Accelerator;
 pub use crate::gpu_set::{GpuSet, MAX_GPUS_PER_NODE};
 use crate::money::Money;
 use crate::time::Timestamp;
@@ -252,8 +253,14 @@ pub enum Market {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resources {
     pub gpus: u32,
-    /// Acceptable GPU models; empty means any.
+    /// Acceptable GPU models (of any vendor, TPUs and Trainium included); empty means any the
+    /// accelerator allows.
     pub gpu_models: Vec<String>,
+    /// Which accelerators the job runs on (`resources.accelerator`): `None` (absent) is any GPU
+    /// (NVIDIA, AMD, Intel), never a TPU, Trainium, Inferentia or Gaudi unless `gpu_models`
+    /// names one; see [`crate::gpu_model::accepts`]. Absent from specs stored before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<Accelerator>,
     pub min_gpu_memory_gb: u32,
     pub cpus: u32,
     pub memory_gb: u32,

@@ -319,6 +319,15 @@ pub fn typical_memory_gb(model: &str) -> Option<u32> {
         "L4" | "A10G" | "A10" => 24,
         "T4" | "V100" => 16,
         "V100-32GB" => 32,
+        "MI300X" => 192,
+        // Per chip: TPU v2 has 8 GiB per TensorCore and two cores a chip.
+        "TPU-v2" | "TPU-v5e" => 16,
+        "TPU-v3" | "TPU-v4" | "TPU-v6e" => 32,
+        "TPU-v5p" => 95,
+        "Trainium" | "Inferentia2" | "Gaudi" => 32,
+        "Trainium2" | "Gaudi2" => 96,
+        "Gaudi3" => 128,
+        "Inferentia" => 8,
         _ => return None,
     })
 }
@@ -457,6 +466,14 @@ mod tests {
             Some((8, "A100-80GB".into(), 80))
         );
         assert_eq!(parse_declaration("2xL4"), Some((2, "L4".into(), 24)));
+        assert_eq!(
+            parse_declaration("8xTPU-v5e"),
+            Some((8, "TPU-v5e".into(), 16))
+        );
+        assert_eq!(
+            parse_declaration("8xMI300X"),
+            Some((8, "MI300X".into(), 192))
+        );
         assert_eq!(parse_declaration("0xH100"), None);
         assert_eq!(parse_declaration("4x"), None);
         assert_eq!(parse_declaration("H100"), None);

@@ -1,9 +1,11 @@
 //! Submit-time satisfiability: could any pool in the catalogue ever run this job, capacity and
 //! time aside? A job that no pool can ever host is refused at the door (422) instead of waiting
-//! forever in the queue.
+//! forever in the queue: an unknown GPU model, an accelerator no pool has
+//! (`resources.accelerator`: `google` where the catalogue has no TPU), a region, a node shape.
 
 use crate::domain::{JobSpec, Pool};
-use crate::placement::hard_constraint;
+use crate::gpu_model;
+use crate::placement::{hard_constraint, model_violation};
 use serde::{Deserialize, Serialize};
 
 /// Why no pool can ever host a job; `field` names the spec field to change.
@@ -41,6 +43,34 @@ pub fn check_satisfiable(pools: &[Pool], spec: &JobSpec) -> Result<(), Unsatisfi
                 ),
             });
         }
+    }
+    // The accelerator (absent: a GPU) and the model list together: some pool's model passes.
+    if !pools
+        .iter()
+        .any(|p| model_violation(r, &p.gpu_model).is_none())
+    {
+        let mut models: Vec<String> = pools
+            .iter()
+            .map(|p| format!("{} ({})", p.gpu_model, gpu_model::vendor(&p.gpu_model)))
+            .collect();
+        models.sort_unstable();
+        models.dedup();
+        let asked = match r.accelerator {
+            Some(a) => format!("accelerator {:?}", a.as_str()),
+            None => "no accelerator (any GPU)".to_string(),
+        };
+        let with = if r.gpu_models.is_empty() {
+            String::new()
+        } else {
+            format!(" with gpu_models {:?}", r.gpu_models)
+        };
+        return Err(Unsatisfiable {
+            field: "resources.accelerator",
+            message: format!(
+                "no pool has a model for {asked}{with}; the catalogue has {}",
+                models.join(", ")
+            ),
+        });
     }
     // An empty allow-list (any region) finds nothing here.
     if let Some(unknown) = spec

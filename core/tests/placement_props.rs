@@ -148,6 +148,7 @@ prop_compose! {
             resources: Resources {
                 gpus,
                 gpu_models: models.unwrap_or_default().into_iter().map(String::from).collect(),
+                accelerator: None,
                 min_gpu_memory_gb,
                 cpus,
                 memory_gb,
@@ -713,7 +714,7 @@ proptest! {
                     project: None,
                     command: vec![],
                     env: BTreeMap::new(),
-                    resources: Resources { gpus, gpu_models: vec![], min_gpu_memory_gb: 0, cpus: 0, memory_gb: 0, nodes: 1 },
+                    resources: Resources { gpus, gpu_models: vec![], accelerator: None, min_gpu_memory_gb: 0, cpus: 0, memory_gb: 0, nodes: 1 },
                     estimated_runtime_s: Some(runtime),
                     deadline: None,
                     priority: Priority::Normal,

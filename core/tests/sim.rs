@@ -77,6 +77,7 @@ fn job(submit_s: i64, runtime_s: i64, deadline_factor: Option<f64>, spot: SpotRu
             resources: Resources {
                 gpus: 1,
                 gpu_models: vec![],
+                accelerator: None,
                 min_gpu_memory_gb: 0,
                 cpus: 0,
                 memory_gb: 0,

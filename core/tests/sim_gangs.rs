@@ -82,6 +82,7 @@ fn job(submit_s: i64, runtime_s: i64, gpus: u32, nodes: u32, deadline_s: Option<
             resources: Resources {
                 gpus,
                 gpu_models: vec![],
+                accelerator: None,
                 min_gpu_memory_gb: 0,
                 cpus: 0,
                 memory_gb: 0,

@@ -107,8 +107,19 @@ pub struct JobSpec {
 #[serde(deny_unknown_fields)]
 pub struct ResourceSpec {
     pub gpus: i64,
+    /// Acceptable models (`H100`, `A100-80GB`, `MI300X`, `TPU-v5e`, `Trainium2`…), of any
+    /// vendor; empty: any model `accelerator` allows. A list may name a TPU, Trainium or Gaudi
+    /// without `accelerator`; a model of another vendor than `accelerator`'s is refused (400,
+    /// naming `resources.accelerator`).
     #[serde(default)]
     pub gpu_models: Vec<String>,
+    /// Which accelerators the job runs on: `nvidia`, `amd`, `intel`, `google` (TPUs), `aws`
+    /// (Trainium, Inferentia) or `any`. Absent: any GPU (NVIDIA, AMD or Intel), never a TPU,
+    /// Trainium, Inferentia or Gaudi unless `gpu_models` names one, since their software
+    /// stacks differ. A vendor: only that vendor's models. `any`: every accelerator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "nvidia")]
+    pub accelerator: Option<String>,
     #[serde(default)]
     pub min_gpu_memory_gb: Option<i64>,
     #[serde(default)]

@@ -160,6 +160,7 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
             "empty model name",
         ));
     }
+    let accelerator = accelerator(r.accelerator.as_deref(), &gpu_models)?;
     if let Some(rt) = spec.estimated_runtime_s
         && !(1..=MAX_RUNTIME_S).contains(&rt)
     {
@@ -248,6 +249,7 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
         resources: core::Resources {
             gpus,
             gpu_models,
+            accelerator,
             min_gpu_memory_gb: non_negative(r.min_gpu_memory_gb, "resources.min_gpu_memory_gb")?,
             cpus: non_negative(r.cpus, "resources.cpus")?,
             memory_gb: non_negative(r.memory_gb, "resources.memory_gb")?,
@@ -273,6 +275,41 @@ pub fn job_spec(spec: &wire::JobSpec, now: Timestamp) -> Result<core::JobSpec, A
         max_latency_ms: spec.max_latency_ms,
         callers: Vec::new(),
     })
+}
+
+/// `resources.accelerator`: `nvidia`, `amd`, `intel`, `google`, `aws` or `any` (absent: any
+/// GPU). A vendor with `gpu_models` of another vendor contradicts itself: refused naming
+/// `resources.accelerator`.
+fn accelerator(
+    text: Option<&str>,
+    gpu_models: &[String],
+) -> Result<Option<core::Accelerator>, ApiError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let accelerator = core::Accelerator::parse(text).ok_or_else(|| {
+        ApiError::invalid(
+            "resources.accelerator",
+            format!(
+                "{text:?} is not an accelerator; use {}",
+                core::Accelerator::NAMES
+            ),
+        )
+    })?;
+    if let Some(vendor) = accelerator.vendor()
+        && let Some(other) = gpu_models
+            .iter()
+            .find(|m| core::gpu_model::vendor(m) != vendor)
+    {
+        return Err(ApiError::invalid(
+            "resources.accelerator",
+            format!(
+                "is \"{vendor}\" but gpu_models names {other:?}, made by {}",
+                core::gpu_model::vendor(other)
+            ),
+        ));
+    }
+    Ok(Some(accelerator))
 }
 
 pub fn job_state(s: core::JobState) -> wire::JobState {
@@ -410,6 +447,11 @@ fn rejection_view(r: &core::Rejection) -> serde_json::Value {
             "gpu_model_not_allowed",
             json!({"model": model}),
             format!("GPU model {model} not in the job's list"),
+        ),
+        R::AcceleratorNotAllowed { model } => (
+            "accelerator_not_allowed",
+            json!({"model": model, "vendor": core::gpu_model::vendor(model)}),
+            format!("{model} is not an accelerator the job asks for (resources.accelerator)"),
         ),
         R::GpuMemoryTooSmall { have_gb, need_gb } => (
             "gpu_memory_too_small",
@@ -597,5 +639,61 @@ pub fn pool_view(
         boot_time_s: pool.boot_time_s,
         price_updated_at: to_datetime(pool.price_updated_at),
         node_list: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(resources: serde_json::Value) -> Result<core::JobSpec, ApiError> {
+        let wire: wire::JobSpec = serde_json::from_value(serde_json::json!({
+            "name": "j", "team": "t", "command": ["true"], "resources": resources
+        }))
+        .expect("a wire spec");
+        job_spec(&wire, Timestamp::from_secs(1_800_000_000))
+    }
+
+    fn field(e: ApiError) -> Option<String> {
+        match e {
+            ApiError::BadRequest { field, .. } => field,
+            other => panic!("not a 400: {other:?}"),
+        }
+    }
+
+    /// Issue 28: `resources.accelerator` parsed, absent kept absent, and a vendor that the
+    /// model list contradicts refused naming the field.
+    #[test]
+    fn accelerator_is_checked_against_the_model_list() {
+        let accel = |r| spec(r).map(|s| s.resources.accelerator);
+        assert_eq!(accel(serde_json::json!({"gpus": 1})).ok(), Some(None));
+        assert_eq!(
+            accel(serde_json::json!({"gpus": 1, "accelerator": "Google"})).ok(),
+            Some(Some(core::Accelerator::Google))
+        );
+        assert_eq!(
+            accel(serde_json::json!({"gpus": 1, "accelerator": "any",
+                "gpu_models": ["H100", "MI300X", "TPU-v5e"]}))
+            .ok(),
+            Some(Some(core::Accelerator::Any))
+        );
+        assert_eq!(
+            accel(serde_json::json!({"gpus": 1, "accelerator": "amd",
+                "gpu_models": ["MI300X"]}))
+            .ok(),
+            Some(Some(core::Accelerator::Amd))
+        );
+        for bad in [
+            serde_json::json!({"gpus": 1, "accelerator": "gpu"}),
+            serde_json::json!({"gpus": 1, "accelerator": "nvidia", "gpu_models": ["H100", "MI300X"]}),
+            serde_json::json!({"gpus": 1, "accelerator": "google", "gpu_models": ["H100"]}),
+        ] {
+            let err = spec(bad.clone()).expect_err("refused");
+            assert_eq!(
+                field(err).as_deref(),
+                Some("resources.accelerator"),
+                "{bad}"
+            );
+        }
     }
 }

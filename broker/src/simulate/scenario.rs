@@ -528,6 +528,7 @@ impl Scenario {
                         resources: Resources {
                             gpus,
                             gpu_models: Vec::new(),
+                            accelerator: None,
                             min_gpu_memory_gb: 0,
                             cpus: 0,
                             memory_gb: 0,

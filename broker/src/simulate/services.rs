@@ -231,6 +231,7 @@ impl ServiceScenario {
             resources: ResourceSpec {
                 gpus: i64::from(self.gpus_per_replica),
                 gpu_models: self.gpu_model.iter().cloned().collect(),
+                accelerator: None,
                 min_gpu_memory_gb: None,
                 cpus: None,
                 memory_gb: None,

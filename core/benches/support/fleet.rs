@@ -170,6 +170,7 @@ pub fn fleet(seed: u64, jobs: usize, pools: usize, nodes: usize) -> Snapshot {
                     resources: Resources {
                         gpus,
                         gpu_models: models,
+                        accelerator: None,
                         min_gpu_memory_gb: 0,
                         cpus: 4 * gpus,
                         memory_gb: 32 * gpus,

@@ -1,5 +1,6 @@
 //! Hard constraints and the planner's verdicts on a pool: why a pool cannot take a job (allow-lists,
-//! GPU model and memory, node shape, price ceiling, latency) and, once capacity is looked at, why it
+//! GPU model and accelerator kind ([`model_violation`]: the job's `gpu_models` and
+//! `accelerator`, judged by [`crate::gpu_model::accepts`]), GPU memory, node shape, price ceiling, latency) and, once capacity is looked at, why it
 //! cannot take it now (no capacity, bursting disabled, quota). It also owns which market a job
 //! would use in a pool, since the price ceiling depends on it.
 //!
@@ -8,7 +9,8 @@
 //! This module knows nothing about nodes, running work or time.
 
 use super::Rejection;
-use crate::domain::{CallerShare, JobKind, JobSpec, Pool, Region, RegionId, SpotRule};
+use crate::domain::{CallerShare, JobKind, JobSpec, Pool, Region, RegionId, Resources, SpotRule};
+use crate::gpu_model;
 use crate::money::Money;
 
 /// Why a pool cannot take a job: [`Rejection`] without the allocation (`GpuModelNotAllowed`
@@ -60,6 +62,9 @@ pub(crate) enum Reject {
         need: u32,
     },
     GpuModelNotAllowed,
+    /// The pool's model is not of the accelerator the job asks for (`resources.accelerator`;
+    /// absent: not a GPU).
+    AcceleratorNotAllowed,
     RegionNotAllowed,
     RegionNotAllowedByPolicy,
     ProviderNotAllowedByPolicy,
@@ -86,9 +91,10 @@ impl Reject {
             Reject::GpuMemoryTooSmall { .. } => 13,
             Reject::TooFewGpusPerNode { .. } => 14,
             Reject::GpuModelNotAllowed => 15,
-            Reject::RegionNotAllowed => 16,
-            Reject::RegionNotAllowedByPolicy => 17,
-            Reject::ProviderNotAllowedByPolicy => 18,
+            Reject::AcceleratorNotAllowed => 16,
+            Reject::RegionNotAllowed => 17,
+            Reject::RegionNotAllowedByPolicy => 18,
+            Reject::ProviderNotAllowedByPolicy => 19,
         }
     }
 
@@ -133,6 +139,9 @@ impl Reject {
             }
             Reject::TooFewGpusPerNode { have, need } => Rejection::TooFewGpusPerNode { have, need },
             Reject::GpuModelNotAllowed => Rejection::GpuModelNotAllowed {
+                model: gpu_model.to_string(),
+            },
+            Reject::AcceleratorNotAllowed => Rejection::AcceleratorNotAllowed {
                 model: gpu_model.to_string(),
             },
             Reject::RegionNotAllowed => Rejection::RegionNotAllowed,
@@ -189,6 +198,9 @@ impl Reject {
             }
             Reject::TooFewGpusPerNode { need, .. } => format!("fewer than {need} GPUs per node"),
             Reject::GpuModelNotAllowed => "GPU model not among the job's gpu_models".into(),
+            Reject::AcceleratorNotAllowed => {
+                "not the accelerator the job asks for (resources.accelerator; none: a GPU)".into()
+            }
             Reject::RegionNotAllowed => "region not among the job's regions".into(),
         }
     }
@@ -207,15 +219,21 @@ pub(crate) fn static_violation(pool: &Pool, spec: &JobSpec) -> Option<Reject> {
     if !spec.regions.is_empty() && !spec.regions.contains(&pool.region) {
         return Some(Reject::RegionNotAllowed);
     }
-    if !r.gpu_models.is_empty()
-        && !r
-            .gpu_models
-            .iter()
-            .any(|m| m.eq_ignore_ascii_case(&pool.gpu_model))
-    {
-        return Some(Reject::GpuModelNotAllowed);
+    if let Some(reject) = model_violation(r, &pool.gpu_model) {
+        return Some(reject);
     }
     shape_violation(pool, spec)
+}
+
+/// Whether the job may run on `model`: one of its `gpu_models` when it lists some, and of the
+/// accelerator it asks for ([`gpu_model::accepts`]: absent, a GPU; `any`, every model; a vendor,
+/// that vendor's).
+pub(crate) fn model_violation(r: &Resources, model: &str) -> Option<Reject> {
+    if !r.gpu_models.is_empty() && !r.gpu_models.iter().any(|m| m.eq_ignore_ascii_case(model)) {
+        return Some(Reject::GpuModelNotAllowed);
+    }
+    (!gpu_model::accepts(r.accelerator, &r.gpu_models, model))
+        .then_some(Reject::AcceleratorNotAllowed)
 }
 
 /// [`static_violation`] past the region and GPU model lists: the pool's shape and price

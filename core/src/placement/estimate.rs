@@ -11,7 +11,7 @@
 
 use super::CandidateKind;
 use super::capacity::{Capacity, Markets};
-use super::constraints::{Reject, latency_violation, shape_violation};
+use super::constraints::{Reject, latency_violation, model_violation, shape_violation};
 use super::index::{Index, PoolInfo, PoolMask, PriceOrder, Victims};
 use super::policy::JobPolicy;
 use crate::domain::{JobKind, JobSpec, Market, Pool, Priority, SpotRule};
@@ -165,8 +165,9 @@ pub(crate) struct JobCtx<'a> {
     data: Option<DataCtx>,
     /// Per region key, whether the job's region list allows it (`None`: any region).
     region_ok: Option<Vec<bool>>,
-    /// Per model key, whether the job's model list allows it (`None`: any model).
-    model_ok: Option<Vec<bool>>,
+    /// Per model key, the job's model list and accelerator's verdict
+    /// ([`model_violation`]; `None`: every model is allowed).
+    model_ok: Option<Vec<Option<Reject>>>,
     /// Per region key, a service's latency verdict (`None`: no latency bound).
     latency: Option<Vec<Option<Reject>>>,
     /// Launches are left out for now: a service looks for batch work to preempt first
@@ -222,18 +223,14 @@ impl<'a> JobCtx<'a> {
                     .map(|id| spec.regions.contains(id))
                     .collect()
             }),
-            model_ok: (!spec.resources.gpu_models.is_empty()).then(|| {
-                index
+            model_ok: {
+                let verdicts: Vec<Option<Reject>> = index
                     .model_names
                     .iter()
-                    .map(|m| {
-                        spec.resources
-                            .gpu_models
-                            .iter()
-                            .any(|w| w.eq_ignore_ascii_case(m))
-                    })
-                    .collect()
-            }),
+                    .map(|m| model_violation(&spec.resources, m))
+                    .collect();
+                verdicts.iter().any(Option::is_some).then_some(verdicts)
+            },
             latency: (spec.kind == JobKind::Service && spec.max_latency_ms.is_some()).then(|| {
                 index
                     .region_ids
@@ -286,10 +283,8 @@ impl<'a> JobCtx<'a> {
         {
             return Some(Reject::RegionNotAllowed);
         }
-        if let Some(ok) = &self.model_ok
-            && !ok[info.model_key]
-        {
-            return Some(Reject::GpuModelNotAllowed);
+        if let Some(reject) = self.model_ok.as_ref().and_then(|ok| ok[info.model_key]) {
+            return Some(reject);
         }
         shape_violation(info.pool, self.spec)
             .or_else(|| self.latency.as_ref().and_then(|l| l[info.region_key]))
@@ -325,7 +320,7 @@ impl<'a> JobCtx<'a> {
             part.0.clear();
             part.0.resize(order.pools.len().div_ceil(64), 0);
             for (key, m) in order.of_model.iter().enumerate() {
-                if ok[key] {
+                if ok[key].is_none() {
                     part.or(m);
                 }
             }

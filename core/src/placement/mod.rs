@@ -38,6 +38,7 @@ mod preempt;
 mod tests;
 
 pub use constraints::hard_constraint;
+pub(crate) use constraints::model_violation;
 pub use index::PlanCache;
 
 use crate::domain::*;
@@ -206,6 +207,11 @@ pub enum CandidateKind {
 pub enum Rejection {
     RegionNotAllowed,
     GpuModelNotAllowed {
+        model: String,
+    },
+    /// The pool's model is not of the accelerator the job asks for (`resources.accelerator`;
+    /// absent: not a GPU, e.g. a TPU).
+    AcceleratorNotAllowed {
         model: String,
     },
     GpuMemoryTooSmall {

@@ -451,3 +451,57 @@ fn the_planner_picks_the_gpus_lowest_free_first_and_never_twice() {
 fn check_gpus(world: W, expect: &str) {
     assert_eq!(gpus_of(world), expect);
 }
+
+/// Issue 28: a job without `accelerator` runs on GPUs only, even where a TPU is cheaper and free;
+/// `google` (or a list naming the TPU) runs on the TPU, `any` on the cheapest of all.
+#[rustfmt::skip]
+#[test]
+fn accelerator_picks_the_kind_of_chip() {
+    use crate::gpu_model::Accelerator;
+    let tpu = "gcp:usc1/tpu-v5litepod-8";
+    let mixed = || w().pool(tpu, "TPU-v5e", 8, 4.0, None).node(tpu, "t1", 8).pool(P5, "H100", 8, 80.0, None).node(P5, "a1", 8);
+    let asks = |a: Accelerator| move |j: &mut JobSpec| j.resources.accelerator = Some(a);
+    check(mixed().job(1), "assign a1 on_demand");
+    check(mixed().job(1).with(asks(Accelerator::Google)), "assign t1 on_demand");
+    check(mixed().job(1).with(asks(Accelerator::Any)), "assign t1 on_demand");
+    check(mixed().job(1).with(asks(Accelerator::Nvidia)), "assign a1 on_demand");
+    check(mixed().job(1).models(&["TPU-v5e"]), "assign t1 on_demand");
+    check(mixed().job(1).models(&["H100", "TPU-v5e"]).with(asks(Accelerator::Nvidia)), "assign a1 on_demand");
+    // Only TPUs: a job that names no accelerator waits rather than land on one.
+    let tpus = || w().pool(tpu, "TPU-v5e", 8, 4.0, None).node(tpu, "t1", 8);
+    check(tpus().job(1), &hold(&[(ACCELERATOR, 1)]));
+    check(tpus().job(1).with(asks(Accelerator::Amd)), &hold(&[(ACCELERATOR, 1)]));
+    check(tpus().job(1).with(asks(Accelerator::Google)), "assign t1 on_demand");
+}
+
+/// Issue 28: submit-time, an accelerator no pool has is refused naming `resources.accelerator`.
+#[test]
+fn no_pool_of_the_accelerator_is_unsatisfiable() {
+    use crate::gpu_model::Accelerator;
+    let tpu = "gcp:usc1/tpu-v5litepod-8";
+    let verdict = |pools: W, accelerator: Option<Accelerator>, models: &[&str]| {
+        let mut world = pools.job(1).models(models);
+        world.spec().resources.accelerator = accelerator;
+        let spec = world.spec().clone();
+        crate::check_satisfiable(&world.snap.pools, &spec).map_err(|e| e.field)
+    };
+    let tpus = || w().pool(tpu, "TPU-v5e", 8, 4.0, None);
+    let h100s = || w().pool(P5, "H100", 8, 80.0, None);
+    assert_eq!(verdict(tpus(), None, &[]), Err("resources.accelerator"));
+    assert_eq!(verdict(tpus(), Some(Accelerator::Google), &[]), Ok(()));
+    assert_eq!(verdict(tpus(), Some(Accelerator::Any), &[]), Ok(()));
+    assert_eq!(verdict(tpus(), None, &["TPU-v5e"]), Ok(()));
+    assert_eq!(
+        verdict(h100s(), Some(Accelerator::Amd), &[]),
+        Err("resources.accelerator")
+    );
+    assert_eq!(
+        verdict(h100s(), Some(Accelerator::Google), &[]),
+        Err("resources.accelerator")
+    );
+    assert_eq!(verdict(h100s(), None, &[]), Ok(()));
+    assert_eq!(
+        verdict(h100s(), None, &["MI300X"]),
+        Err("resources.gpu_models")
+    );
+}

@@ -182,6 +182,7 @@ impl W {
                 resources: Resources {
                     gpus,
                     gpu_models: vec![],
+                    accelerator: None,
                     min_gpu_memory_gb: 0,
                     cpus: 0,
                     memory_gb: 0,
@@ -380,6 +381,8 @@ const BURST_OFF: &str = "needs a new node but bursting is disabled";
 const QUOTA: &str = "needs a new node but its node quota is reached";
 const NO_CAPACITY: &str = "no healthy node has or will free enough GPUs";
 const MODEL: &str = "GPU model not among the job's gpu_models";
+const ACCELERATOR: &str =
+    "not the accelerator the job asks for (resources.accelerator; none: a GPU)";
 const REGION: &str = "region not among the job's regions";
 
 /// The expected outcome of a job held for these reasons, each with its count of pools.
