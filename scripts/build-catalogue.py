@@ -12,6 +12,12 @@ Usage (from anywhere; paths are relative to the repository root):
 
 Python 3 standard library only. The output is sorted and byte-for-byte deterministic: run it
 twice, get the same files. Prices are handled as decimals, never floats.
+
+Accelerators that are not GPUs are kept too, with a model name of their own (the same names
+switchyard_core::gpu_model::normalize writes): GCP's single-host TPU slices (`TPU-v2` …
+`TPU-v6e`, one row per slice type, its count the slice's chips) and AWS's Trainium, Trainium2,
+Inferentia and Inferentia2. A job places on them only when it asks for their vendor or model
+(`resources.accelerator`), so GPU jobs see the same catalogue as before.
 """
 
 import ast
@@ -30,8 +36,19 @@ COLUMNS = [
     "vcpus", "memory_gb", "on_demand_per_hour_usd", "spot_per_hour_usd",
 ]
 
-# Accelerators that are not GPUs: AWS Inferentia/Trainium and FPGAs. TPUs start with "tpu-".
-NOT_GPUS = re.compile(r"^(tpu-|inferentia|trainium|virtex)", re.IGNORECASE)
+# Accelerators that are neither GPUs nor kept: FPGAs (AWS f2). TPUs ("tpu-…") are read by
+# Builder.tpu; AWS Trainium and Inferentia go through like GPUs.
+NOT_KEPT = re.compile(r"^virtex", re.IGNORECASE)
+
+# A GCP TPU slice: "tpu-v5litepod-8" -> generation "v5litepod", size 8.
+TPU_SLICE = re.compile(r"^tpu-(v[0-9]+[a-z]*)-([0-9]+)$")
+# TPU generations whose slice size counts TensorCores (two a chip) rather than chips, and the
+# most chips one TPU VM host has (a bigger slice spans hosts: a gang, not one node).
+TPU_CORES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v5litepod": 1, "v6e": 1}
+TPU_CHIPS_PER_HOST = {"v2": 4, "v3": 4, "v4": 4, "v5p": 4, "v5litepod": 8, "v6e": 8}
+# The source prices some TPU slices at exactly 700.0 whatever their size (1 chip and 8 chips
+# alike, on-demand or spot, e.g. tpu-v6e in southamerica-*): a placeholder, not a price.
+TPU_PLACEHOLDER_PRICE = Decimal("700")
 
 # SkyPilot names that encode the machine rather than the card. The card of an a3-megagpu-8g is
 # an H100 80GB (NVML on it says "NVIDIA H100 80GB HBM3"); the instance type keeps the difference.
@@ -44,7 +61,14 @@ TYPICAL_MEMORY_GB = {
     "L40S": 48, "L40": 48, "A40": 48, "A6000": 48, "L4": 24, "A10G": 24, "A10": 24,
     "T4": 16, "V100": 16, "V100-32GB": 32,
     "M60": 8, "MI25": 16, "MI300X": 192,
+    # Per chip (Google's and AWS's published HBM figures). TPU v2: 8 GiB per TensorCore, two a
+    # chip. Trainium2: 96 GiB a chip (trn2.48xlarge: 16 chips, 1.5 TiB); the source's 512 GiB
+    # is not a chip's memory (see the data README) and is overridden.
+    "TPU-v2": 16, "TPU-v3": 32, "TPU-v4": 32, "TPU-v5e": 16, "TPU-v5p": 95, "TPU-v6e": 32,
+    "Trainium": 32, "Trainium2": 96, "Inferentia": 8, "Inferentia2": 32, "Gaudi": 32,
 }
+# Source memory figures that are not one device's.
+MEMORY_OVERRIDES = {"Trainium2": 96}
 
 # Azure's NC H100 v5 sizes carry the H100 NVL (94 GB), not the 80 GB SXM card of ND H100 v5.
 AZURE_MEMORY_OVERRIDES = [(re.compile(r"^Standard_NCC?\d+ad(i)?s_H100_v5$"), 94)]
@@ -72,7 +96,8 @@ VAST_LOCATION = re.compile(r"^\s*([^,]*?)\s*,\s*([A-Z]{2})\s*,\s*([A-Z]{2})\s*$"
 def normalize(raw, memory_gb):
     """Python port of switchyard_core::gpu_model::normalize; keep the two in step."""
     s = raw.strip().upper()
-    for prefix in ["NVIDIA ", "TESLA ", "GEFORCE ", "QUADRO "]:
+    for prefix in ["NVIDIA ", "TESLA ", "GEFORCE ", "QUADRO ", "AMD ", "INSTINCT ", "INTEL ",
+                   "HABANA ", "AWS ", "GOOGLE "]:
         if s.startswith(prefix):
             s = s[len(prefix):]
     named_memory = None
@@ -83,16 +108,37 @@ def normalize(raw, memory_gb):
         if token.endswith("GB") and token[:-2].isdigit():
             named_memory = int(token[:-2])
             continue
-        if token in ("SXM", "SXM2", "SXM4", "SXM5", "PCIE", "NVL",
+        if token in ("SXM", "SXM2", "SXM4", "SXM5", "PCIE", "NVL", "OAM",
                      "HBM2", "HBM2E", "HBM3", "HBM3E"):
             continue
         kept.append(token)
     base = "".join(kept)
+    accelerator = accelerator_name(base)
+    if accelerator is not None:
+        return accelerator
     memory = memory_gb if memory_gb is not None else named_memory
     for variant_base, gb, name in [("A100", 80, "A100-80GB"), ("V100", 32, "V100-32GB")]:
         if base == variant_base and memory is not None and memory >= gb:
             return name
     return base
+
+
+ACCELERATOR_NAMES = {
+    "TRAINIUM": "Trainium", "TRAINIUM1": "Trainium", "TRAINIUM2": "Trainium2",
+    "INFERENTIA": "Inferentia", "INFERENTIA1": "Inferentia", "INFERENTIA2": "Inferentia2",
+    "GAUDI": "Gaudi", "GAUDI1": "Gaudi", "HL205": "Gaudi", "GAUDI2": "Gaudi2", "HL225": "Gaudi2",
+    "GAUDI3": "Gaudi3", "HL325": "Gaudi3",
+}
+
+
+def accelerator_name(base):
+    """Port of gpu_model::accelerator_name: "TPUV5LITEPOD" -> "TPU-v5e", "TRAINIUM2" ->
+    "Trainium2"; None for GPUs."""
+    if base.startswith("TPUV"):
+        generation = base[len("TPUV"):].lower()
+        generation = {"5lite": "5e", "5litepod": "5e"}.get(generation, generation)
+        return f"TPU-v{generation}" if generation else None
+    return ACCELERATOR_NAMES.get(base)
 
 
 def round_half_up(x):
@@ -162,6 +208,7 @@ class Builder:
     def add(self, provider, region, instance_type, raw_model, count, memory_gb, vcpus, memory,
             on_demand, spot):
         model = normalize(NAME_ALIASES.get(raw_model, raw_model), memory_gb)
+        memory_gb = MEMORY_OVERRIDES.get(model, memory_gb)
         if memory_gb is None:
             memory_gb = TYPICAL_MEMORY_GB.get(model)
         if memory_gb is None:
@@ -189,8 +236,8 @@ class Builder:
         self.source_rows["aws"] = len(rows)
         for r in rows:
             name = r["AcceleratorName"]
-            if NOT_GPUS.match(name):
-                self.skip("aws", "not a GPU (Inferentia, Trainium, FPGA)")
+            if NOT_KEPT.match(name):
+                self.skip("aws", "FPGA (f2)")
                 continue
             count = gpu_count(r["AcceleratorCount"])
             if count is None:
@@ -211,11 +258,12 @@ class Builder:
         self.source_rows["gcp"] = len(rows)
         gpus = {}  # (name, count, zone) -> row
         hosts = []
+        tpus = []
         for r in rows:
             if r["InstanceType"]:
                 hosts.append(r)
-            elif NOT_GPUS.match(r["AcceleratorName"]):
-                self.skip("gcp", "TPU")
+            elif r["AcceleratorName"].lower().startswith("tpu-"):
+                tpus.append(r)
             else:
                 gpus[(r["AcceleratorName"], r["AcceleratorCount"], r["AvailabilityZone"])] = r
         # Per (region, type): the summed offer of every zone that has both parts.
@@ -271,6 +319,47 @@ class Builder:
             o = offers[0]
             self.add("gcp", region, itype, o["model"], o["count"], o["memory_gb"], o["vcpus"],
                      o["memory"], min(on_demands), min(spots) if spots else None)
+        self.tpu(tpus)
+
+    def tpu(self, rows):
+        """GCP TPU rows: one per (slice type, zone), priced per slice. A single-host slice
+        becomes a row per (region, slice type) whose count is its chips: `tpu-v5litepod-8` is
+        8 × TPU-v5e, `tpu-v4-8` (8 TensorCores) 4 × TPU-v4. Slices bigger than one TPU VM host
+        are skipped (several hosts: a gang of nodes, not one). The source gives no host vCPUs or
+        RAM: 0 (unknown, not checked by placement)."""
+        zones = defaultdict(list)
+        for r in rows:
+            name = r["AcceleratorName"]
+            m = TPU_SLICE.match(name.lower())
+            generation = m.group(1) if m else None
+            if generation not in TPU_CORES_PER_CHIP:
+                self.skip("gcp", "TPU of an unknown generation or name")
+                continue
+            size = int(m.group(2))
+            chips = size // TPU_CORES_PER_CHIP[generation]
+            if chips < 1 or chips > TPU_CHIPS_PER_HOST[generation]:
+                self.skip("gcp", "multi-host TPU slice (spans several TPU VM hosts)")
+                continue
+            on_demand = money(r["Price"])
+            if on_demand is None or on_demand == TPU_PLACEHOLDER_PRICE:
+                self.skip("gcp", "TPU slice with no on-demand price or the 700.0 placeholder")
+                continue
+            spot = money(r["SpotPrice"])
+            if spot == TPU_PLACEHOLDER_PRICE:
+                self.skip("gcp", "TPU spot price the 700.0 placeholder (row kept without it)")
+                spot = None
+            zones[(r["Region"], name)].append(
+                {"generation": generation, "chips": chips, "on_demand": on_demand,
+                 "spot": spot})
+        for (region, name), offers in zones.items():
+            on_demands = {o["on_demand"] for o in offers}
+            if len(on_demands) > 1:
+                print(f"warning: gcp {region} {name}: on-demand differs between zones "
+                      f"{sorted(on_demands)}; taking the lowest", file=sys.stderr)
+            spots = [o["spot"] for o in offers if o["spot"] is not None]
+            o = offers[0]
+            self.add("gcp", region, name, f"tpu-{o['generation']}", o["chips"], None, 0, 0,
+                     min(on_demands), min(spots) if spots else None)
 
     def azure(self, data):
         rows = read(data, "azure-vms.csv")
@@ -406,6 +495,11 @@ it (`include_str!` in `providers/src/catalogue.rs`) and turns rows into pools wi
 (Python 3 standard library only; the output is sorted and deterministic). This README is written by
 the same script.
 
+Besides GPUs it has accelerators that are not: GCP TPU slices (`TPU-v2` … `TPU-v6e`) and AWS
+Trainium and Inferentia. Jobs place on them only when they ask for their vendor or model
+(`resources.accelerator: "google"` / `"aws"` / `"any"`, or `gpu_models: ["TPU-v5e"]`): a job
+that names neither runs on GPUs only, as before these rows existed.
+
 ## Columns
 
 | column | meaning |
@@ -413,10 +507,10 @@ the same script.
 | provider | `aws`, `gcp`, `azure`, `lambda`, `vast` |
 | region | the provider's region code (`us-east-1`, `europe-west4`, `eastus`); for Vast a slug of the free-text location (below) |
 | instance_type | the provider's instance type; Vast: its offer name (`8x-H100_SXM-32-65536`) |
-| gpu_model | Switchyard's model name: SkyPilot's accelerator name put through `switchyard_core::gpu_model::normalize` with the memory below, so `A100` with 80 GB is `A100-80GB` and `T4g` is `T4G` |
-| gpu_count | GPUs per node, a whole number >= 1 |
-| gpu_memory_gb | memory per GPU, GiB rounded to the nearest integer |
-| vcpus, memory_gb | host vCPUs and RAM (GiB), rounded |
+| gpu_model | Switchyard's model name: SkyPilot's accelerator name put through `switchyard_core::gpu_model::normalize` with the memory below, so `A100` with 80 GB is `A100-80GB`, `T4g` is `T4G`, `tpu-v5litepod` is `TPU-v5e`; its vendor is `gpu_model::vendor` |
+| gpu_count | GPUs (or accelerator chips) per node, a whole number >= 1; a TPU slice's chips |
+| gpu_memory_gb | memory per GPU or chip, GiB rounded to the nearest integer |
+| vcpus, memory_gb | host vCPUs and RAM (GiB), rounded; 0 (unknown, not checked) for TPU slices |
 | on_demand_per_hour_usd | whole node, USD per hour |
 | spot_per_hour_usd | whole node, USD per hour, lowest over the region's zones; empty when there is none |
 
@@ -444,6 +538,19 @@ All inputs are the SkyPilot-format snapshot in `{data_arg}` (see its README for 
   host zone of a family has GPU rows of that name and count. On-demand is the same in every zone of
   a region (the script warns otherwise); spot is the lowest (host + GPU) spot over the zones where
   both parts have one.
+- **gcp TPUs** — one row per (slice type, zone), priced per slice (the whole slice, all its
+  chips). A slice that fits one TPU VM host is one node: its row's count is its chips, which
+  for v2, v3, v4 and v5p is half the slice's number (it counts TensorCores, two a chip:
+  `tpu-v4-8` is 4 × `TPU-v4`) and for v5e (`v5litepod`) and v6e the number itself
+  (`tpu-v5litepod-8` is 8 × `TPU-v5e`). The instance type is the slice name. Slices bigger than
+  a host (over 4 chips for v2–v5p, over 8 for v5e and v6e) span several hosts and are left
+  out. Memory per chip is Google's HBM figure (v2 16, v3 32, v4 32, v5e 16, v5p 95, v6e 32 GiB);
+  host vCPUs and RAM are not in the source (0). On-demand and spot as for GPUs (lowest over the
+  region's zones); the source's 700.0 placeholder (any slice size) is no price.
+- **aws Trainium and Inferentia** — as the GPU rows (`Trainium`, `Trainium2`, `Inferentia`,
+  `Inferentia2`). Trainium2's memory is 96 GiB a chip (AWS: trn2.48xlarge has 16 chips and
+  1.5 TiB), not the source's 512; every Trainium2 row lacks an on-demand price, so none is kept.
+  Gaudi (`dl1`) is not in this snapshot of the AWS data.
 - **azure** — one row per (size, region) already. The source has no per-GPU memory, so it comes
   from a table of each model's usual memory, except the NC H100 v5 sizes (H100 NVL, 94 GB).
 - **lambda** — one row per (type, region); no spot market (empty spot column).
@@ -460,7 +567,7 @@ All inputs are the SkyPilot-format snapshot in `{data_arg}` (see its README for 
 |---|---|---|
 {skipped}
 
-- Not GPUs: TPUs (GCP), Inferentia/Inferentia2/Trainium/Trainium2 and the f2 FPGAs (AWS).
+- FPGAs (AWS f2); TPU slices that span several hosts.
 - Fractional GPUs (AWS g6f/gr6f, Azure NV A10 v5 partitions with 1/6, 1/3, 1/2 of a GPU): a
   placement unit in Switchyard is a whole GPU.
 - GCP N1 machines with attached T4, V100, P4 or P100: the snapshot keeps no `n1-*` host rows, so

@@ -346,6 +346,63 @@ mod tests {
     }
 
     #[test]
+    fn accelerators_that_are_not_gpus_are_rows_too() {
+        // gcp-vms.csv: tpu-v5litepod-8, asia-east1 (zones a, b, c alike): 11.11584 / 4.22402 a
+        // slice; one host of 8 v5e chips.
+        let cat = bundled();
+        let v5e = cat
+            .find("gcp", "asia-east1", "tpu-v5litepod-8")
+            .expect("tpu-v5litepod-8");
+        assert_eq!(
+            (v5e.gpu_model.as_str(), v5e.gpu_count, v5e.gpu_memory_gb),
+            ("TPU-v5e", 8, 16)
+        );
+        assert_eq!(v5e.on_demand_per_hour, Money::from_micros(11_115_840));
+        assert_eq!(v5e.spot_per_hour, Some(Money::from_micros(4_224_020)));
+        // tpu-v4-8 counts TensorCores: 4 chips.
+        let v4 = cat
+            .find("gcp", "us-central2", "tpu-v4-8")
+            .expect("tpu-v4-8");
+        assert_eq!((v4.gpu_model.as_str(), v4.gpu_count), ("TPU-v4", 4));
+        // Multi-host slices are not one node.
+        assert!(cat.find("gcp", "us-central2", "tpu-v4-16").is_none());
+        let trn = cat
+            .find("aws", "us-east-1", "trn1.32xlarge")
+            .expect("trn1.32xlarge");
+        assert_eq!((trn.gpu_model.as_str(), trn.gpu_count), ("Trainium", 16));
+        let models: BTreeSet<&str> = cat.entries().iter().map(|e| e.gpu_model.as_str()).collect();
+        for m in ["Inferentia", "Inferentia2", "TPU-v6e", "TPU-v5p", "MI300X"] {
+            assert!(models.contains(m), "{m}");
+        }
+        // The 700.0 placeholder is no price.
+        assert!(
+            cat.entries()
+                .iter()
+                .all(|e| e.on_demand_per_hour != Money::from_micros(700_000_000)
+                    && e.spot_per_hour != Some(Money::from_micros(700_000_000))),
+        );
+    }
+
+    #[test]
+    fn every_model_has_a_known_vendor() {
+        use switchyard_core::gpu_model::{Vendor, known_vendor};
+        let mut vendors = BTreeSet::new();
+        for e in bundled().entries() {
+            let v = known_vendor(&e.gpu_model);
+            assert!(
+                v.is_some(),
+                "{} ({}/{}/{}): no vendor rule knows it",
+                e.gpu_model,
+                e.provider,
+                e.region,
+                e.instance_type
+            );
+            vendors.extend(v);
+        }
+        assert!(vendors.contains(&Vendor::Nvidia) && vendors.contains(&Vendor::Amd));
+    }
+
+    #[test]
     fn find_and_regions() {
         let cat = bundled();
         assert!(cat.find("aws", "us-east-1", "no-such-type").is_none());
