@@ -498,7 +498,11 @@ the same script.
 Besides GPUs it has accelerators that are not: GCP TPU slices (`TPU-v2` … `TPU-v6e`) and AWS
 Trainium and Inferentia. Jobs place on them only when they ask for their vendor or model
 (`resources.accelerator: "google"` / `"aws"` / `"any"`, or `gpu_models: ["TPU-v5e"]`): a job
-that names neither runs on GPUs only, as before these rows existed.
+that names neither runs on GPUs only, as before these rows existed. Trainium and Inferentia
+are EC2 instance types, launched like any other. A TPU slice is a TPU VM (the Cloud TPU API),
+which the GCE provider does not create yet: TPU rows price and place TPU jobs (the simulator,
+what-if, a pool's explanation), but a launch there fails like any refused launch and the pool
+backs off. Leave them out of a `[gcp]` section's `instance_types` until then.
 
 ## Columns
 
