@@ -217,14 +217,17 @@ pub async fn request_for(
         ("GET", "/api/v1/pools") | ("GET", "/api/v1/regions") | ("GET", "/api/v1/instances") => {
             (path.into(), None)
         }
-        ("GET", "/api/v1/nodes/{id}") => {
-            // Any node: every role may read every node.
+        ("GET", "/api/v1/nodes/{id}")
+        | ("POST", "/api/v1/nodes/{id}/drain")
+        | ("POST", "/api/v1/nodes/{id}/undrain") => {
+            // Any node: every role may read every node; infra and admin drain any.
             let nodes = app.app.store.nodes().await.unwrap();
             let node = nodes
                 .first()
                 .map_or("none".to_string(), |n| n.id.to_string());
-            (format!("/api/v1/nodes/{node}"), None)
+            (path.replace("{id}", &node), None)
         }
+        ("GET", "/api/v1/nodes") => (path.into(), None),
         ("PATCH", "/api/v1/pools/{id}") => (
             format!("/api/v1/pools/{}", pool_segment()),
             Some(json!({"node_limit": 4})),
