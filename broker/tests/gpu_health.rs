@@ -545,3 +545,43 @@ async fn a_cloud_instance_whose_gpu_fell_off_the_bus_is_replaced() {
         "{old}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_rank_on_a_gpu_that_fell_off_the_bus_requeues_every_rank() {
+    let app = TestApp::spawn().await;
+    let dev = app.token("developer", Some("ml")).await;
+    let a = app.agent(1).await;
+    let b = app.agent(1).await;
+    let r = app
+        .submit(
+            &dev,
+            json!({"name": "ddp", "team": "ml", "command": ["torchrun"],
+                   "resources": {"gpus": 1, "nodes": 2}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let id = r.body["id"].as_str().unwrap().to_string();
+    let on_a = start_leased(&app, &a, &id, 1).await;
+    let on_b = start_leased(&app, &b, &id, 1).await;
+
+    let r = heartbeat(
+        &app,
+        &a,
+        gpus(1, |_, g| g["health"] = json!({"xid_events": [79]})),
+        json!([on_a]),
+    )
+    .await;
+    assert_eq!(r.body["stop"], json!([on_a]), "{}", r.body);
+    // The other rank is told to stop too, and the job waits for two healthy nodes.
+    let r = heartbeat(&app, &b, gpus(1, |_, _| {}), json!([on_b])).await;
+    assert_eq!(r.body["stop"], json!([on_b]), "{}", r.body);
+    let job = app.job(&dev, &id).await.body;
+    assert_eq!(job["state"], "queued", "{job}");
+    assert!(
+        job["reason"]
+            .as_str()
+            .unwrap()
+            .contains("GPU 0 fell off the bus (XID 79)"),
+        "{job}"
+    );
+}
