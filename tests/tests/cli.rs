@@ -1014,6 +1014,19 @@ async fn nodes_pools_and_agent_tokens_from_the_cli() {
         "{out}"
     );
     assert!(lines[1].contains("healthy"), "{out}");
+    assert!(lines[0].contains("UNHEALTHY GPUS"), "{out}");
+
+    // Drain and undrain by hand (issue 28): the node's state says so.
+    let (code, out, err) = cli_output(&broker, &admin, &["nodes", "drain", &node]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("draining"), "{out}");
+    let (_, out, _) = cli_output(&broker, &admin, &["nodes"]).await;
+    assert!(out.lines().nth(1).unwrap().contains("draining"), "{out}");
+    let (code, out, err) = cli_output(&broker, &admin, &["nodes", "undrain", &node]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("takes work again"), "{out}");
+    let (code, _, err) = cli_output(&broker, &admin, &["nodes", "drain", "no-such-node"]).await;
+    assert_ne!(code, 0, "an unknown node: {err}");
 
     let id = broker
         .submit(
