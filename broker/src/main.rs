@@ -136,6 +136,14 @@ enum Command {
         /// (builds with the `postgres` feature).
         #[arg(long, env = "SWITCHYARD_DATABASE_URL")]
         database_url: Option<String>,
+        /// Inject a fault into an on-prem agent's simulated GPU, repeatable:
+        /// AGENT/INDEX:KIND@DELAY, the agent numbered from 1 (onprem-1…), its GPU from 0; KIND
+        /// one of xid=N (one XID error), ecc=N (N uncorrectable ECC errors), overheat or
+        /// overheat=C (above the slowdown threshold, thermal throttling); DELAY from the
+        /// agent's start, e.g. 0s, 30s, 2m. Example: 1/2:xid=79@30s.
+        #[arg(long = "fake-gpu-fault", value_name = "AGENT/INDEX:KIND@DELAY",
+              value_parser = parse_up_fault)]
+        fake_gpu_faults: Vec<up::UpFault>,
     },
     /// Run the broker alone.
     Serve {
@@ -617,6 +625,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// `up --fake-gpu-fault AGENT/INDEX:KIND@DELAY`: the agent's number, and the rest checked with
+/// the agent's own parser (so that `up` refuses what its agents would).
+fn parse_up_fault(s: &str) -> Result<up::UpFault, String> {
+    let (agent, spec) = s.trim().split_once('/').ok_or_else(|| {
+        format!("invalid fault `{s}`: expected AGENT/INDEX:KIND@DELAY such as 1/2:xid=79@30s")
+    })?;
+    let agent: u32 = agent
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid fault `{s}`: the agent (`{agent}`) is a number, from 1"))?;
+    let fault: switchyard_agent::fakegpu::GpuFault = spec.parse()?;
+    Ok(up::UpFault {
+        agent,
+        gpu: fault.gpu,
+        spec: spec.trim().to_string(),
+    })
+}
+
 /// `Error: …` and what caused it, as anyhow writes an error that `main` returns.
 fn error_text(e: &anyhow::Error) -> String {
     let mut text = format!("Error: {e}");
@@ -696,6 +722,7 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
             idle_ttl,
             billing_minimum,
             database_url,
+            fake_gpu_faults,
         } => done(
             up::run(up::UpOptions {
                 port,
@@ -706,6 +733,7 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
                 idle_ttl,
                 billing_minimum,
                 database_url,
+                fake_gpu_faults,
             })
             .await,
         ),

@@ -7,6 +7,7 @@
 //! nodes of the previous run (`Config::retire_nodes_at_start`) and requeues their work.
 
 use anyhow::Context;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +35,59 @@ pub struct UpOptions {
     pub billing_minimum: Duration,
     /// `None`: SQLite in the data directory.
     pub database_url: Option<String>,
+    /// Faults injected into the on-prem agents' simulated GPUs.
+    pub fake_gpu_faults: Vec<UpFault>,
+}
+
+/// One `--fake-gpu-fault AGENT/INDEX:KIND@DELAY` of `up`: the on-prem agent `onprem-AGENT`
+/// (from 1) gets `--fake-gpu-fault INDEX:KIND@DELAY`. The spec itself is checked by the
+/// caller (with the agent's parser); `up` checks that the agent and the GPU exist.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpFault {
+    pub agent: u32,
+    pub gpu: u32,
+    /// `INDEX:KIND@DELAY`, as the agent takes it.
+    pub spec: String,
+}
+
+/// The on-prem agents' extra arguments for `faults`, by agent name; a fault on an agent or a
+/// GPU that `up` does not start is refused, naming the flag.
+pub fn fault_args(
+    faults: &[UpFault],
+    agents: u32,
+    gpus_per_agent: u32,
+) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let mut args: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for f in faults {
+        if f.agent == 0 || f.agent > agents {
+            anyhow::bail!(
+                "--fake-gpu-fault {}/{}: there is no on-prem agent {} (up starts {agents}, \
+                 numbered from 1; see --agents)",
+                f.agent,
+                f.spec,
+                f.agent
+            );
+        }
+        if f.gpu >= gpus_per_agent {
+            anyhow::bail!(
+                "--fake-gpu-fault {}/{}: GPU {} does not exist (each on-prem agent has \
+                 {gpus_per_agent} GPUs, indexes 0 to {})",
+                f.agent,
+                f.spec,
+                f.gpu,
+                gpus_per_agent.saturating_sub(1)
+            );
+        }
+        args.entry(onprem_agent_name(f.agent))
+            .or_default()
+            .extend(["--fake-gpu-fault".to_string(), f.spec.clone()]);
+    }
+    Ok(args)
+}
+
+/// The name of on-prem agent `i` (from 1).
+pub fn onprem_agent_name(i: u32) -> String {
+    format!("onprem-{i}")
 }
 
 /// The configuration `up` runs with: one on-prem region and three priced cloud regions.
@@ -105,6 +159,8 @@ pub fn up_config(opts: &UpOptions) -> Config {
 pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
     let config = up_config(&opts);
     config.validate()?;
+    let gpus_per_agent = config.pools.first().map_or(0, |p| p.gpus_per_node);
+    let extra_agent_args = fault_args(&opts.fake_gpu_faults, opts.agents, gpus_per_agent)?;
     let listener = TcpListener::bind(config.listen).await.with_context(|| {
         format!(
             "binding {} (is another broker running? try --port)",
@@ -135,6 +191,7 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         log_dir: log_dir.clone(),
         regions: offers.iter().map(|(r, _)| r.clone()).collect(),
         pools: offers.into_iter().flat_map(|(_, p)| p).collect(),
+        extra_agent_args,
     }));
     let mut providers = ProviderSet::default();
     providers.add(provider.clone(), launchable);
@@ -157,7 +214,7 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
 
     let pool = PoolId(ONPREM_POOL.into());
     for i in 1..=opts.agents {
-        let name = format!("onprem-{i}");
+        let name = onprem_agent_name(i);
         let (token, record) = issue_enrolment_token(&pool, None, 900, app.clock.now());
         app.store.insert_enrolment_token(&record).await?;
         let audit = crate::http::api::audit::system_enrolment("system:up", &pool, &name, &record);
@@ -182,6 +239,13 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         opts.agents,
         log_dir.display()
     );
+    for f in &opts.fake_gpu_faults {
+        println!(
+            "  fault        {} GPU {}",
+            onprem_agent_name(f.agent),
+            f.spec
+        );
+    }
     println!();
     println!("Try:");
     println!("  export SWITCHYARD_TOKEN=$(cat {})", token_path.display());
@@ -212,4 +276,50 @@ pub async fn run(opts: UpOptions) -> anyhow::Result<()> {
         Err(_) => tracing::warn!("the gateway did not stop within 10 s"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(agent: u32, gpu: u32) -> UpFault {
+        UpFault {
+            agent,
+            gpu,
+            spec: format!("{gpu}:xid=79@30s"),
+        }
+    }
+
+    #[test]
+    fn faults_go_to_the_agent_they_name() {
+        let args =
+            fault_args(&[fault(2, 3), fault(2, 0), fault(1, 1)], 2, 4).expect("valid faults");
+        assert_eq!(
+            args.get("onprem-2").map(Vec::as_slice),
+            Some(
+                [
+                    "--fake-gpu-fault",
+                    "3:xid=79@30s",
+                    "--fake-gpu-fault",
+                    "0:xid=79@30s"
+                ]
+                .map(String::from)
+                .as_slice()
+            )
+        );
+        assert_eq!(args.len(), 2);
+    }
+
+    #[test]
+    fn a_fault_on_a_missing_agent_or_gpu_is_refused_naming_the_flag() {
+        for (f, want) in [
+            (fault(3, 0), "there is no on-prem agent 3"),
+            (fault(0, 0), "there is no on-prem agent 0"),
+            (fault(1, 4), "GPU 4 does not exist"),
+        ] {
+            let err = fault_args(&[f], 2, 4).expect_err("refused").to_string();
+            assert!(err.contains("--fake-gpu-fault"), "{err}");
+            assert!(err.contains(want), "{err}");
+        }
+    }
 }

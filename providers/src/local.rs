@@ -34,7 +34,7 @@ use crate::{InstanceInfo, InstanceState, LaunchRequest, Offers, Provider, Provid
 use async_trait::async_trait;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -63,6 +63,10 @@ pub struct LocalConfig {
     /// on-prem regions from its config).
     pub regions: Vec<Region>,
     pub pools: Vec<Pool>,
+    /// More arguments for the agent of one name (a static agent's name, or a launched
+    /// instance's key), after the generated ones: `up`'s `--fake-gpu-fault` for its on-prem
+    /// agents, say.
+    pub extra_agent_args: BTreeMap<String, Vec<String>>,
 }
 
 /// Agent processes on this machine, as a [`Provider`].
@@ -252,6 +256,9 @@ impl LocalProvider {
             args.extend(["--fake-gpus".to_string(), decl]);
         }
         args.extend(["--name".to_string(), name.to_string()]);
+        if let Some(extra) = self.config.extra_agent_args.get(name) {
+            args.extend(extra.iter().cloned());
+        }
         Ok(AgentCommand {
             program: self.config.agent_program.clone(),
             args,

@@ -65,6 +65,11 @@ fn fixture(script: &str, boot_delay: Duration) -> Fixture {
         log_dir: dir.path().join("logs"),
         regions: vec![region()],
         pools: vec![pool()],
+        extra_agent_args: [(
+            "onprem-faulty".to_string(),
+            vec!["--fake-gpu-fault".to_string(), "2:xid=79@30s".to_string()],
+        )]
+        .into(),
     };
     Fixture {
         provider: LocalProvider::new(config),
@@ -217,6 +222,36 @@ async fn the_token_is_in_the_agents_environment_not_its_command_line() {
         .terminate(&onprem.provider_id)
         .await
         .expect("terminate");
+}
+
+/// `up`'s `--fake-gpu-fault` reaches the agent it names, and only that one.
+#[tokio::test]
+async fn extra_arguments_reach_the_agent_they_name() {
+    let f = fixture(ECHO_AGENT, Duration::ZERO);
+    let pool = PoolId::new(POOL);
+    let mut started = Vec::new();
+    for name in ["onprem-faulty", "onprem-fine"] {
+        started.push(
+            f.provider
+                .spawn_static_agent(name, &pool, "tok", "http://127.0.0.1:9")
+                .await
+                .expect("static agent"),
+        );
+    }
+    let faulty = f.wait_started("onprem-faulty").await;
+    let argv = faulty.lines().find(|l| l.starts_with("started")).unwrap();
+    assert!(
+        argv.ends_with("--name onprem-faulty --fake-gpu-fault 2:xid=79@30s"),
+        "{argv}"
+    );
+    let fine = f.wait_started("onprem-fine").await;
+    assert!(!fine.contains("--fake-gpu-fault"), "{fine}");
+    for info in started {
+        f.provider
+            .terminate(&info.provider_id)
+            .await
+            .expect("terminate");
+    }
 }
 
 /// The pid of the agent named `name` once it runs.
