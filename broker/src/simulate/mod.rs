@@ -11,6 +11,7 @@ pub mod svg;
 #[cfg(test)]
 mod tests;
 pub mod trace;
+pub mod waste;
 
 use anyhow::{Context, bail};
 use scenario::Scenario;
@@ -47,6 +48,11 @@ pub struct SimulateArgs {
     /// autoscaler and Switchyard's, side by side (the services bench); no job trace.
     #[arg(long, conflicts_with = "trace")]
     pub services_only: bool,
+    /// Replay a GPU utilisation rule over the jobs as placed (`waste.rs`): the GPU-hours and
+    /// dollars it frees and the jobs it stops wrongly, under assumed utilisation profiles (the
+    /// scenario's `[waste]` section, or its defaults).
+    #[arg(long)]
+    pub waste: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,6 +213,25 @@ pub fn simulate(
         bound.as_dollars()
     );
     let ratios = ratios(&reports, bound);
+    let waste = match (&scenario.waste, args.waste) {
+        (Some(w), _) => Some(w.clone()),
+        (None, true) => Some(waste::WasteScenario::default()),
+        (None, false) => None,
+    }
+    .and_then(|w| {
+        let placed = results
+            .iter()
+            .find(|r| r.scheduler == "switchyard")
+            .or(results.first())?;
+        let start = Instant::now();
+        let r = waste::report(&w, scenario.seed, &jobs, placed);
+        eprintln!(
+            "{}(replayed in {:.0} ms)",
+            waste::table(&r),
+            start.elapsed().as_secs_f64() * 1000.0
+        );
+        Some(r)
+    });
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let origin_ms = Timestamp::from_secs(scenario::EPOCH_S).millis();
@@ -251,6 +276,7 @@ pub fn simulate(
         scenario: serde_json::to_value(scenario)?,
         services,
         services_total,
+        waste,
     })
 }
 

@@ -24,6 +24,9 @@ pub struct Report {
     /// What the services' chosen policies cost beside the batch work above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub services_total: Option<ServicesTotal>,
+    /// The waste rule replayed over the jobs as placed (`--waste` or `[waste]`; `waste.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waste: Option<super::waste::WasteReport>,
 }
 
 /// The services' replicas next to the batch replay: one simulated day, repeated over the

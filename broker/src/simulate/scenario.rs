@@ -5,6 +5,7 @@
 
 use super::services::ServiceScenario;
 use super::trace::TraceJob;
+use super::waste::WasteScenario;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -46,6 +47,10 @@ pub struct Scenario {
     /// Inference services replayed beside the batch trace (`services.rs`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceScenario>,
+    /// The waste rule's replay (`waste.rs`): assumed utilisation profiles and the rules to
+    /// replay. Absent: no waste report unless `--waste` asks for one with the defaults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waste: Option<WasteScenario>,
 }
 
 /// See [`Scenario::multi_node`].
@@ -166,6 +171,7 @@ impl Default for Scenario {
             .map(|(k, v)| (k.to_owned(), v))
             .collect(),
             services: Vec::new(),
+            waste: None,
         }
     }
 }
@@ -281,6 +287,9 @@ impl Scenario {
         }
         if self.tick_s < 1 {
             bail!("tick_s must be at least 1, not {}", self.tick_s);
+        }
+        if let Some(w) = &self.waste {
+            w.validate()?;
         }
         if let Some(o) = self.onprem.iter().find(|o| o.gpus_per_node == 0) {
             bail!("onprem {}: gpus_per_node must be at least 1", o.name);

@@ -40,6 +40,7 @@ fn args(dir: &Path, trace: &Path) -> SimulateArgs {
         skip_bad_rows: false,
         out: dir.to_owned(),
         services_only: false,
+        waste: false,
     }
 }
 
@@ -384,4 +385,60 @@ fn multi_node_jobs_are_gangs_unless_folded() {
             assert_eq!(r["schedulers"][name]["unfinished_jobs"], 0, "{name}");
         }
     }
+}
+
+/// Issue 28: `[waste]` replays the utilisation rule over the jobs as placed. All stuck: every
+/// stop is right and frees dollars; all light (12–35 %) under a 50 % rule: every stop is wrong,
+/// frees nothing, and what it cut is counted apart. Without the section, no waste report.
+#[test]
+fn the_waste_rule_replays_over_the_placed_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let with = |toml: &str| {
+        let mut s = Scenario::from_toml(toml).expect("the section parses");
+        s.start_day = 0.0;
+        s.onprem[0].nodes = 2;
+        report_json(&s, &small_trace(), dir.path())
+    };
+    let stuck = with(
+        "[waste]\nstuck_share = 1.0\nphased_share = 0.0\nlight_share = 0.0\n\
+         rules = [{ min_gpu_utilization_pct = 20, window_s = 600 }]\n",
+    );
+    let w = &stuck["waste"];
+    assert_eq!(w["placed_by"], "switchyard");
+    assert_eq!(w["jobs"], 60);
+    assert_eq!(w["jobs_by_kind"]["stuck"], 60);
+    let r = &w["rules"][0];
+    assert!(
+        r["stuck_jobs_stopped"].as_u64().is_some_and(|n| n > 30),
+        "{r}"
+    );
+    assert_eq!(r["jobs_wrongly_stopped"], 0, "{r}");
+    assert_eq!(r["jobs_stopped"], r["stuck_jobs_stopped"]);
+    let freed = r["freed_gpu_hours"].as_f64().expect("number");
+    let stuck_h = w["stuck_gpu_hours"].as_f64().expect("number");
+    assert!(freed > 0.0 && freed <= stuck_h, "{freed} of {stuck_h}");
+    assert!(r["freed_usd"].as_f64().is_some_and(|d| d > 0.0), "{r}");
+    assert_eq!(r["cut_gpu_hours"], 0.0);
+
+    let light = with(
+        "[waste]\nstuck_share = 0.0\nphased_share = 0.0\nlight_share = 1.0\n\
+         rules = [{ min_gpu_utilization_pct = 50, window_s = 600 }]\n",
+    );
+    let r = &light["waste"]["rules"][0];
+    assert_eq!(light["waste"]["stuck_gpu_hours"], 0.0);
+    // Every job that ran longer than the window (all but 3 of the small trace's).
+    assert_eq!(r["jobs_stopped"], 57, "{r}");
+    assert_eq!(r["jobs_wrongly_stopped"], 57, "{r}");
+    assert_eq!(r["freed_gpu_hours"], 0.0);
+    assert!(r["cut_usd"].as_f64().is_some_and(|d| d > 0.0), "{r}");
+
+    // Absent: no report, and the scenario serialises as before.
+    let none = report_json(&small_scenario(), &small_trace(), dir.path());
+    assert!(none.get("waste").is_none());
+    assert!(none["scenario"].get("waste").is_none());
+    // Out of range, naming the field.
+    let e = Scenario::from_toml("[waste]\nlight_share = 2.0\n").expect_err("refused");
+    assert!(format!("{e:#}").contains("waste.light_share"), "{e:#}");
+    let e = Scenario::from_toml("[waste]\nthreshold = 10\n").expect_err("refused");
+    assert!(format!("{e:#}").contains("threshold"), "{e:#}");
 }
