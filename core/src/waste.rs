@@ -40,6 +40,9 @@
 //! node that stops reporting has not shown that its job is idle. Idle GPU-time accrues only
 //! between two idle samples no further apart than `max_gap_ms`.
 //!
+//! A judge can [`Judge::resume`] a stretch recorded earlier (the broker stores each job's
+//! last sample and the start of its stretch), so a new leader carries on where the last left.
+//!
 //! # History for what-if ([`History`])
 //!
 //! Per attempt the broker keeps, for each of a few fixed thresholds ([`RECORDED_THRESHOLDS`]),
@@ -226,6 +229,23 @@ impl Judge {
             idle_gpu_ms: 0,
             longest_idle_ms: 0,
         }
+    }
+
+    /// A judge that carries on a stretch recorded earlier (by another leader, before a
+    /// restart): its last sample was at `last_at_ms`, and the job had been idle since
+    /// `idle_since_ms` (`None`: it was not idle). The next sample continues the stretch if it
+    /// comes within `max_gap_ms` of `last_at_ms`.
+    pub fn resume(
+        threshold_pct: u8,
+        window_ms: i64,
+        max_gap_ms: i64,
+        last_at_ms: i64,
+        idle_since_ms: Option<i64>,
+    ) -> Judge {
+        let mut j = Judge::new(threshold_pct, window_ms, max_gap_ms);
+        j.last_at = Some(last_at_ms);
+        j.idle_since = idle_since_ms.filter(|s| *s <= last_at_ms);
+        j
     }
 
     /// A judge for a rule.
@@ -428,6 +448,18 @@ mod tests {
         // No reading also breaks it.
         j.observe(80_000, None, 1);
         assert_eq!(j.observe(100_000, Some(0.0), 1).idle_for_ms, 0);
+    }
+
+    #[test]
+    fn a_resumed_judge_carries_on_the_stretch() {
+        let mut j = Judge::resume(10, 60_000, GAP, 50_000, Some(0));
+        let v = j.observe(60_000, Some(1.0), 1);
+        assert!(v.window_met);
+        assert_eq!(v.accrued_gpu_ms, 10_000);
+        // Too late for the stretch: it starts again.
+        let mut j = Judge::resume(10, 60_000, GAP, 50_000, Some(0));
+        let v = j.observe(90_000, Some(1.0), 1);
+        assert_eq!(v.idle_for_ms, 0);
     }
 
     #[test]

@@ -22,10 +22,12 @@
 //!   and the job queued again with the reason. Every action writes the audit entry and the
 //!   job's `reason`, e.g. "GPUs under 10 % for 30 min (policy ml v3): stopped".
 //!
-//! The judges live in memory: after a leader change (or a restart) every stretch starts again
-//! from the next heartbeat, which only delays an action by up to a window; idle GPU-time already
-//! accrued is in the store and is not counted twice, and an action already taken is not taken
-//! again (`gpu_waste.action`).
+//! The judges live in memory, resumed from the store when a leader first sees a job: the stored
+//! last sample and start of the idle stretch (`Judge::resume`) carry the stretch on across a
+//! leader change or a restart if the next sample comes within the gap limit (else it starts
+//! again, which only delays an action by up to a window). What-if's per-threshold stretches
+//! restart (their longest so far is kept); idle GPU-time already accrued is in the store and is
+//! not counted twice; an action already taken is not taken again (`gpu_waste.action`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -41,6 +43,7 @@ use crate::rules::policy::utilization_rule;
 use crate::state::App;
 use crate::store::{
     CancelOutcome, NewAuditEntry, PolicyRecord, StoreError, WasteRank, WasteRow, WasteWrite,
+    merge_history,
 };
 
 /// One job's state between passes.
@@ -49,8 +52,9 @@ struct Tracked {
     /// The rule (threshold, window) the judge was made for: a changed policy starts it again.
     judged_as: (u8, i64),
     history: History,
-    /// The history already written (its idle GPU-ms are sent as deltas).
-    written: Vec<Recorded>,
+    /// The history the store held when this leader began judging the job (an earlier leader's):
+    /// what is written is it merged with this leader's ([`merge_history`]).
+    stored: Vec<Recorded>,
     last_sample: Option<Timestamp>,
     acted: bool,
 }
@@ -182,18 +186,27 @@ impl Waste {
                     (r.min_gpu_utilization_pct, r.window_ms())
                 });
             if !self.jobs.contains_key(key) {
-                let acted = app
-                    .store
-                    .waste_row(*key)
-                    .await?
-                    .is_some_and(|row| row.action.is_some());
+                let row = app.store.waste_row(*key).await?;
+                let acted = row.as_ref().is_some_and(|r| r.action.is_some());
+                // An earlier leader's stretch goes on (if the next sample is near enough).
+                let judge = match &row {
+                    Some(r) => Judge::resume(
+                        threshold,
+                        window_ms,
+                        max_gap_ms,
+                        r.last_sample_at.millis(),
+                        r.idle_since.map(|t| t.millis()),
+                    ),
+                    None => Judge::new(threshold, window_ms, max_gap_ms),
+                };
+                let stored = row.map(|r| r.history).unwrap_or_default();
                 self.jobs.insert(
                     *key,
                     Tracked {
-                        judge: Judge::new(threshold, window_ms, max_gap_ms),
+                        judge,
                         judged_as: (threshold, window_ms),
                         history: History::new(max_gap_ms),
-                        written: Vec::new(),
+                        stored,
                         last_sample: None,
                         acted,
                     },
@@ -219,22 +232,7 @@ impl Waste {
             let activity = waste::activity_pct(&readings);
             let verdict = t.judge.observe(at.millis(), activity, gpus);
             t.history.observe(at.millis(), activity, gpus);
-            let recorded = t.history.recorded();
-            let delta: Vec<Recorded> = recorded
-                .iter()
-                .map(|r| {
-                    let before = t
-                        .written
-                        .iter()
-                        .find(|w| w.threshold_pct == r.threshold_pct)
-                        .map_or(0, |w| w.idle_gpu_ms);
-                    Recorded {
-                        idle_gpu_ms: r.idle_gpu_ms - before,
-                        ..*r
-                    }
-                })
-                .collect();
-            t.written = recorded;
+            let history = merge_history(&t.stored, &t.history.recorded());
             let mut row = WasteRow {
                 key: *key,
                 job: lead.job,
@@ -254,7 +252,7 @@ impl Waste {
                     .then(|| Timestamp(at.millis() - verdict.idle_for_ms)),
                 activity_pct: activity,
                 idle_gpu_ms: verdict.accrued_gpu_ms,
-                history: delta,
+                history,
                 action: None,
                 action_at: None,
                 reason: None,

@@ -23,7 +23,7 @@ mod stretches;
 pub use postgres::WRITE_LOCK_KEY;
 pub use records::*;
 pub use sql::{DbId, DbTime, RouteRow, RoutedService, ServiceTokenRecord, StoredReport};
-pub use sql::{WasteRank, WasteRow, WasteWrite};
+pub use sql::{WasteRank, WasteRow, WasteWrite, merge_history};
 
 use sql::{Db, Tx};
 use std::sync::Arc;

@@ -35,7 +35,7 @@ mod waste;
 pub use gateway::{RouteRow, RoutedService, ServiceTokenRecord, StoredReport};
 pub(crate) use rows::*;
 pub use types::{DbId, DbTime};
-pub use waste::{WasteRank, WasteRow, WasteWrite};
+pub use waste::{WasteRank, WasteRow, WasteWrite, merge_history};
 
 // What the method files (`use super::*`) share.
 use super::postgres;

@@ -52,8 +52,9 @@ pub struct WasteRow {
 }
 
 /// One write of the waste loop: `row` with `idle_gpu_ms` *added* to what is stored (so a new
-/// leader never counts an interval twice nor loses one) and `history` merged (longest: the
-/// larger; idle GPU-ms: added). `action` is written only where none is stored: a rule acts once.
+/// leader never counts an interval twice nor loses one) and `history` as the loop merged it
+/// with what was stored when it began judging the job ([`merge_history`]). `action` is written
+/// only where none is stored: a rule acts once.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WasteWrite {
     pub row: WasteRow,
@@ -189,18 +190,7 @@ impl Store {
         let mut tx = self.leader_tx().await?;
         for w in writes {
             let r = &w.row;
-            let stored = query("SELECT history_json FROM gpu_waste WHERE attempt_id = $1")
-                .bind(r.key)
-                .fetch_optional(&mut tx)
-                .await?;
-            let history = match &stored {
-                Some(s) => merge_history(
-                    &history_from_json(&s.get::<String>("history_json")?)?,
-                    &r.history,
-                ),
-                None => r.history.clone(),
-            };
-            let history_json = history_to_json(&history)?;
+            let history_json = history_to_json(&r.history)?;
             let sql = format!(
                 "INSERT INTO gpu_waste ({WASTE_COLUMNS}) VALUES \
                  ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
