@@ -113,22 +113,10 @@ pub const GENERIC: ModelFigures = ModelFigures {
     slowdown_temp_c: 88,
 };
 
-/// Who makes a model (`nvidia`, `amd`, `google`, `aws`, `intel`). The agent's own mapping of
-/// the catalogue's names; the broker has its own (`switchyard_core::gpu_model`), which takes
-/// precedence there.
+/// Who makes a model (`nvidia`, `amd`, `intel`, `google`, `aws`): the broker's rule
+/// (`switchyard_core::gpu_model::vendor`), NVIDIA for a name no rule knows.
 pub fn vendor_of(model: &str) -> &'static str {
-    let m = model.to_ascii_uppercase();
-    if m.starts_with("MI") || m.starts_with("RADEON") || m.starts_with("INSTINCT") {
-        "amd"
-    } else if m.starts_with("TPU") {
-        "google"
-    } else if m.starts_with("TRAINIUM") || m.starts_with("INFERENTIA") {
-        "aws"
-    } else if m.starts_with("GAUDI") {
-        "intel"
-    } else {
-        "nvidia"
-    }
+    switchyard_core::gpu_model::vendor(model).as_str()
 }
 
 // ---------------------------------------------------------------------------------------------
