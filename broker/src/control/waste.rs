@@ -360,6 +360,38 @@ impl Waste {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::policy::tests::record;
+    use switchyard_protocol::api::{PolicyBody, UtilizationRule as WireRule, WasteAction as Wire};
+
+    #[test]
+    fn a_projects_rule_wins_over_its_teams() {
+        let body = |pct, action| PolicyBody {
+            utilization: Some(WireRule {
+                min_gpu_utilization_pct: pct,
+                window_s: 600,
+                action,
+                exempt_priorities: vec![],
+            }),
+            ..PolicyBody::default()
+        };
+        let team = record(body(10, Wire::Notify));
+        let mut cv = record(body(30, Wire::Stop));
+        cv.project = Some("cv".into());
+        cv.version = 4;
+        let mut other = record(body(50, Wire::Requeue));
+        other.team = "infra".into();
+        let policies = [other, team, cv];
+        let (rule, p) = rule_for(&policies, "ml", Some("cv")).expect("cv's rule");
+        assert_eq!(
+            (rule.min_gpu_utilization_pct, rule.action),
+            (30, WasteAction::Stop)
+        );
+        assert_eq!((policy_name(p), p.version), ("ml/cv".to_string(), 4));
+        let (rule, p) = rule_for(&policies, "ml", Some("nlp")).expect("the team's rule");
+        assert_eq!(rule.min_gpu_utilization_pct, 10);
+        assert_eq!(policy_name(p), "ml");
+        assert!(rule_for(&policies, "vision", None).is_none());
+    }
 
     #[test]
     fn readings_come_from_the_attempts_gpus() {
