@@ -408,7 +408,7 @@ mod tests {
                 ..GpuHealthReport::default()
             },
         );
-        let a = assess(&[ecc.clone()], &[], 1).unwrap();
+        let a = assess(std::slice::from_ref(&ecc), &[], 1).unwrap();
         assert_eq!(
             a.marks[0].reason,
             "GPU 0 has 3 uncorrectable ECC errors since its driver loaded"
