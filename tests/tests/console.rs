@@ -659,6 +659,9 @@ async fn assert_page_data(b: &Browser, name: &str, context: &str) {
             // Its GPUs, what runs on them, and the history charts (or words where simulated
             // GPUs report nothing: never zeros drawn for figures nobody reported).
             at_least("[data-test=node-gpu-row]", 1).await;
+            // Each GPU's health (issue 28); an operator may drain the node.
+            at_least("[data-test=node-gpu-health]", 1).await;
+            at_least("[data-test=node-drain]", 1).await;
             at_least("[data-test=node-chart-panel]", 4).await;
             let unreported = b.count("[data-test=node-not-reported]").await;
             let charts = b.count("svg[data-test^=node-chart-]").await;

@@ -2478,6 +2478,21 @@ document.addEventListener('securitypolicyviolation', (e) => {
         h('h1', null, n.hostname || short(n.id), ' ',
           h('span', { class: 'badge ' + (n.healthy ? 'ready' : 'failed'), 'data-test': 'node-health' }, n.healthy ? 'healthy' : 'unhealthy'), n.draining ? [' ', badge('draining')] : null),
         h('span', { class: 'muted small' }, 'last heartbeat ', h('span', { title: dt(n.last_heartbeat), 'data-test': 'node-heartbeat' }, ago(n.last_heartbeat)))));
+      // Infra and admin drain a node by hand (no new work; running work finishes), or undrain it:
+      // it takes work again and its GPUs' health marks are cleared (issue 28).
+      if (can.editPools() && !n.revoked) {
+        const verb = n.draining ? 'undrain' : 'drain';
+        body.appendChild(h('p', null, h('button', {
+          type: 'button', class: n.draining ? '' : 'danger', 'data-test': 'node-' + verb,
+          onclick: async () => {
+            try {
+              await api('POST', '/api/v1/nodes/' + encodeURIComponent(id) + '/' + verb);
+              toast(n.draining ? 'Node takes work again' : 'Node draining: no new work');
+              load();
+            } catch (e) { toast(e.message, true); }
+          },
+        }, n.draining ? 'Undrain: take work again, clear GPU health marks' : 'Drain: no new work')));
+      }
       body.appendChild(h('div', { class: 'panel' }, kv([
         ['Id', nodeRefFull(n.id)],
         ['Pool', h('a', { href: '#/catalogue', 'data-test': 'node-pool' }, n.pool)],
