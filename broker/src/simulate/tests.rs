@@ -429,6 +429,7 @@ fn the_waste_rule_replays_over_the_placed_jobs() {
     // Every job that ran longer than the window (all but 3 of the small trace's).
     assert_eq!(r["jobs_stopped"], 57, "{r}");
     assert_eq!(r["jobs_wrongly_stopped"], 57, "{r}");
+    assert_eq!(r["wrongly_stopped_by_kind"]["light"], 57, "{r}");
     assert_eq!(r["freed_gpu_hours"], 0.0);
     assert!(r["cut_usd"].as_f64().is_some_and(|d| d > 0.0), "{r}");
 

@@ -282,6 +282,8 @@ pub struct RuleReport {
     pub stuck_jobs_stopped: u64,
     /// Stopped although not stuck then (light, phased, or stuck later).
     pub jobs_wrongly_stopped: u64,
+    /// The wrong stops by the job's kind (`stuck`: stopped before it got stuck).
+    pub wrongly_stopped_by_kind: std::collections::BTreeMap<String, u64>,
     pub freed_gpu_hours: f64,
     pub freed_usd: f64,
     /// Freed ÷ the stuck GPU-hours of all jobs.
@@ -333,9 +335,8 @@ pub fn report(p: &WasteScenario, seed: u64, jobs: &[SimJob], result: &SimResult)
         let runtime_s = job.runtime_s;
         let prof = profile(p, seed, index as u64, runtime_s);
         out.jobs += 1;
-        *out.jobs_by_kind
-            .entry(format!("{:?}", prof.kind).to_lowercase())
-            .or_default() += 1;
+        let kind = format!("{:?}", prof.kind).to_lowercase();
+        *out.jobs_by_kind.entry(kind.clone()).or_default() += 1;
         let gpu_s = |s: i64| s as f64 * f64::from(gpus);
         out.gpu_hours += gpu_s(runtime_s) / 3600.0;
         out.usd += gpu_s(runtime_s) * usd_per_gpu_s;
@@ -358,6 +359,7 @@ pub fn report(p: &WasteScenario, seed: u64, jobs: &[SimJob], result: &SimResult)
                 r.freed_usd += rest * usd_per_gpu_s;
             } else {
                 r.jobs_wrongly_stopped += 1;
+                *r.wrongly_stopped_by_kind.entry(kind.clone()).or_default() += 1;
                 r.cut_gpu_hours += rest / 3600.0;
                 r.cut_usd += rest * usd_per_gpu_s;
             }
@@ -389,19 +391,31 @@ pub fn table(r: &WasteReport) -> String {
     let mut s = format!(
         "waste rule replayed on {} jobs placed by {} ({:.0} GPU-h, ${:.2}); stuck after they \
          got stuck: {:.0} GPU-h, ${:.2}\n\n\
-         | rule | jobs stopped | stuck jobs stopped | wrongly stopped | GPU-h freed | $ freed | \
-         share of stuck GPU-h | GPU-h cut from working jobs | $ cut |\n\
+         | rule | jobs stopped | stuck jobs stopped (of {}) | wrongly stopped (light / phased / \
+         stuck before) | GPU-h freed | $ freed | share of stuck GPU-h | GPU-h cut from working \
+         jobs | $ cut |\n\
          |---|---|---|---|---|---|---|---|---|\n",
-        r.jobs, r.placed_by, r.gpu_hours, r.usd, r.stuck_gpu_hours, r.stuck_usd
+        r.jobs,
+        r.placed_by,
+        r.gpu_hours,
+        r.usd,
+        r.stuck_gpu_hours,
+        r.stuck_usd,
+        r.jobs_by_kind.get("stuck").copied().unwrap_or(0)
     );
     for x in &r.rules {
+        let by = |k: &str| x.wrongly_stopped_by_kind.get(k).copied().unwrap_or(0);
         s.push_str(&format!(
-            "| under {} % for {} | {} | {} | {} | {:.0} | {:.2} | {:.1} % | {:.0} | {:.2} |\n",
+            "| under {} % for {} | {} | {} | {} ({} / {} / {}) | {:.0} | {:.2} | {:.1} % | {:.0} | \
+             {:.2} |\n",
             x.min_gpu_utilization_pct,
             switchyard_core::waste::human_duration(x.window_s),
             x.jobs_stopped,
             x.stuck_jobs_stopped,
             x.jobs_wrongly_stopped,
+            by("light"),
+            by("phased"),
+            by("stuck"),
             x.freed_gpu_hours,
             x.freed_usd,
             x.freed_share_of_stuck * 100.0,
