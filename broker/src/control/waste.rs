@@ -169,8 +169,9 @@ impl Waste {
             }
         }
         // Jobs no longer running are forgotten.
-        self.jobs
-            .retain(|k, _| jobs.iter().any(|(key, _)| key == k));
+        let running: std::collections::HashSet<AttemptId> =
+            jobs.iter().map(|(key, _)| *key).collect();
+        self.jobs.retain(|k, _| running.contains(k));
         let mut out = Pass::default();
         let mut writes = Vec::new();
         let mut actions = Vec::new();
