@@ -74,6 +74,27 @@ async fn bad_submissions_get_a_clear_error_and_store_nothing() {
             "resources.gpu_models",
         ),
         (
+            "an accelerator that is not one",
+            with(json!({"resources": {"gpus": 1, "accelerator": "fpga"}})),
+            400,
+            "invalid_field",
+            "resources.accelerator",
+        ),
+        (
+            "gpu models of another vendor than the accelerator",
+            with(json!({"resources": {"gpus": 1, "accelerator": "amd", "gpu_models": ["H100"]}})),
+            400,
+            "invalid_field",
+            "resources.accelerator",
+        ),
+        (
+            "an accelerator no pool has",
+            with(json!({"resources": {"gpus": 1, "accelerator": "google"}})),
+            422,
+            "unsatisfiable",
+            "resources.accelerator",
+        ),
+        (
             "gpu memory nowhere",
             with(json!({"resources": {"gpus": 1, "min_gpu_memory_gb": 200}})),
             422,
