@@ -804,3 +804,59 @@ async fn an_interrupted_agent_takes_no_new_work_whatever_the_broker_says() {
         b.work_polls
     );
 }
+
+/// The whole agent with simulated GPUs and injected faults: the leased GPU runs at the lease's
+/// level, the XID reaches the broker in heartbeats, the overheated GPU reports thermal
+/// throttling; a fault on a GPU the agent does not have stops it at start, naming the flag.
+#[tokio::test]
+async fn simulated_gpus_report_the_jobs_level_and_the_injected_faults() {
+    let mut l = lease(&["sleep", "30"]);
+    l.expected_gpu_utilization_pct = Some(60);
+    let id = l.attempt.attempt_id;
+    let (state, url) = broker(Broker {
+        leases: [l].into(),
+        ..Broker::default()
+    })
+    .await;
+    let mut a = args(&url, None);
+    a.heartbeat_s = Some(1);
+    a.fake_gpu_faults = vec![
+        "0:xid=48@0s".parse().unwrap(),
+        "1:overheat@0s".parse().unwrap(),
+    ];
+    let agent = Agent::start(a);
+    eventually(&state, "the job to start", |b| started_pid(&b.events, id)).await;
+    let beat = eventually(&state, "a heartbeat with the job running", |b| {
+        b.heartbeats
+            .iter()
+            .find(|h| h.inventory.gpus.get(1).and_then(|g| g.utilization_pct) == Some(60))
+            .cloned()
+    })
+    .await;
+    let xids = |h: &Heartbeat| -> Vec<u32> {
+        h.inventory.gpus[0]
+            .health
+            .as_ref()
+            .map(|h| h.xid_events.clone())
+            .unwrap_or_default()
+    };
+    {
+        let b = state.lock().unwrap();
+        // The first heartbeat carried the XID; the broker answered it, so later ones do not.
+        assert_eq!(xids(&b.heartbeats[0]), vec![48]);
+        assert!(b.heartbeats.iter().skip(1).all(|h| xids(h).is_empty()));
+    }
+    let gpus = &beat.inventory.gpus;
+    assert_eq!(gpus[0].utilization_pct, Some(0));
+    assert!(gpus[1].temperature_c > gpus[1].slowdown_temp_c, "{gpus:?}");
+    let health = gpus[1].health.as_ref().unwrap();
+    assert_eq!(health.throttle_reasons, vec!["hw_thermal_slowdown"]);
+    assert!(gpus.iter().all(|g| g.vendor.as_deref() == Some("nvidia")));
+    agent.shut_down().await.unwrap();
+
+    let mut bad = args(&url, None);
+    bad.fake_gpu_faults = vec!["2:ecc=1@0s".parse().unwrap()];
+    let err = Agent::start(bad).ended().await.unwrap_err().to_string();
+    assert!(err.contains("--fake-gpu-fault 2:ecc=1@0s"), "{err}");
+    assert!(err.contains("GPU 2 is not declared"), "{err}");
+}
