@@ -35,7 +35,9 @@ pub struct AgentArgs {
     pub enrol_token: Option<Secret>,
 
     /// Simulated GPUs instead of NVML: COUNTxMODEL, repeatable or comma-separated
-    /// (`4xH100-80GB`, `2xL4,2xT4`).
+    /// (`4xH100-80GB`, `2xL4,2xT4`). They idle at 0 % and run at a job's
+    /// expected_gpu_utilization (90 % when it declares none); the job may write its current
+    /// level, a number from 0 to 100, to the file named in its $SWITCHYARD_GPU_SIM.
     #[arg(
         long,
         env = "SWITCHYARD_FAKE_GPUS",
