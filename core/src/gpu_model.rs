@@ -160,38 +160,46 @@ pub fn vendor(model: &str) -> Vendor {
 
 /// [`vendor`], or `None` for a name no rule knows.
 pub fn known_vendor(model: &str) -> Option<Vendor> {
-    let m = model.trim().to_ascii_uppercase();
+    let m = model.trim();
     let digit_at = |i: usize| m.as_bytes().get(i).is_some_and(u8::is_ascii_digit);
-    if m.starts_with("TPU") {
+    let starts_with = |prefix: &str| {
+        m.as_bytes()
+            .get(..prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(prefix.as_bytes()))
+    };
+    if starts_with("TPU") {
         return Some(Vendor::Google);
     }
-    if m.starts_with("TRAINIUM") || m.starts_with("INFERENTIA") {
+    if starts_with("TRAINIUM") || starts_with("INFERENTIA") {
         return Some(Vendor::Aws);
     }
     // Gaudi; Data Center GPU Max (`MAX1550`), Flex and Arc.
-    if m.starts_with("GAUDI")
-        || (m.starts_with("HL") && digit_at(2))
-        || (m.starts_with("MAX") && digit_at(3))
-        || m.starts_with("FLEX")
-        || m.starts_with("ARC")
+    if starts_with("GAUDI")
+        || (starts_with("HL") && digit_at(2))
+        || (starts_with("MAX") && digit_at(3))
+        || starts_with("FLEX")
+        || starts_with("ARC")
     {
         return Some(Vendor::Intel);
     }
     // Instinct (`MI25`, `MI300X`), Radeon and Radeon Pro (`V520`, `V710`).
-    if (m.starts_with("MI") && digit_at(2)) || m.starts_with("RADEON") || m == "V520" || m == "V710"
+    if (starts_with("MI") && digit_at(2))
+        || starts_with("RADEON")
+        || m.eq_ignore_ascii_case("V520")
+        || m.eq_ignore_ascii_case("V710")
     {
         return Some(Vendor::Amd);
     }
     // A letter and a number (`H100`, `A10G`, `T4G`, `L40S`, `B200`, `V100-32GB`, `M60`, `K80`,
     // `P100`), Grace superchips (`GH200`, `GB200`), RTX, Titan.
     let letter_number = matches!(
-        m.as_bytes().first(),
+        m.as_bytes().first().map(u8::to_ascii_uppercase),
         Some(b'A' | b'B' | b'H' | b'K' | b'L' | b'M' | b'P' | b'T' | b'V')
     ) && digit_at(1);
     if letter_number
-        || ((m.starts_with("GH") || m.starts_with("GB")) && digit_at(2))
-        || m.starts_with("RTX")
-        || m.starts_with("TITAN")
+        || ((starts_with("GH") || starts_with("GB")) && digit_at(2))
+        || starts_with("RTX")
+        || starts_with("TITAN")
     {
         return Some(Vendor::Nvidia);
     }
@@ -205,8 +213,12 @@ pub fn is_gpu(model: &str) -> bool {
         Vendor::Nvidia | Vendor::Amd => true,
         Vendor::Google | Vendor::Aws => false,
         Vendor::Intel => {
-            let m = model.trim().to_ascii_uppercase();
-            !(m.starts_with("GAUDI") || m.starts_with("HL"))
+            let m = model.trim().as_bytes();
+            let starts_with = |prefix: &[u8]| {
+                m.get(..prefix.len())
+                    .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+            };
+            !(starts_with(b"GAUDI") || starts_with(b"HL"))
         }
     }
 }
@@ -400,6 +412,9 @@ mod tests {
             ("M60", Vendor::Nvidia, true),
             ("MI25", Vendor::Amd, true),
             ("mi300x", Vendor::Amd, true),
+            ("h100", Vendor::Nvidia, true),
+            ("gaudi2", Vendor::Intel, false),
+            ("v520", Vendor::Amd, true),
             ("MAX1550", Vendor::Intel, true),
             ("Gaudi", Vendor::Intel, false),
             ("Gaudi3", Vendor::Intel, false),

@@ -223,7 +223,12 @@ impl<'a> JobCtx<'a> {
                     .map(|id| spec.regions.contains(id))
                     .collect()
             }),
-            model_ok: {
+            model_ok: if spec.resources.gpu_models.is_empty()
+                && spec.resources.accelerator.is_none()
+                && index.all_gpus
+            {
+                None
+            } else {
                 let verdicts: Vec<Option<Reject>> = index
                     .model_names
                     .iter()

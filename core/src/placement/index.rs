@@ -115,6 +115,9 @@ pub(crate) struct Index<'a> {
     pub region_ids: Vec<&'a RegionId>,
     /// The GPU model (as some pool spells it) of each model key.
     pub model_names: Vec<&'a str>,
+    /// Every model is a GPU (no TPU, Trainium…): a job that names no models and no accelerator
+    /// may use every pool, and its model check is skipped.
+    pub all_gpus: bool,
     /// The fastest ingress of any pool's region, in Gb/s (a region that states none counts
     /// as [`DEFAULT_INGRESS_GBPS`]).
     pub max_ingress_gbps: u32,
@@ -499,11 +502,12 @@ impl<'a> Index<'a> {
             .iter()
             .map(|&p| &pools[p].pool.region)
             .collect();
-        let model_names = cat
+        let model_names: Vec<&str> = cat
             .model_key_pool
             .iter()
             .map(|&p| pools[p].pool.gpu_model.as_str())
             .collect();
+        let all_gpus = model_names.iter().all(|m| crate::gpu_model::is_gpu(m));
         Index {
             avoid: &snapshot.avoid,
             max_ingress_gbps: cat.max_ingress_gbps,
@@ -520,6 +524,7 @@ impl<'a> Index<'a> {
             regions: &snapshot.regions,
             region_ids,
             model_names,
+            all_gpus,
             catalogue,
         }
     }
