@@ -585,3 +585,46 @@ async fn a_gang_rank_on_a_gpu_that_fell_off_the_bus_requeues_every_rank() {
         "{job}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_assigned_to_a_drained_node_but_not_started_is_requeued() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(1).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let id = submit_one(&app, &dev, "assigned").await;
+    app.wait_for_job(&dev, &id, Duration::from_secs(10), |j| {
+        j["state"] == "placed"
+    })
+    .await;
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/nodes/{}/drain", agent.node),
+            Some(&app.admin),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    // A draining agent takes no new lease: the job goes back to the queue, and waits.
+    let job = app.job(&dev, &id).await.body;
+    assert_eq!(job["state"], "queued", "{job}");
+    assert!(
+        job["reason"]
+            .as_str()
+            .unwrap()
+            .contains("was drained before the job started"),
+        "{job}"
+    );
+    planned(&app).await;
+    assert_eq!(app.job(&dev, &id).await.body["state"], "queued");
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/api/v1/nodes/{}/undrain", agent.node),
+            Some(&app.admin),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    start_leased(&app, &agent, &id, 1).await;
+}

@@ -4,7 +4,7 @@
 //! Every role may read; a developer sees another team's job without its name.
 //!
 //! `POST /nodes/{id}/drain` and `/undrain` (infra and admin): drain stops new work on the node
-//! and lets running work finish; undrain takes work again and clears the GPUs' sticky health
+//! and lets running work finish (work assigned but not started is requeued); undrain takes work again and clears the GPUs' sticky health
 //! marks (the operator vouches for them). Both are in the audit log.
 
 use axum::Json;
@@ -191,9 +191,10 @@ async fn set_drain(
     };
     tracing::info!(node.id = %node, drain, actor = %caller.actor(),
         "node {}", if drain { "drained" } else { "undrained" });
-    // Its free GPUs changed for the planner; a drained agent is told on its next heartbeat,
-    // and a waiting long-poll answers now.
-    app.scheduler.send(SchedulerEvent::NodesChanged);
+    // Its free GPUs changed for the planner, and a drain may have requeued work assigned
+    // there: the scheduler reloads. A drained agent is told on its next heartbeat, and a
+    // waiting long-poll answers now.
+    app.scheduler.send(SchedulerEvent::InstancesChanged);
     app.agents.wake(&record.id);
     get(State(app), caller, Path(id)).await
 }

@@ -512,36 +512,7 @@ impl Store {
                         || format!("GPU {gpu} fell off the bus"),
                         |m| m.reason.clone(),
                     );
-                let attempt = attempt_ref_from_row(row)?;
-                let gang = gang_from_row(row)?;
-                query(
-                    "UPDATE attempts SET state = 'lost', finished_at = $1, error = $2 \
-                     WHERE id = $3",
-                )
-                .bind(now)
-                .bind(&why)
-                .bind(attempt.attempt_id)
-                .execute(&mut tx)
-                .await?;
-                let end = ledger::settle_attempt(&mut tx, attempt.attempt_id, now).await?;
-                query(
-                    "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
-                     ELSE 'queued' END, \
-                     finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
-                     reason = $2, version = version + 1 \
-                     WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
-                )
-                .bind(end)
-                .bind(format!("{why}: requeued"))
-                .bind(attempt.job_id)
-                .bind(gang.as_ref().map_or(attempt.attempt_id, |g| g.lead))
-                .execute(&mut tx)
-                .await?;
-                if let Some(g) = &gang {
-                    let why = gang::requeue_reason(g.rank, node.as_str(), &why);
-                    events::stop_gang(&mut tx, g, attempt.attempt_id, &why, now, &mut Vec::new())
-                        .await?;
-                }
+                let attempt = requeue_attempt(&mut tx, node, row, "lost", &why, now).await?;
                 out.requeued.push(JobId(attempt.job_id));
                 out.stopped.push(attempt);
             }
@@ -553,7 +524,8 @@ impl Store {
 
     /// An operator drains (`drain`) or undrains a node, in one transaction with its audit entry
     /// (`node.drain` / `node.undrain`, the node's draining flag and GPU marks before and after).
-    /// Draining stops new work; running work finishes. Undraining also clears the GPU marks:
+    /// Draining stops new work; running work finishes, and work assigned there but not started
+    /// is requeued (a draining agent takes no new lease). Undraining also clears the GPU marks:
     /// the operator vouches for the GPUs (an ECC count that is still there marks its GPU again
     /// on the next heartbeat). `None`: no such node (or it was revoked).
     pub async fn set_node_drain(
@@ -584,6 +556,19 @@ impl Store {
                 .bind(node.as_str())
                 .execute(&mut tx)
                 .await?;
+            // Work assigned but not started would wait for the undrain (a draining agent takes
+            // no new lease): it goes back to the queue. Running work finishes.
+            let rows = query(
+                "SELECT id, job_id, epoch, node_rank, gang_lead FROM attempts \
+                 WHERE node_id = $1 AND state = 'assigned' ORDER BY created_at, id",
+            )
+            .bind(node.as_str())
+            .fetch_all(&mut tx)
+            .await?;
+            let why = format!("node {node} was drained before the job started");
+            for row in &rows {
+                requeue_attempt(&mut tx, node, row, "preempted", &why, now).await?;
+            }
         } else {
             query("UPDATE nodes SET draining = FALSE, gpu_marks_json = NULL WHERE id = $1")
                 .bind(node.as_str())
@@ -632,6 +617,47 @@ impl Store {
         tx.commit().await?;
         Ok(n + i > 0)
     }
+}
+
+/// Ends one live attempt of `node` (`row`: id, job_id, epoch, node_rank, gang_lead) in
+/// `state`, noting `why`, and sends its job back to the queue with `why` as the reason (or to
+/// `cancelled` when a cancel was pending); a gang's other ranks are stopped and requeued with
+/// it. As [`end_node_work`] does for all of a node's work.
+async fn requeue_attempt(
+    tx: &mut Tx,
+    node: &NodeId,
+    row: &Row,
+    state: &'static str,
+    why: &str,
+    now: Timestamp,
+) -> StoreResult<AttemptRef> {
+    let attempt = attempt_ref_from_row(row)?;
+    let gang = gang_from_row(row)?;
+    query("UPDATE attempts SET state = $1, finished_at = $2, error = $3 WHERE id = $4")
+        .bind(state)
+        .bind(now)
+        .bind(why)
+        .bind(attempt.attempt_id)
+        .execute(&mut *tx)
+        .await?;
+    let end = ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
+    query(
+        "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, \
+         finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
+         reason = $2, version = version + 1 \
+         WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
+    )
+    .bind(end)
+    .bind(format!("{why}: requeued"))
+    .bind(attempt.job_id)
+    .bind(gang.as_ref().map_or(attempt.attempt_id, |g| g.lead))
+    .execute(&mut *tx)
+    .await?;
+    if let Some(g) = &gang {
+        let why = gang::requeue_reason(g.rank, node.as_str(), why);
+        events::stop_gang(tx, g, attempt.attempt_id, &why, now, &mut Vec::new()).await?;
+    }
+    Ok(attempt)
 }
 
 /// A node's attempts a heartbeat answers about (see [`heartbeat_stops`]); binds the node id.
