@@ -628,3 +628,69 @@ async fn work_assigned_to_a_drained_node_but_not_started_is_requeued() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     start_leased(&app, &agent, &id, 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_instance_with_a_sick_gpu_is_replaced_once_its_running_work_finishes() {
+    let (app, fake) = spawn_two_clouds(|c| c.idle_ttl_s = 600).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let id = app.submit(&dev, urgent("finishes")).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let launch = eventually("a launch", 20, async || fake.launches().first().cloned()).await;
+    let agent = app.agent_with_token(&launch.enrolment_token, 8).await;
+    let attempt = start_leased(&app, &agent, &id, 1).await;
+    let first = instances(&app).await[0]["id"].as_str().unwrap().to_string();
+
+    // A double-bit ECC error on a GPU the job does not hold: the job runs on, the node drains.
+    let r = heartbeat(
+        &app,
+        &agent,
+        gpus(8, |i, g| {
+            if i == 5 {
+                g["health"] = json!({"xid_events": [48]});
+            }
+        }),
+        json!([attempt]),
+    )
+    .await;
+    assert_eq!(r.body["stop"], json!([]), "{}", r.body);
+    let hb = heartbeat(&app, &agent, gpus(8, |_, _| {}), json!([attempt])).await;
+    assert_eq!(hb.body["drain"], true, "{}", hb.body);
+    eventually("the instance draining", 20, async || {
+        instances(&app)
+            .await
+            .iter()
+            .find(|i| i["id"] == first.as_str() && i["state"] == "draining")
+            .cloned()
+    })
+    .await;
+    assert!(fake.terminations().is_empty(), "{:?}", fake.terminations());
+    assert_eq!(app.job(&dev, &id).await.body["state"], "running");
+
+    // The job ends: the instance is terminated at once, not after the idle TTL.
+    let r = events(
+        &app,
+        &agent,
+        json!([{"type": "finished", "attempt": attempt, "exit_code": 0, "signal": null,
+                "error": null, "stopped": false}]),
+    )
+    .await;
+    assert_eq!(r, ["accepted"]);
+    let old = eventually("the sick instance terminated", 20, async || {
+        instances(&app)
+            .await
+            .iter()
+            .find(|i| i["id"] == first.as_str() && i["state"] == "terminated")
+            .cloned()
+    })
+    .await;
+    assert!(
+        old["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("GPU 5 had a double-bit ECC error (XID 48)"),
+        "{old}"
+    );
+    assert_eq!(fake.terminations().len(), 1);
+}

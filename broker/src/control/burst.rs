@@ -317,7 +317,10 @@ async fn replace_sick(
     reason: &str,
     busy: &HashSet<String>,
 ) -> Result<bool, StoreError> {
-    let drained = app.store.drain_for_replacement(&inst.id, node).await?;
+    let drained = app
+        .store
+        .drain_for_replacement(&inst.id, node, app.clock.now())
+        .await?;
     if drained {
         tracing::warn!(instance.id = %inst.id, node.id = %node, reason,
             "instance has a sick GPU: draining it for replacement");

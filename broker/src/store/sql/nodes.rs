@@ -488,6 +488,8 @@ impl Store {
                     .bind(node.as_str())
                     .execute(&mut tx)
                     .await?;
+                out.stopped
+                    .extend(requeue_assigned(&mut tx, node, now).await?);
             }
         }
         if !verdict.fell_off.is_empty() {
@@ -556,19 +558,7 @@ impl Store {
                 .bind(node.as_str())
                 .execute(&mut tx)
                 .await?;
-            // Work assigned but not started would wait for the undrain (a draining agent takes
-            // no new lease): it goes back to the queue. Running work finishes.
-            let rows = query(
-                "SELECT id, job_id, epoch, node_rank, gang_lead FROM attempts \
-                 WHERE node_id = $1 AND state = 'assigned' ORDER BY created_at, id",
-            )
-            .bind(node.as_str())
-            .fetch_all(&mut tx)
-            .await?;
-            let why = format!("node {node} was drained before the job started");
-            for row in &rows {
-                requeue_attempt(&mut tx, node, row, "preempted", &why, now).await?;
-            }
+            requeue_assigned(&mut tx, node, now).await?;
         } else {
             query("UPDATE nodes SET draining = FALSE, gpu_marks_json = NULL WHERE id = $1")
                 .bind(node.as_str())
@@ -598,9 +588,14 @@ impl Store {
     }
 
     /// A launched instance whose node has a sick GPU is to be replaced: its node drains (no new
-    /// work) and the instance becomes `draining`, in one transaction. Idempotent; returns
-    /// whether anything changed.
-    pub async fn drain_for_replacement(&self, instance: &str, node: &NodeId) -> StoreResult<bool> {
+    /// work; work assigned but not started is requeued) and the instance becomes `draining`, in
+    /// one transaction. Idempotent; returns whether anything changed.
+    pub async fn drain_for_replacement(
+        &self,
+        instance: &str,
+        node: &NodeId,
+        now: Timestamp,
+    ) -> StoreResult<bool> {
         let mut tx = self.write_tx().await?;
         let n = query("UPDATE nodes SET draining = TRUE WHERE id = $1 AND NOT draining")
             .bind(node.as_str())
@@ -614,9 +609,32 @@ impl Store {
         .execute(&mut tx)
         .await?
         .rows_affected();
+        let requeued = requeue_assigned(&mut tx, node, now).await?;
         tx.commit().await?;
-        Ok(n + i > 0)
+        Ok(n + i > 0 || !requeued.is_empty())
     }
+}
+
+/// A node drains: its attempts assigned but not started go back to the queue (a draining agent
+/// takes no new lease, so they would wait for the undrain). Running work finishes. Returns them.
+async fn requeue_assigned(
+    tx: &mut Tx,
+    node: &NodeId,
+    now: Timestamp,
+) -> StoreResult<Vec<AttemptRef>> {
+    let rows = query(
+        "SELECT id, job_id, epoch, node_rank, gang_lead FROM attempts \
+         WHERE node_id = $1 AND state = 'assigned' ORDER BY created_at, id",
+    )
+    .bind(node.as_str())
+    .fetch_all(&mut *tx)
+    .await?;
+    let why = format!("node {node} was drained before the job started");
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        out.push(requeue_attempt(tx, node, row, "preempted", &why, now).await?);
+    }
+    Ok(out)
 }
 
 /// Ends one live attempt of `node` (`row`: id, job_id, epoch, node_rank, gang_lead) in
