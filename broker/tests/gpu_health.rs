@@ -694,3 +694,79 @@ async fn a_cloud_instance_with_a_sick_gpu_is_replaced_once_its_running_work_fini
     );
     assert_eq!(fake.terminations().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempting_work_never_hands_out_a_sick_gpu() {
+    let app = TestApp::spawn().await;
+    let agent = app.agent(2).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let low = |name: &str| {
+        json!({"name": name, "team": "ml", "command": ["sleep", "600"], "priority": "low",
+               "resources": {"gpus": 1}, "estimated_runtime_s": 36_000})
+    };
+    let older = app.submit(&dev, low("older")).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let on_0 = start_leased(&app, &agent, &older, 1).await;
+    let newer = app.submit(&dev, low("newer")).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let on_1 = start_leased(&app, &agent, &newer, 1).await;
+    // The newer job's GPU goes bad (its work runs on).
+    let r = heartbeat(
+        &app,
+        &agent,
+        gpus(2, |i, g| {
+            if i == 1 {
+                g["health"] = json!({"xid_events": [48]});
+            }
+        }),
+        json!([on_0, on_1]),
+    )
+    .await;
+    assert_eq!(r.body["stop"], json!([]), "{}", r.body);
+
+    // An urgent job needs one GPU by its deadline: only stopping the job on the healthy GPU
+    // gives it one (the newer job, the cheaper victim, holds only the sick one).
+    let urgent = app
+        .submit(
+            &dev,
+            json!({"name": "urgent", "team": "ml", "command": ["true"], "priority": "critical",
+                   "resources": {"gpus": 1}, "estimated_runtime_s": 300,
+                   "deadline": (chrono::Utc::now() + chrono::Duration::seconds(1200)).to_rfc3339()}),
+        )
+        .await;
+    assert_eq!(urgent.status, StatusCode::CREATED, "{}", urgent.body);
+    let urgent = urgent.body["id"].as_str().unwrap().to_string();
+    let stop = eventually("a preemption", 20, async || {
+        let w = work(&app, &agent, 1).await;
+        (!w["stop"].as_array().unwrap().is_empty()).then(|| w["stop"].clone())
+    })
+    .await;
+    assert_eq!(
+        stop,
+        json!([on_0]),
+        "the job on the healthy GPU is the one victim"
+    );
+    let r = events(
+        &app,
+        &agent,
+        json!([{"type": "finished", "attempt": on_0, "exit_code": null, "signal": 15,
+                "error": null, "stopped": true}]),
+    )
+    .await;
+    assert_eq!(r, ["accepted"]);
+    let lease = eventually("the urgent job's lease", 20, async || {
+        let w = work(&app, &agent, 1).await;
+        w["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["attempt"]["job_id"] == urgent.as_str())
+            .cloned()
+    })
+    .await;
+    assert_eq!(lease["gpus"], json!([0]), "{lease}");
+}

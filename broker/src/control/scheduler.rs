@@ -9,8 +9,9 @@
 //! Handlers never place anything: they store, then send an event here.
 //!
 //! GPU health is applied here, in the snapshot, not in `core`: a GPU the health rules marked
-//! (`rules/health.rs`) is left out of its node's free set, and a node with no healthy GPU left
-//! is shown to the planner as draining (it takes nothing). The marks come with the nodes
+//! (`rules/health.rs`) is left out of its node's free set and of the GPUs of the attempt that
+//! holds it (so that neither its end nor its preemption frees it), and a node with no healthy
+//! GPU left is shown to the planner as draining (it takes nothing). The marks come with the nodes
 //! (`NodesChanged` reloads them).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -336,11 +337,21 @@ impl State {
                     } else {
                         (a.priority, a.expected_end)
                     };
+                    // A sick GPU it holds never comes back free: not when it ends, and not
+                    // to a job that preempts it. Holding only sick GPUs, it is no victim
+                    // (stopping it would free nothing).
+                    let sick = self.nodes.get(&a.node).map_or(GpuSet::EMPTY, |n| n.sick);
+                    let gpus = gpu_set(&a.gpus).difference(sick);
+                    let priority = if gpus.is_empty() {
+                        priority.max(Priority::High)
+                    } else {
+                        priority
+                    };
                     RunningAttempt {
                         job: a.job,
                         attempt: a.id,
                         node: a.node.clone(),
-                        gpus: gpu_set(&a.gpus),
+                        gpus,
                         priority,
                         started_at: a.created_at,
                         expected_end,
