@@ -97,6 +97,8 @@ async fn a_gpu_with_a_fatal_xid_is_left_out_of_placement() {
     );
     assert_eq!(n["gpus"][1]["healthy"], true, "{n}");
     assert_eq!(n["state"], "healthy", "{n}");
+    // The agent named no vendor: the model says.
+    assert_eq!(n["gpus"][0]["vendor"], "nvidia", "{n}");
 
     // The job gets the healthy GPU; a second finds none free.
     let first = submit_one(&app, &dev, "first").await;

@@ -350,7 +350,8 @@ pub struct NodeGpu {
     pub utilization_pct: Option<u32>,
     pub temperature_c: Option<u32>,
     pub power_w: Option<f64>,
-    /// Who made it (`nvidia`, `amd`, …), as its agent reports it; absent from older agents.
+    /// Who made it (`nvidia`, `amd`, `intel`, `google`, `aws`), as its agent reports it, or
+    /// (older agents) as the model says.
     #[serde(default)]
     pub vendor: Option<String>,
     #[serde(default)]

@@ -60,7 +60,12 @@ fn gpus_of(node: &NodeRecord, inventory: Option<&Inventory>) -> Vec<NodeGpu> {
                         utilization_pct: g.utilization_pct,
                         temperature_c: g.temperature_c,
                         power_w: g.power_w,
-                        vendor: g.vendor.clone(),
+                        // Older agents do not say: the model does.
+                        vendor: Some(g.vendor.clone().unwrap_or_else(|| {
+                            switchyard_core::gpu_model::vendor(&g.model)
+                                .as_str()
+                                .to_string()
+                        })),
                         uuid: g.uuid.clone(),
                         healthy: reasons.is_empty(),
                         reasons,
