@@ -7,7 +7,8 @@
 //! alerts in words, and the spend CSV download.
 //!
 //! Also: a bad policy edit is refused whole (every field error at once, nothing saved) and
-//! leaving unsaved edits asks first; a what-if under a tiny hard budget holds the job the live
+//! leaving unsaved edits asks first, and the utilization rule (issue 28) is refused naming its
+//! fields, then saved; a what-if under a tiny hard budget holds the job the live
 //! broker held under it; a finished burst job's cost stays fixed while its instance idles.
 //! The Services page shows real replicas by region, the charts it keeps since it opened, the
 //! desired count's reason and the events, to an admin and (their team's only) to a developer.
@@ -1627,6 +1628,93 @@ async fn a_bad_policy_edit_is_refused_whole_and_leaving_unsaved_edits_asks_first
     let mut want = saved.clone();
     want["max_price_per_gpu_hour"] = json!(2.5);
     assert_eq!(now["policy"], want, "{now}");
+
+    // The utilization rule (issue 28): off until ticked; bad values are refused next to their
+    // fields; good ones are saved as the policy's `utilization` section.
+    assert_eq!(
+        b.js(
+            "return document.querySelector('[data-test=\"field-utilization.enabled\"]').checked;",
+            vec![]
+        )
+        .await,
+        json!(false)
+    );
+    b.el("[data-test=\"field-utilization.enabled\"]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    type_into(&b, "utilization.min_gpu_utilization_pct", "0").await;
+    type_into(&b, "utilization.window_s", "30").await;
+    b.el("[data-test=policy-save]").await.click().await.unwrap();
+    b.until(
+        "the utilization rule's refusal",
+        WAIT,
+        "const s = document.querySelector('[data-test=policy-status]');
+         return s && s.getAttribute('data-refused') === '2';",
+        vec![],
+    )
+    .await;
+    let errors = field_errors(&b).await;
+    let text = |f: &str| errors[f].as_str().unwrap_or_default().to_string();
+    assert!(
+        text("utilization.min_gpu_utilization_pct").contains("1 to 100"),
+        "{errors}"
+    );
+    assert!(
+        text("utilization.window_s").contains("60 to 604800"),
+        "{errors}"
+    );
+    type_into(&b, "utilization.min_gpu_utilization_pct", "20").await;
+    type_into(&b, "utilization.window_s", "600").await;
+    b.el("[data-test=policy-form] [data-test=\"field-utilization.action\"]")
+        .await
+        .select_by_value("stop")
+        .await
+        .unwrap();
+    b.el("[data-test=\"field-utilization.exempt_priorities.critical\"]")
+        .await
+        .click()
+        .await
+        .unwrap();
+    b.screenshot("policies-utilization", 1440, 900).await;
+    b.el("[data-test=policy-save]").await.click().await.unwrap();
+    b.until(
+        "the utilization rule to be saved",
+        WAIT,
+        "const s = document.querySelector('[data-test=policy-status]');
+         return s && s.getAttribute('data-version') === '3';",
+        vec![],
+    )
+    .await;
+    let (_, now) = broker
+        .call(reqwest::Method::GET, "/api/v1/policies/ml", None)
+        .await;
+    assert_eq!(
+        now["policy"]["utilization"],
+        json!({"min_gpu_utilization_pct": 20, "window_s": 600, "action": "stop",
+               "exempt_priorities": ["critical"]}),
+        "{now}"
+    );
+    assert_eq!(now["policy"]["max_price_per_gpu_hour"], json!(2.5), "{now}");
+    // Its what-if says what the rule would have done (nothing recorded here: none acted on).
+    b.el("[data-test=whatif-run]").await.click().await.unwrap();
+    let summary = b
+        .until(
+            "the what-if's idle GPUs",
+            WAIT,
+            "const e = document.querySelector('[data-test=whatif-waste-summary]');
+             return e ? e.textContent : null;",
+            vec![],
+        )
+        .await;
+    assert!(
+        summary
+            .as_str()
+            .unwrap()
+            .contains("would have been acted on (stop)"),
+        "{summary}"
+    );
     // Saved: leaving asks nothing.
     b.el("[data-test=nav-jobs]").await.click().await.unwrap();
     b.ready("jobs").await;
@@ -1645,7 +1733,7 @@ async fn a_bad_policy_edit_is_refused_whole_and_leaving_unsaved_edits_asks_first
     let (_, now) = broker
         .call(reqwest::Method::GET, "/api/v1/policies/ml", None)
         .await;
-    assert_eq!(now["version"], json!(2), "{now}");
+    assert_eq!(now["version"], json!(3), "{now}");
     b.assert_no_errors("after leaving the policy page").await;
 }
 

@@ -1839,6 +1839,36 @@ document.addEventListener('securitypolicyviolation', (e) => {
     drawWindows();
     drawRates();
 
+    // Idle GPUs: the waste rule (`utilization`, issue 28). A job whose GPUs stay under the
+    // threshold for the window is acted on; exempt priorities never are.
+    const u = policy.utilization || null;
+    const hasUtil = h('input', { type: 'checkbox', checked: Boolean(u), disabled: dis, 'data-test': 'field-utilization.enabled' });
+    const minPct = numberInput(u ? u.min_gpu_utilization_pct : '', 'e.g. 10');
+    const windowS = numberInput(u ? u.window_s : '', 'e.g. 1800');
+    const utilAction = selectOf(['notify', 'stop', 'requeue'], u ? u.action : 'notify', dis,
+      { notify: 'notify (audit entry, the job runs on)', stop: 'stop the job', requeue: 'requeue the job' });
+    const savedExempt = (u && u.exempt_priorities) || [];
+    const exemptBoxes = PRIORITIES.map((p) => h('input', { type: 'checkbox', value: p, checked: savedExempt.includes(p), disabled: dis, 'data-test': 'field-utilization.exempt_priorities.' + p }));
+    const windowWords = h('span', { class: 'muted small', 'data-test': 'utilization-window-words' });
+    const syncWindowWords = () => {
+      const n = parseNumber(windowS.value);
+      windowWords.textContent = n !== null && Number.isInteger(n) && n > 0 ? ' = ' + duration(n) : '';
+    };
+    windowS.addEventListener('input', syncWindowWords);
+    syncWindowWords();
+    const utilFields = h('div', { class: 'form-grid' },
+      field('Idle under (% of GPU)', minPct, null, 'utilization.min_gpu_utilization_pct', 'A whole percentage, 1 to 100: SM activity where the GPU reports it, else utilisation'),
+      field('For (seconds)', windowS, null, 'utilization.window_s', h('span', null, '60 to 604800 (7 days)', windowWords)),
+      field('Then', utilAction, null, 'utilization.action', 'Service replicas are never acted on'),
+      h('div', { class: 'field', 'data-field': 'utilization.exempt_priorities', 'data-test': 'field-utilization.exempt_priorities' },
+        h('label', null, 'Exempt priorities'),
+        h('div', { class: 'checks' }, exemptBoxes.map((c) => h('label', { class: 'check' }, c, c.value))),
+        h('div', { class: 'hint' }, 'Jobs of these priorities are never acted on'),
+        h('div', { class: 'field-error', 'data-test': 'error-utilization.exempt_priorities', hidden: true, role: 'alert' })));
+    const syncUtil = () => { utilFields.hidden = !hasUtil.checked; };
+    hasUtil.addEventListener('change', syncUtil);
+    syncUtil();
+
     const status = h('div', { class: 'small', 'data-test': 'policy-status', role: 'status' });
     const general = h('div', { class: 'field-error', 'data-test': 'policy-error', hidden: true, role: 'alert' });
     const diffBox = h('div', { class: 'diff', 'data-test': 'policy-diff' });
@@ -1873,6 +1903,10 @@ document.addEventListener('securitypolicyviolation', (e) => {
           type: 'button', class: 'secondary', 'data-test': 'window-add',
           onclick: () => { windows.push({ priority: 'low', from: '20:00', to: '08:00', tz: 'UTC' }); drawWindows(); changed(); },
         }, 'Add window') : null),
+      h('fieldset', { 'data-field': 'utilization', 'data-test': 'policy-utilization' },
+        h('legend', null, h('label', { class: 'check' }, hasUtil, 'Idle GPUs (utilization rule)')),
+        utilFields,
+        h('div', { class: 'field-error', hidden: true })),
       h('fieldset', { 'data-field': 'onprem_rates' }, h('legend', null, 'On-prem internal rates'), ratesBox,
         h('div', { class: 'field-error', hidden: true }),
         editable ? h('button', {
@@ -1933,6 +1967,20 @@ document.addEventListener('securitypolicyviolation', (e) => {
           const unknown = regs.filter((x) => !knownRegions.includes(x));
           if (unknown.length) bad('allowed_regions', 'unknown region ' + unknown.map((x) => JSON.stringify(x)).join(', ') + '; valid: ' + oneOf(knownRegions, 8));
         }
+      }
+      if (hasUtil.checked) {
+        const rule = { min_gpu_utilization_pct: num(minPct.value), window_s: num(windowS.value), action: utilAction.value };
+        const pct = parseNumber(minPct.value);
+        if (minPct.value.trim() === '') bad('utilization.min_gpu_utilization_pct', 'enter a whole percentage from 1 to 100 (e.g. 10)');
+        else if (pct === null || !Number.isInteger(pct) || pct < 1 || pct > 100) bad('utilization.min_gpu_utilization_pct', JSON.stringify(minPct.value.trim()) + ' is not a percentage: enter a whole number from 1 to 100 (e.g. 10)');
+        const secs = parseNumber(windowS.value);
+        if (windowS.value.trim() === '') bad('utilization.window_s', 'enter a window in seconds, 60 to 604800 (e.g. 1800 for 30 min)');
+        else if (secs === null || !Number.isInteger(secs) || secs < 60 || secs > 604800) bad('utilization.window_s', JSON.stringify(windowS.value.trim()) + ' is not a window: enter whole seconds from 60 to 604800 (7 days), e.g. 1800 for 30 min');
+        // The saved order first, so an unchanged rule shows no change.
+        const checked = exemptBoxes.filter((c) => c.checked).map((c) => c.value);
+        const exempt = [...savedExempt.filter((p) => checked.includes(p)), ...checked.filter((p) => !savedExempt.includes(p))];
+        if (exempt.length) rule.exempt_priorities = exempt;
+        body.utilization = rule;
       }
       if (spot.value) body.spot = spot.value;
       if (burst.value) body.burst = burst.value === 'true';
@@ -2153,7 +2201,29 @@ document.addEventListener('securitypolicyviolation', (e) => {
         h('td', { class: 'num' }, usd(c.current_cost_usd)),
         h('td', { class: 'num' }, usd(c.draft_cost_usd)))),
       { test: 'whatif-changes', empty: r.changes ? 'None: every replayed job starts in the same pool at the same cost.' : 'This broker does not list the jobs a what-if changes.' }));
+    if (r.waste) out.appendChild(whatIfWasteView(r.waste));
     return out;
+  }
+
+  /// What the draft's utilization rule would have done to the recorded attempts (issue 28).
+  function whatIfWasteView(w) {
+    const acted = w.would_act || [];
+    const gpuHours = (x) => (Number(x) || 0).toFixed(2);
+    const box = h('div', { 'data-test': 'whatif-waste' }, h('h3', null, 'Idle GPUs: what the draft’s rule would have done'));
+    box.appendChild(h('p', { class: 'small', 'data-test': 'whatif-waste-summary' },
+      acted.length + ' of ' + w.attempts_recorded + ' recorded attempt' + (w.attempts_recorded === 1 ? '' : 's') + ' would have been acted on (' + w.action + '), freeing at least '
+      + gpuHours(w.gpu_hours_freed) + ' GPU-hours (' + usd(w.usd_freed) + ')'
+      + (w.judged_at_pct ? '; judged from idle stretches under ' + w.judged_at_pct + ' %, the nearest recorded threshold at or under the rule’s.' : '.')));
+    box.appendChild(table(['Job', 'Priority', ['GPUs', 'num'], ['Longest idle', 'num'], ['GPU-hours freed', 'num'], ['Freed', 'num']],
+      acted.map((j) => h('tr', { 'data-test': 'whatif-waste-job', 'data-job-id': j.job_id },
+        h('td', null, h('a', { href: '#/jobs/' + j.job_id }, j.name || short(j.job_id)), j.project ? h('div', { class: 'small muted' }, j.project) : null),
+        h('td', null, j.priority),
+        h('td', { class: 'num' }, String(j.gpus)),
+        h('td', { class: 'num' }, duration(j.longest_idle_s)),
+        h('td', { class: 'num' }, gpuHours(j.gpu_hours_freed)),
+        h('td', { class: 'num' }, usd(j.usd_freed)))),
+      { test: 'whatif-waste-jobs', empty: 'None: no recorded attempt stayed idle that long.' }));
+    return box;
   }
 
   /// Several series over the same days, as lines; each point has its value as a tooltip.
