@@ -17,6 +17,12 @@
 //!   handler sends such a node's heartbeat straight to [`Store::heartbeat`], which revives it
 //!   and tells the scheduler; the batch update skips nodes that are not healthy, and the
 //!   handler's answer then lists the node's requeued attempts to stop.
+//!
+//! GPU health (issue 28) stays off this path while nothing changes: the handler judges each
+//! heartbeat's GPUs against the marks on the node row it already read
+//! (`rules::health::changes`, no allocation, no write); only a change (a GPU falls sick or an
+//! overheat clears, rare) is written, at once and outside the batch
+//! (`Store::apply_gpu_health`), before the heartbeat is answered.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
