@@ -51,6 +51,20 @@ async fn node_view(app: &TestApp, token: &str, node: &str) -> Value {
 }
 
 /// Waits until the scheduler planned twice more: what it would place, it has.
+/// Free GPUs over every pool, as `GET /pools` says.
+async fn gpus_free(app: &TestApp, token: &str) -> u64 {
+    let r = app
+        .call(Method::GET, "/api/v1/pools", Some(token), None)
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    r.body["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["gpus_free"].as_u64().unwrap_or(0))
+        .sum()
+}
+
 async fn planned(app: &TestApp) {
     let before = scheduler_rounds(app).await;
     eventually("two scheduler rounds", 20, async || {
@@ -99,6 +113,8 @@ async fn a_gpu_with_a_fatal_xid_is_left_out_of_placement() {
     assert_eq!(n["state"], "healthy", "{n}");
     // The agent named no vendor: the model says.
     assert_eq!(n["gpus"][0]["vendor"], "nvidia", "{n}");
+    // The pools view counts only the healthy GPU as free, as the scheduler does.
+    assert_eq!(gpus_free(&app, &dev).await, 1);
 
     // The job gets the healthy GPU; a second finds none free.
     let first = submit_one(&app, &dev, "first").await;
@@ -341,6 +357,8 @@ async fn a_drained_node_takes_no_new_work_and_running_work_finishes() {
         )
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    // A drained node offers nothing, though one of its GPUs is idle.
+    assert_eq!(gpus_free(&app, &dev).await, 0);
     let waits = submit_one(&app, &dev, "waits").await;
     planned(&app).await;
     assert_eq!(app.job(&dev, &waits).await.body["state"], "queued");

@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use std::collections::HashMap;
-use switchyard_core::{Money, PoolId};
+use switchyard_core::{GpuSet, MAX_GPUS_PER_NODE, Money, PoolId};
 use switchyard_protocol::api::{
     ErrorBody, PoolList, PoolPatch, PoolView, RegionBacking, RegionList, RegionView, Role,
 };
@@ -99,28 +99,39 @@ pub async fn patch_pool(
 }
 
 /// `pool` as the pools API shows it: its healthy nodes and their GPUs, free or busy (`busy`:
-/// GPUs held per node id), every node that joined it, and why the broker cannot launch in it
+/// the GPUs held per node id), every node that joined it, and why the broker cannot launch in it
 /// now when it is launchable.
 fn view_with_nodes(
     app: &App,
     pool: &switchyard_core::Pool,
     regions: &[switchyard_core::Region],
     nodes: &[crate::store::NodeRecord],
-    busy: &HashMap<String, u32>,
+    busy: &HashMap<String, GpuSet>,
 ) -> PoolView {
     let members: Vec<_> = nodes.iter().filter(|n| n.pool == pool.id).collect();
     let healthy: Vec<_> = members.iter().filter(|n| n.healthy).collect();
     let total: u32 = healthy.iter().map(|n| n.gpus_total).sum();
-    let used: u32 = healthy
+    // Free as the scheduler sees it (`control/scheduler.rs` `NodeState::free_gpus`): neither
+    // held by live work nor marked unhealthy, on a node that is not draining.
+    let free: u32 = healthy
         .iter()
-        .map(|n| busy.get(n.id.as_str()).copied().unwrap_or(0))
+        .filter(|n| !n.draining)
+        .map(|n| {
+            let all = GpuSet::first(n.gpus_total.min(MAX_GPUS_PER_NODE)).unwrap_or_default();
+            let mut sick = GpuSet::EMPTY;
+            for m in &n.gpu_marks {
+                sick.insert(m.gpu);
+            }
+            let held = busy.get(n.id.as_str()).copied().unwrap_or_default();
+            all.difference(held).difference(sick).len()
+        })
         .sum();
     let mut view = convert::pool_view(
         pool,
         regions.iter().find(|r| r.id == pool.region),
         healthy.len() as u32,
         total,
-        total.saturating_sub(used),
+        free,
     );
     view.node_list = members.iter().map(|n| pool_node(n)).collect();
     view.unlaunchable_reason = unlaunchable_reason(app, pool);
@@ -156,10 +167,16 @@ fn pool_node(n: &crate::store::NodeRecord) -> switchyard_protocol::api::PoolNode
     }
 }
 
-async fn busy_gpus(app: &App) -> Result<HashMap<String, u32>, ApiError> {
-    let mut busy = HashMap::new();
+/// The GPUs live attempts hold, per node id.
+async fn busy_gpus(app: &App) -> Result<HashMap<String, GpuSet>, ApiError> {
+    let mut busy: HashMap<String, GpuSet> = HashMap::new();
     for a in app.store.live_attempts().await? {
-        *busy.entry(a.node.to_string()).or_insert(0) += a.gpus.len() as u32;
+        let held = busy.entry(a.node.to_string()).or_default();
+        for &g in &a.gpus {
+            if g < MAX_GPUS_PER_NODE {
+                held.insert(g);
+            }
+        }
     }
     Ok(busy)
 }
