@@ -256,12 +256,15 @@ pub struct AttemptRecord {
 /// The GPUs one live attempt holds, and whose work it is.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpuAllocation {
+    pub attempt: AttemptId,
     pub node: NodeId,
     pub gpus: Vec<u32>,
     pub job: JobId,
     pub team: String,
     pub name: String,
     pub priority: switchyard_core::Priority,
+    /// When the job started (its first attempt's start), if it has.
+    pub started_at: Option<Timestamp>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

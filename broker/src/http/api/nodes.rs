@@ -22,7 +22,7 @@ use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 use crate::rules::health;
 use crate::state::App;
-use crate::store::{AttemptRecord, NodeRecord};
+use crate::store::{GpuAllocation, NodeRecord};
 
 /// Who may drain and undrain nodes.
 const OPERATORS: &[Role] = &[Role::Infra, Role::Admin];
@@ -76,31 +76,24 @@ fn gpus_of(node: &NodeRecord, inventory: Option<&Inventory>) -> Vec<NodeGpu> {
         .unwrap_or_default()
 }
 
-/// What runs on `node`, from `live` (every live attempt), names hidden from a developer of
-/// another team.
-async fn running_on(
-    app: &App,
-    caller: &Caller,
-    node: &NodeId,
-    live: &[AttemptRecord],
-) -> Result<Vec<NodeJob>, ApiError> {
+/// What runs on `node`, from `live` (every live attempt with its job's team and name, read in
+/// one query), names hidden from a developer of another team.
+fn running_on(caller: &Caller, node: &NodeId, live: &[GpuAllocation]) -> Vec<NodeJob> {
     let scope = caller.team_scope();
-    let mut running = Vec::new();
-    for a in live.iter().filter(|a| &a.node == node) {
-        let Some(job) = app.store.job(a.job).await? else {
-            continue;
-        };
-        let visible = scope.is_none_or(|team| team == job.spec.team);
-        running.push(NodeJob {
-            job_id: job.id.0,
-            attempt_id: a.id.0,
-            name: visible.then(|| job.spec.name.clone()),
-            team: job.spec.team.clone(),
-            gpus: a.gpus.clone(),
-            started_at: job.started_at.map(to_datetime),
-        });
-    }
-    Ok(running)
+    live.iter()
+        .filter(|a| &a.node == node)
+        .map(|a| {
+            let visible = scope.is_none_or(|team| team == a.team);
+            NodeJob {
+                job_id: a.job.0,
+                attempt_id: a.attempt.0,
+                name: visible.then(|| a.name.clone()),
+                team: a.team.clone(),
+                gpus: a.gpus.clone(),
+                started_at: a.started_at.map(to_datetime),
+            }
+        })
+        .collect()
 }
 
 /// Every node that is not revoked: its state, GPUs with health and reasons, and what runs on
@@ -109,8 +102,8 @@ async fn running_on(
     responses((status = 200, body = NodeList)),
     security(("bearer" = [])))]
 pub async fn list(State(app): State<App>, caller: Caller) -> Result<Json<NodeList>, ApiError> {
-    let live = app.store.live_attempts().await?;
-    let mut by_node: HashMap<NodeId, Vec<AttemptRecord>> = HashMap::new();
+    let live = app.store.gpu_allocations().await?;
+    let mut by_node: HashMap<NodeId, Vec<GpuAllocation>> = HashMap::new();
     for a in live {
         by_node.entry(a.node.clone()).or_default().push(a);
     }
@@ -127,7 +120,7 @@ pub async fn list(State(app): State<App>, caller: Caller) -> Result<Json<NodeLis
             isolation: inventory.as_ref().is_some_and(|i| i.isolation),
             simulated: inventory.as_ref().is_some_and(|i| i.simulated),
             gpus: gpus_of(&node, inventory.as_ref()),
-            running: running_on(&app, &caller, &node.id, &live).await?,
+            running: running_on(&caller, &node.id, &live),
         });
     }
     Ok(Json(NodeList { nodes }))
@@ -158,8 +151,8 @@ pub async fn get(
 ) -> Result<Json<NodeDetail>, ApiError> {
     let node = find(&app, &id).await?;
     let inventory = inventory_of(&node);
-    let live = app.store.live_attempts().await?;
-    let running = running_on(&app, &caller, &node.id, &live).await?;
+    let live = app.store.gpu_allocations().await?;
+    let running = running_on(&caller, &node.id, &live);
     Ok(Json(NodeDetail {
         id: node.id.to_string(),
         hostname: node.hostname.clone(),

@@ -89,12 +89,12 @@ impl Store {
     }
 
     /// Which live attempt holds which GPUs, with its job's team and name: the
-    /// `switchyard_gpu_allocated` series that joins GPU telemetry to teams (`/metrics`). One
-    /// query, whatever the number of attempts.
+    /// `switchyard_gpu_allocated` series that joins GPU telemetry to teams (`/metrics`), and
+    /// what runs on each node (`GET /nodes`). One query, whatever the number of attempts.
     pub async fn gpu_allocations(&self) -> StoreResult<Vec<GpuAllocation>> {
         let rows = query(
-            "SELECT a.node_id, a.gpus_json, a.job_id, j.team, j.name, j.priority \
-             FROM attempts a JOIN jobs j ON j.id = a.job_id \
+            "SELECT a.id, a.node_id, a.gpus_json, a.job_id, j.team, j.name, j.priority, \
+             j.started_at FROM attempts a JOIN jobs j ON j.id = a.job_id \
              WHERE a.state IN ('assigned', 'running', 'preempting') ORDER BY a.id",
         )
         .fetch_all(&self.db)
@@ -102,12 +102,14 @@ impl Store {
         rows.iter()
             .map(|r| {
                 Ok(GpuAllocation {
+                    attempt: AttemptId(r.uuid("id")?),
                     node: NodeId(r.get("node_id")?),
                     gpus: parse_gpus(&r.get::<String>("gpus_json")?)?,
                     job: JobId(r.uuid("job_id")?),
                     team: r.get("team")?,
                     name: r.get("name")?,
                     priority: parse_priority(&r.get::<String>("priority")?)?,
+                    started_at: r.time_opt("started_at")?,
                 })
             })
             .collect()
