@@ -320,6 +320,53 @@ async fn a_gap_in_heartbeats_or_no_reading_is_not_idleness() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_from_before_the_job_started_is_not_a_sample() {
+    let app = spawn().await;
+    assert!(put_policy(&app, rule("stop")).await.status.is_success());
+    let agent = app.agent(1).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let r = app
+        .submit(
+            &dev,
+            json!({"name": "train", "team": "ml", "command": ["sleep", "1000"],
+                   "resources": {"gpus": 1}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let id = r.body["id"].as_str().unwrap().to_string();
+    let attempt = eventually("the job's lease", 20, async || {
+        let w = work(&app, &agent, 2).await;
+        w["leases"]
+            .as_array()
+            .unwrap()
+            .first()
+            .map(|l| l["attempt"].clone())
+    })
+    .await;
+    // The agent's heartbeat reads the GPU idle before it starts the job, 5 s later.
+    heartbeat(&app, &agent, &attempt, Some(0)).await;
+    app.advance(Duration::from_secs(5));
+    let started_at = app.app.clock.now().millis();
+    let r = events(
+        &app,
+        &agent,
+        json!([{"type": "started", "attempt": attempt, "pid": 1}]),
+    )
+    .await;
+    assert_eq!(r, ["accepted"]);
+    // The loop passes over that heartbeat; the job's first sample is the next one.
+    app.advance(Duration::from_secs(BEAT_S));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    beat(&app, &agent, &id, &attempt, Some(0)).await;
+    let w = waste(&app).await;
+    let row = worst_row(&w, &id);
+    assert!(
+        millis(&row["idle_since"]) >= started_at,
+        "an idle stretch began before the job started: {row}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_utilization_rules_are_refused_naming_the_field() {
     let app = spawn().await;
     let cases = [

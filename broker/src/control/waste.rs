@@ -180,6 +180,11 @@ impl Waste {
             let Some(at) = group.iter().map(|r| r.last_heartbeat).min() else {
                 continue;
             };
+            // A heartbeat from before a rank started read GPUs its job had not touched yet:
+            // not a sample of the job (it would start an idle stretch before the job ran).
+            if group.iter().any(|r| r.last_heartbeat < r.started_at) {
+                continue;
+            }
             let found = rule_for(&policies, &lead.team, lead.project.as_deref());
             let (threshold, window_ms) = found
                 .as_ref()
