@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 use switchyard_protocol::api::{
     AgentTokenList, AgentTokenRevoked, AuditList, BudgetList, CreateEnrolmentToken, CreateToken,
     EnrolmentTokenCreated, ErrorBody, InstanceList, JobList, JobSpec, JobState, JobView, LogPage,
-    LogStream, NodeDetail, NodeList, NodeState, PolicyBody, PolicyList, PolicyView, PoolList, PoolPatch, PoolView,
-    QueueDelay, RegionList, ReplicaState, Role, ServiceEventList, ServiceList, ServiceSpec,
-    ServiceState, ServiceView, TokenCreated, TokenList, TokenView,
+    LogStream, NodeDetail, NodeList, NodeState, PolicyBody, PolicyList, PolicyView, PoolList,
+    PoolPatch, PoolView, QueueDelay, RegionList, ReplicaState, Role, ServiceEventList, ServiceList,
+    ServiceSpec, ServiceState, ServiceView, TokenCreated, TokenList, TokenView,
 };
 
 /// `println!` that returns the write error (a closed pipe) instead of panicking.
@@ -525,6 +525,26 @@ fn command_line(argv: &[String]) -> String {
         .join(" ")
 }
 
+/// Not running and not ended: any placement it shows is a past attempt's.
+fn back_in_queue(j: &JobView) -> bool {
+    matches!(
+        j.state,
+        JobState::Queued | JobState::Held | JobState::Provisioning
+    )
+}
+
+/// The `WHERE / WHY` column of `switchyard jobs`: where it runs (or ran), else why it waits. A
+/// job back in the queue keeps its last placement; what it waits for is the news.
+fn where_or_why(j: &JobView) -> String {
+    let reason = || j.reason.as_deref().map(|r| truncate(&printable(r), 60));
+    if back_in_queue(j) {
+        reason()
+    } else {
+        placement_text(j).or_else(reason)
+    }
+    .unwrap_or_default()
+}
+
 /// Where a job runs: `pool, node N, GPUs 0,1 (spot)`.
 fn placement_text(j: &JobView) -> Option<String> {
     j.placement.as_ref().map(|p| {
@@ -643,9 +663,7 @@ pub async fn jobs(c: &Client, filters: JobFilters) -> anyhow::Result<()> {
         "WHERE / WHY",
     ]);
     for j in &list.jobs {
-        let where_why = placement_text(j)
-            .or_else(|| j.reason.as_deref().map(|r| truncate(&printable(r), 60)))
-            .unwrap_or_default();
+        let where_why = where_or_why(j);
         table.row(vec![
             j.id.to_string(),
             truncate(&printable(&j.name), 32),
@@ -738,7 +756,12 @@ pub async fn job(c: &Client, id: &str) -> anyhow::Result<()> {
         fields.push(("exit code", code.to_string()));
     }
     if let Some(p) = placement_text(&j) {
-        fields.push(("placement", p));
+        let label = if back_in_queue(&j) {
+            "last placement"
+        } else {
+            "placement"
+        };
+        fields.push((label, p));
     }
     // A multi-node job: each rank's node, GPUs and state.
     for r in j.placement.iter().flat_map(|p| &p.ranks) {
@@ -2265,6 +2288,32 @@ pub async fn service_delete(c: &Client, name: &str, team: Option<&str>) -> anyho
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_requeued_job_shows_why_it_waits_not_where_it_ran() {
+        let view = |state: &str| -> JobView {
+            serde_json::from_value(serde_json::json!({
+                "id": "01a248ff-eb69-7619-97a9-3c2264bd1cbb", "name": "train", "team": "ml",
+                "project": null, "state": state, "priority": "normal", "kind": "batch",
+                "submitted_at": "2026-12-06T01:00:00Z", "started_at": "2026-12-06T01:00:01Z",
+                "finished_at": null, "exit_code": null,
+                "reason": "GPU 0 fell off the bus (XID 79): requeued",
+                "placement": {"region": "onprem:local-dc1", "pool": "onprem:local-dc1/sim",
+                              "node": "onprem-1", "gpus": [0], "market": "on_demand"},
+                "attempts": 1, "cancel_requested": false, "cost_usd": 0.0,
+                "spec": {"name": "train", "team": "ml", "command": ["train"],
+                         "resources": {"gpus": 1}}}))
+            .expect("a job view")
+        };
+        assert_eq!(
+            where_or_why(&view("queued")),
+            "GPU 0 fell off the bus (XID 79): requeued"
+        );
+        assert_eq!(
+            where_or_why(&view("running")),
+            "onprem:local-dc1/sim, node onprem-1, GPUs 0 (on_demand)"
+        );
+    }
 
     #[test]
     fn printable_text_passes_as_it_is() {
