@@ -374,7 +374,9 @@ impl Metrics {
                         ("gpu".into(), gpu.index.to_string()),
                         ("UUID".into(), gpu.uuid.clone()),
                     ])
-                    .set(i64::from(!node.gpu_marks.iter().any(|m| m.gpu == gpu.index)));
+                    .set(i64::from(
+                        !node.gpu_marks.iter().any(|m| m.gpu == gpu.index),
+                    ));
             }
         }
         registry.register(
@@ -413,8 +415,16 @@ impl Metrics {
             allocated,
         );
         registry.register("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)", util);
-        registry.register("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)", sm_clock);
-        registry.register("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered", xid);
+        registry.register(
+            "DCGM_FI_DEV_SM_CLOCK",
+            "SM clock frequency (in MHz)",
+            sm_clock,
+        );
+        registry.register(
+            "DCGM_FI_DEV_XID_ERRORS",
+            "Value of the last XID error encountered",
+            xid,
+        );
         registry.register(
             "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
             "Total number of double-bit volatile ECC errors",

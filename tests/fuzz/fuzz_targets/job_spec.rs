@@ -246,8 +246,11 @@ fuzz_target!(|data: &[u8]| {
         price(&spec),
         "the stored price reads back different"
     );
+    // The same for the declared GPU utilisation: the core spec (compared below) holds it as a
+    // whole percentage.
     let exact = |s: &wire::JobSpec| wire::JobSpec {
         max_price_per_hour: None,
+        expected_gpu_utilization: None,
         ..s.clone()
     };
     assert_eq!(

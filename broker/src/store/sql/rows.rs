@@ -67,8 +67,9 @@ pub(crate) fn node_from_row(r: &Row) -> StoreResult<NodeRecord> {
         last_heartbeat: r.time("last_heartbeat")?,
         gpu_marks: match r.get::<Option<String>>("gpu_marks_json")? {
             None => Vec::new(),
-            Some(json) => serde_json::from_str(&json)
-                .map_err(|e| corrupt(format!("node GPU marks: {e}")))?,
+            Some(json) => {
+                serde_json::from_str(&json).map_err(|e| corrupt(format!("node GPU marks: {e}")))?
+            }
         },
     })
 }
