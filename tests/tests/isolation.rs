@@ -213,6 +213,8 @@ async fn a_jobs_environment_holds_nothing_of_the_agents_but_what_is_passed() {
         "SWITCHYARD_ATTEMPT_ID",
         "CUDA_VISIBLE_DEVICES",
         "TRACEPARENT",
+        // Simulated GPUs only: the job's own file for its GPU level (in its directory).
+        "SWITCHYARD_GPU_SIM",
     ];
     for name in &names {
         assert!(allowed.contains(name), "`{name}` reached the job: {out}");
