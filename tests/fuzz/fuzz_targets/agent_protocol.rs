@@ -231,6 +231,7 @@ fn work(answer: &WorkResponse) {
         serving: std::sync::Arc::new(
             switchyard_agent::serving::Serving::new("127.0.0.1").expect("a loopback host"),
         ),
+        gpu_sim: None,
     };
     let mut admitted = std::collections::BTreeSet::new();
     for lease in &answer.leases {
