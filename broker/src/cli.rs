@@ -525,6 +525,26 @@ fn command_line(argv: &[String]) -> String {
         .join(" ")
 }
 
+/// What a job asks for: `8 GPUs (H100 or A100-80GB) on each of 2 nodes`, `4 GPUs (google
+/// accelerators)`.
+fn resources_text(r: &switchyard_protocol::api::ResourceSpec) -> String {
+    let mut text = format!("{} GPU{}", r.gpus, if r.gpus == 1 { "" } else { "s" });
+    if !r.gpu_models.is_empty() {
+        let models: Vec<String> = r
+            .gpu_models
+            .iter()
+            .map(|m| printable(m).into_owned())
+            .collect();
+        text.push_str(&format!(" ({})", models.join(" or ")));
+    } else if let Some(a) = &r.accelerator {
+        text.push_str(&format!(" ({} accelerators)", printable(a)));
+    }
+    if let Some(n) = r.nodes.filter(|n| *n > 1) {
+        text.push_str(&format!(" on each of {n} nodes"));
+    }
+    text
+}
+
 /// Not running and not ended: any placement it shows is a past attempt's.
 fn back_in_queue(j: &JobView) -> bool {
     matches!(
@@ -792,20 +812,7 @@ pub async fn job(c: &Client, id: &str) -> anyhow::Result<()> {
             format!("{} so far", money(j.cost_usd))
         },
     ));
-    let r = &j.spec.resources;
-    let mut resources = format!("{} GPU{}", r.gpus, if r.gpus == 1 { "" } else { "s" });
-    if !r.gpu_models.is_empty() {
-        let models: Vec<String> = r
-            .gpu_models
-            .iter()
-            .map(|m| printable(m).into_owned())
-            .collect();
-        resources.push_str(&format!(" ({})", models.join(" or ")));
-    }
-    if let Some(n) = r.nodes.filter(|n| *n > 1) {
-        resources.push_str(&format!(" on each of {n} nodes"));
-    }
-    fields.push(("resources", resources));
+    fields.push(("resources", resources_text(&j.spec.resources)));
     if let Some(d) = j.spec.deadline {
         fields.push(("deadline", when(d, now)));
     }
@@ -2288,6 +2295,28 @@ pub async fn service_delete(c: &Client, name: &str, team: Option<&str>) -> anyho
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn resources_say_models_else_the_accelerator_asked_for() {
+        let spec = |v: serde_json::Value| -> switchyard_protocol::api::ResourceSpec {
+            serde_json::from_value(v).unwrap()
+        };
+        assert_eq!(
+            resources_text(&spec(serde_json::json!({"gpus": 1}))),
+            "1 GPU"
+        );
+        assert_eq!(
+            resources_text(&spec(
+                serde_json::json!({"gpus": 4, "accelerator": "google"})
+            )),
+            "4 GPUs (google accelerators)"
+        );
+        assert_eq!(
+            resources_text(&spec(serde_json::json!(
+                {"gpus": 8, "gpu_models": ["H100", "MI300X"], "accelerator": "any", "nodes": 2}))),
+            "8 GPUs (H100 or MI300X) on each of 2 nodes"
+        );
+    }
 
     #[test]
     fn a_requeued_job_shows_why_it_waits_not_where_it_ran() {
