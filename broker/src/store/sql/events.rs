@@ -269,39 +269,53 @@ pub(super) async fn end_node_work(
     let mut stopped = Vec::with_capacity(rows.len());
     let mut requeued = Vec::with_capacity(rows.len());
     for row in &rows {
-        let attempt = attempt_ref_from_row(row)?;
-        let gang = gang_from_row(row)?;
-        query("UPDATE attempts SET state = $1, finished_at = $2, error = $3 WHERE id = $4")
-            .bind(attempt_state)
-            .bind(now)
-            .bind(why)
-            .bind(attempt.attempt_id)
-            .execute(&mut *tx)
-            .await?;
-        let end = ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
-        query(
-            "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' \
-             ELSE 'queued' END, \
-             finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
-             reason = $2, version = version + 1 \
-             WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
-        )
-        .bind(end)
-        .bind(format!("{why}: requeued"))
-        .bind(attempt.job_id)
-        .bind(gang.as_ref().map_or(attempt.attempt_id, |g| g.lead))
-        .execute(&mut *tx)
-        .await?;
-        if let Some(g) = &gang {
-            // The scheduler reloads after a node's work ends: the cancelled ranks need no
-            // report here.
-            let why = gang::requeue_reason(g.rank, node, why);
-            stop_gang(tx, g, attempt.attempt_id, &why, now, &mut Vec::new()).await?;
-        }
+        // The scheduler reloads after a node's work ends: the cancelled ranks need no report.
+        let attempt = requeue_attempt(tx, node, row, attempt_state, why, now).await?;
         requeued.push(JobId(attempt.job_id));
         stopped.push(attempt);
     }
     Ok((stopped, requeued))
+}
+
+/// Ends one live attempt of `node` (`row`: id, job_id, epoch, node_rank, gang_lead) in
+/// `state`, noting `why`, and sends its job back to the queue with `why` as the reason (or to
+/// `cancelled` when a cancel was pending); a gang's other ranks are stopped and requeued with
+/// it. [`end_node_work`] does this for each of a node's attempts.
+pub(super) async fn requeue_attempt(
+    tx: &mut Tx,
+    node: &str,
+    row: &Row,
+    state: &'static str,
+    why: &str,
+    now: Timestamp,
+) -> StoreResult<AttemptRef> {
+    let attempt = attempt_ref_from_row(row)?;
+    let gang = gang_from_row(row)?;
+    query("UPDATE attempts SET state = $1, finished_at = $2, error = $3 WHERE id = $4")
+        .bind(state)
+        .bind(now)
+        .bind(why)
+        .bind(attempt.attempt_id)
+        .execute(&mut *tx)
+        .await?;
+    let end = ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
+    query(
+        "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, \
+         finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
+         reason = $2, version = version + 1 \
+         WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
+    )
+    .bind(end)
+    .bind(format!("{why}: requeued"))
+    .bind(attempt.job_id)
+    .bind(gang.as_ref().map_or(attempt.attempt_id, |g| g.lead))
+    .execute(&mut *tx)
+    .await?;
+    if let Some(g) = &gang {
+        let why = gang::requeue_reason(g.rank, node, why);
+        stop_gang(tx, g, attempt.attempt_id, &why, now, &mut Vec::new()).await?;
+    }
+    Ok(attempt)
 }
 
 /// What [`end_node_work`] leaves running.

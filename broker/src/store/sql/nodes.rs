@@ -514,7 +514,8 @@ impl Store {
                         || format!("GPU {gpu} fell off the bus"),
                         |m| m.reason.clone(),
                     );
-                let attempt = requeue_attempt(&mut tx, node, row, "lost", &why, now).await?;
+                let attempt =
+                    events::requeue_attempt(&mut tx, node.as_str(), row, "lost", &why, now).await?;
                 out.requeued.push(JobId(attempt.job_id));
                 out.stopped.push(attempt);
             }
@@ -632,50 +633,9 @@ async fn requeue_assigned(
     let why = format!("node {node} was drained before the job started");
     let mut out = Vec::with_capacity(rows.len());
     for row in &rows {
-        out.push(requeue_attempt(tx, node, row, "preempted", &why, now).await?);
+        out.push(events::requeue_attempt(tx, node.as_str(), row, "preempted", &why, now).await?);
     }
     Ok(out)
-}
-
-/// Ends one live attempt of `node` (`row`: id, job_id, epoch, node_rank, gang_lead) in
-/// `state`, noting `why`, and sends its job back to the queue with `why` as the reason (or to
-/// `cancelled` when a cancel was pending); a gang's other ranks are stopped and requeued with
-/// it. As [`end_node_work`] does for all of a node's work.
-async fn requeue_attempt(
-    tx: &mut Tx,
-    node: &NodeId,
-    row: &Row,
-    state: &'static str,
-    why: &str,
-    now: Timestamp,
-) -> StoreResult<AttemptRef> {
-    let attempt = attempt_ref_from_row(row)?;
-    let gang = gang_from_row(row)?;
-    query("UPDATE attempts SET state = $1, finished_at = $2, error = $3 WHERE id = $4")
-        .bind(state)
-        .bind(now)
-        .bind(why)
-        .bind(attempt.attempt_id)
-        .execute(&mut *tx)
-        .await?;
-    let end = ledger::settle_attempt(tx, attempt.attempt_id, now).await?;
-    query(
-        "UPDATE jobs SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'queued' END, \
-         finished_at = CASE WHEN cancel_requested THEN $1 ELSE NULL END, \
-         reason = $2, version = version + 1 \
-         WHERE id = $3 AND current_attempt = $4 AND state IN ('placed', 'running')",
-    )
-    .bind(end)
-    .bind(format!("{why}: requeued"))
-    .bind(attempt.job_id)
-    .bind(gang.as_ref().map_or(attempt.attempt_id, |g| g.lead))
-    .execute(&mut *tx)
-    .await?;
-    if let Some(g) = &gang {
-        let why = gang::requeue_reason(g.rank, node.as_str(), why);
-        events::stop_gang(tx, g, attempt.attempt_id, &why, now, &mut Vec::new()).await?;
-    }
-    Ok(attempt)
 }
 
 /// A node's attempts a heartbeat answers about (see [`heartbeat_stops`]); binds the node id.
