@@ -24,6 +24,34 @@ fn gpus(n: u32, tweak: impl Fn(u32, &mut Value)) -> Value {
         .collect()
 }
 
+/// `n` GPUs of which GPU `gpu` reports XID `xid`.
+fn with_xid(n: u32, gpu: u32, xid: u32) -> Value {
+    gpus(n, |i, g| {
+        if i == gpu {
+            g["health"] = json!({"xid_events": [xid]});
+        }
+    })
+}
+
+/// An urgent job of team ml that bursts: its launched node's agent (8 GPUs) enrolled and
+/// running it. Returns (developer token, job id, agent, attempt, the instance's id).
+async fn running_on_a_launched_node(
+    app: &TestApp,
+    fake: &switchyard_providers::fake::FakeProvider,
+    name: &str,
+) -> (String, String, TestAgent, Value, String) {
+    let dev = app.token("developer", Some("ml")).await;
+    let id = app.submit(&dev, urgent(name)).await.body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let launch = eventually("a launch", 20, async || fake.launches().first().cloned()).await;
+    let agent = app.agent_with_token(&launch.enrolment_token, 8).await;
+    let attempt = start_leased(app, &agent, &id, 1).await;
+    let first = instances(app).await[0]["id"].as_str().unwrap().to_string();
+    (dev, id, agent, attempt, first)
+}
+
 async fn heartbeat(app: &TestApp, agent: &TestAgent, gpus: Value, running: Value) -> Response {
     app.call(
         Method::POST,
@@ -88,17 +116,7 @@ async fn submit_one(app: &TestApp, token: &str, name: &str) -> String {
 async fn a_gpu_with_a_fatal_xid_is_left_out_of_placement() {
     let app = TestApp::spawn().await;
     let agent = app.agent(2).await;
-    let r = heartbeat(
-        &app,
-        &agent,
-        gpus(2, |i, g| {
-            if i == 0 {
-                g["health"] = json!({"xid_events": [48]});
-            }
-        }),
-        json!([]),
-    )
-    .await;
+    let r = heartbeat(&app, &agent, with_xid(2, 0, 48), json!([])).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 
     let dev = app.token("developer", Some("ml")).await;
@@ -130,17 +148,7 @@ async fn a_gpu_with_a_fatal_xid_is_left_out_of_placement() {
     assert_eq!(app.job(&dev, &second).await.body["state"], "queued");
 
     // The agent repeats the XID until a heartbeat is answered: still one reason.
-    heartbeat(
-        &app,
-        &agent,
-        gpus(2, |i, g| {
-            if i == 0 {
-                g["health"] = json!({"xid_events": [48]});
-            }
-        }),
-        json!([]),
-    )
-    .await;
+    heartbeat(&app, &agent, with_xid(2, 0, 48), json!([])).await;
     let list = app
         .call(Method::GET, "/api/v1/nodes", Some(&dev), None)
         .await;
@@ -475,17 +483,7 @@ async fn telemetry_out_of_physical_range_is_dropped_counted_and_never_exported()
 async fn the_health_gauge_says_which_gpu_is_sick() {
     let app = TestApp::spawn().await;
     let agent = app.agent(2).await;
-    heartbeat(
-        &app,
-        &agent,
-        gpus(2, |i, g| {
-            if i == 1 {
-                g["health"] = json!({"xid_events": [95]});
-            }
-        }),
-        json!([]),
-    )
-    .await;
+    heartbeat(&app, &agent, with_xid(2, 1, 95), json!([])).await;
     let text = app
         .http
         .get(format!("{}/metrics", app.url))
@@ -511,28 +509,11 @@ async fn the_health_gauge_says_which_gpu_is_sick() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cloud_instance_whose_gpu_fell_off_the_bus_is_replaced() {
     let (app, fake) = spawn_two_clouds(|c| c.idle_ttl_s = 600).await;
-    let dev = app.token("developer", Some("ml")).await;
-    let id = app.submit(&dev, urgent("replaced")).await.body["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let launch = eventually("a launch", 20, async || fake.launches().first().cloned()).await;
-    let agent = app.agent_with_token(&launch.enrolment_token, 8).await;
-    let attempt = start_leased(&app, &agent, &id, 1).await;
-    let first = instances(&app).await[0]["id"].as_str().unwrap().to_string();
+    let (dev, id, agent, attempt, first) =
+        running_on_a_launched_node(&app, &fake, "replaced").await;
 
     // GPU 0 (the job holds 0 and 1) falls off the bus.
-    let r = heartbeat(
-        &app,
-        &agent,
-        gpus(8, |i, g| {
-            if i == 0 {
-                g["health"] = json!({"xid_events": [79]});
-            }
-        }),
-        json!([attempt]),
-    )
-    .await;
+    let r = heartbeat(&app, &agent, with_xid(8, 0, 79), json!([attempt])).await;
     assert_eq!(r.body["stop"], json!([attempt]), "{}", r.body);
 
     // The instance is terminated (its work is gone), and a fresh one is launched for the job.
@@ -652,28 +633,11 @@ async fn work_assigned_to_a_drained_node_but_not_started_is_requeued() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cloud_instance_with_a_sick_gpu_is_replaced_once_its_running_work_finishes() {
     let (app, fake) = spawn_two_clouds(|c| c.idle_ttl_s = 600).await;
-    let dev = app.token("developer", Some("ml")).await;
-    let id = app.submit(&dev, urgent("finishes")).await.body["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let launch = eventually("a launch", 20, async || fake.launches().first().cloned()).await;
-    let agent = app.agent_with_token(&launch.enrolment_token, 8).await;
-    let attempt = start_leased(&app, &agent, &id, 1).await;
-    let first = instances(&app).await[0]["id"].as_str().unwrap().to_string();
+    let (dev, id, agent, attempt, first) =
+        running_on_a_launched_node(&app, &fake, "finishes").await;
 
     // A double-bit ECC error on a GPU the job does not hold: the job runs on, the node drains.
-    let r = heartbeat(
-        &app,
-        &agent,
-        gpus(8, |i, g| {
-            if i == 5 {
-                g["health"] = json!({"xid_events": [48]});
-            }
-        }),
-        json!([attempt]),
-    )
-    .await;
+    let r = heartbeat(&app, &agent, with_xid(8, 5, 48), json!([attempt])).await;
     assert_eq!(r.body["stop"], json!([]), "{}", r.body);
     let hb = heartbeat(&app, &agent, gpus(8, |_, _| {}), json!([attempt])).await;
     assert_eq!(hb.body["drain"], true, "{}", hb.body);
@@ -735,17 +699,7 @@ async fn preempting_work_never_hands_out_a_sick_gpu() {
         .to_string();
     let on_1 = start_leased(&app, &agent, &newer, 1).await;
     // The newer job's GPU goes bad (its work runs on).
-    let r = heartbeat(
-        &app,
-        &agent,
-        gpus(2, |i, g| {
-            if i == 1 {
-                g["health"] = json!({"xid_events": [48]});
-            }
-        }),
-        json!([on_0, on_1]),
-    )
-    .await;
+    let r = heartbeat(&app, &agent, with_xid(2, 1, 48), json!([on_0, on_1])).await;
     assert_eq!(r.body["stop"], json!([]), "{}", r.body);
 
     // An urgent job needs one GPU by its deadline: only stopping the job on the healthy GPU
