@@ -9,6 +9,7 @@ pub mod gpu_model;
 pub mod gpu_set;
 pub mod money;
 pub mod placement;
+pub mod predict;
 pub mod serving;
 pub mod sim;
 pub mod time;
@@ -21,5 +22,6 @@ pub use placement::{
     Assignment, Candidate, CandidateKind, Explanation, Hold, HoldCode, Launch, Outcome, Plan,
     PlanCache, Planner, Preemption, Rejection, plan, plan_shared, plan_shared_cached,
 };
+pub use predict::{JobKey, Prediction, Predictor};
 pub use time::Timestamp;
 pub use validate::{Unsatisfiable, check_satisfiable};
