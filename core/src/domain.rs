@@ -393,8 +393,14 @@ impl JobState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueuedJob {
     pub id: JobId,
+    /// The job as the planner costs it: `spec.estimated_runtime_s` is the runtime costs are
+    /// judged at (the broker sets it to the predicted p50, [`crate::predict`]).
     pub spec: JobSpec,
     pub submitted_at: Timestamp,
+    /// The runtime its deadline is judged at (the predicted p90); `None`: the same as the
+    /// cost runtime ([`JobSpec::runtime_s`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_runtime_s: Option<i64>,
 }
 
 /// Capacity held by a running attempt, with when it is expected to free up.

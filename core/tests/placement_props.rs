@@ -271,6 +271,7 @@ fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
                         },
                         // Few distinct values, so later tie-breaks are exercised.
                         submitted_at: NOW.plus_secs(-(submitted_ago % 3)),
+                        deadline_runtime_s: None,
                     })
                     .collect();
                 Snapshot {
@@ -727,6 +728,7 @@ proptest! {
                     callers: Vec::new(),
                 },
                 submitted_at: NOW,
+                deadline_runtime_s: None,
             })
             .collect();
         let snap = Snapshot { pools: vec![pool], nodes: vec![node], queued: queued.clone(), running: running.clone(), ..Snapshot::default() };

@@ -264,6 +264,7 @@ impl State {
                         id: job.id,
                         spec: job.spec.clone(),
                         submitted_at: job.submitted_at,
+                        deadline_runtime_s: None,
                     },
                     version: job.version,
                     held: (job.state == switchyard_core::JobState::Held)

@@ -202,6 +202,7 @@ pub fn fleet(seed: u64, jobs: usize, pools: usize, nodes: usize) -> Snapshot {
                     callers: Vec::new(),
                 },
                 submitted_at: NOW.plus_secs(-(rng.below(86_400) as i64)),
+                deadline_runtime_s: None,
             }
         })
         .collect();

@@ -164,7 +164,7 @@ pub(crate) fn pins(round: &mut Round, queue: &[&QueuedJob]) -> IdMap<JobId, Pin>
 }
 
 fn options(round: &mut Round, job: &QueuedJob, most_free: &[(usize, u32)]) -> Options {
-    let mut ctx = JobCtx::new(&round.index, &job.spec);
+    let mut ctx = JobCtx::new(&round.index, &job.spec, job.deadline_runtime_s);
     ctx.avoid = round.index.avoided(job.id);
     if ctx.preempts_before_bursting() || !ctx.avoid.is_empty() {
         // An urgent service (it goes first in the queue and takes GPUs back from batch work)

@@ -155,6 +155,8 @@ pub(crate) struct JobCtx<'a> {
     pub spot: SpotRule,
     /// The job's priority, capped by its policies.
     pub priority: Priority,
+    /// Slack a finish (at the cost runtime) must leave before the deadline: the least margin
+    /// plus how much longer the deadline runtime is ([`JobCtx::new`]).
     margin_ms: i64,
     /// The job allows spot but misses its deadline wherever it runs: see
     /// [`JobCtx::scan_order`].
@@ -188,8 +190,17 @@ struct DataCtx {
 }
 
 impl<'a> JobCtx<'a> {
-    pub(crate) fn new(index: &Index, spec: &'a JobSpec) -> JobCtx<'a> {
+    /// The job's context; `deadline_runtime_s` is the runtime its deadline is judged at
+    /// ([`QueuedJob::deadline_runtime_s`], `None`: the cost runtime).
+    ///
+    /// [`QueuedJob::deadline_runtime_s`]: crate::domain::QueuedJob::deadline_runtime_s
+    pub(crate) fn new(
+        index: &Index,
+        spec: &'a JobSpec,
+        deadline_runtime_s: Option<i64>,
+    ) -> JobCtx<'a> {
         let runtime_s = spec.runtime_s();
+        let deadline_runtime_s = deadline_runtime_s.map_or(runtime_s, |r| r.max(0));
         let data = spec.data.as_ref().map(|d| DataCtx {
             region_key: index.region_key(&d.region),
             size_gb: d.size_gb,
@@ -207,8 +218,16 @@ impl<'a> JobCtx<'a> {
             spot: policy.spot,
             priority: policy.priority,
             policy,
-            // max(60 s, 5% of the runtime), in milliseconds: 5% of a second is 50 ms.
-            margin_ms: (MIN_DEADLINE_MARGIN_S * 1000).max(runtime_s.saturating_mul(50)),
+            // max(60 s, 5% of the runtime), in milliseconds: 5% of a second is 50 ms; both
+            // at the deadline runtime, whose excess over the cost runtime (the p90 over the
+            // p50) is judged as margin too: candidates' finishes are at the cost runtime.
+            margin_ms: (MIN_DEADLINE_MARGIN_S * 1000)
+                .max(deadline_runtime_s.saturating_mul(50))
+                .saturating_add(
+                    deadline_runtime_s
+                        .saturating_sub(runtime_s)
+                        .saturating_mul(1000),
+                ),
             late_on_demand: false,
             defer_launch: false,
             avoid: Vec::new(),

@@ -329,7 +329,7 @@ impl<'a> Round<'a> {
     }
 
     fn decide(&mut self, job: &QueuedJob) -> Explanation {
-        let mut ctx = JobCtx::new(&self.index, &job.spec);
+        let mut ctx = JobCtx::new(&self.index, &job.spec, job.deadline_runtime_s);
         ctx.avoid = self.index.avoided(job.id);
         let remaining = self.budgets.remaining(&ctx.policy);
         let full = self.records(job.id);

@@ -304,6 +304,7 @@ fuzz_target!(|data: &[u8]| {
             id: record.id,
             spec: core_spec.clone(),
             submitted_at: NOW,
+            deadline_runtime_s: None,
         }],
         running: Vec::new(),
         burst_enabled: true,

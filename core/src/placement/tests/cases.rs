@@ -505,3 +505,26 @@ fn no_pool_of_the_accelerator_is_unsatisfiable() {
         Err("resources.gpu_models")
     );
 }
+
+#[rustfmt::skip]
+#[test]
+fn deadlines_are_judged_at_the_deadline_runtime_and_costs_at_the_cost_runtime() {
+    let busy = || two_pools(0, 0).busy("d1", 8, 3600).busy("a1", 8, 36_000);
+    // At its p50 (1 h) waiting for the DGX finishes at +2 h, in time for +2.5 h.
+    check(busy().job(1).deadline_in(9000), WAIT_DGX);
+    let mut slow = busy().job(1).deadline_in(9000);
+    slow.last_job().deadline_runtime_s = Some(3600);
+    check(slow, WAIT_DGX);
+    // At its p90 (2 h) it would finish at +3 h: it bursts (boot 5 min, +2 h 5 min at p90).
+    let mut slow = busy().job(1).deadline_in(9000);
+    slow.last_job().deadline_runtime_s = Some(7200);
+    check(slow, "launch aws:use1/p5 on_demand");
+    // A p90 that misses everywhere: the earliest finish, as for any late job.
+    let mut late = busy().job(1).deadline_in(9000);
+    late.last_job().deadline_runtime_s = Some(20_000);
+    check(late, "launch aws:use1/p5 on_demand");
+    // In time at its p90 too: unchanged.
+    let mut w = two_pools(0, 8).job(1).deadline_in(7200);
+    w.last_job().deadline_runtime_s = Some(5400);
+    check(w, "assign a1 on_demand");
+}

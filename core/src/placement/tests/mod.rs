@@ -201,6 +201,7 @@ impl W {
             },
             // Later jobs were submitted later.
             submitted_at: NOW.plus_secs(n as i64 - 1000),
+            deadline_runtime_s: None,
         });
         self
     }

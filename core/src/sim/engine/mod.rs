@@ -380,6 +380,7 @@ impl<'w> Engine<'w> {
             id: self.jobs[j].id,
             spec,
             submitted_at: self.jobs_in[j].submit,
+            deadline_runtime_s: None,
         });
     }
 
