@@ -200,7 +200,8 @@ impl Level {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct JobKey {
     pub team: String,
-    /// Who submitted the job (the broker: the submitting API token; see its docs).
+    /// Who runs the job; empty when unknown (then the user level is the team's runs without
+    /// one). The broker passes the job's project: jobs carry no submitter.
     pub user: String,
     pub name: String,
     /// The command, or a stable digest of it ([`JobKey::from_spec`] takes the digest).
@@ -496,7 +497,7 @@ impl Predictor {
     pub fn predict(&self, key: &JobKey, requested_s: Option<i64>) -> Prediction {
         let requested_s = requested_s.filter(|&r| r > 0);
         let history = self.history(key, [0.5, 0.9]);
-        let user_about = format!("by {} in team {}", key.user, key.team);
+        let user_about = by(key);
         let Some(req) = requested_s else {
             return match history {
                 Some((logs, level, runs)) => {
@@ -561,18 +562,26 @@ fn shrink_weight(n: u32) -> f64 {
     n / (n + SHRINK_K)
 }
 
+/// "by alice in team ml", or "in team ml" for an unknown (empty) user.
+fn by(key: &JobKey) -> String {
+    if key.user.is_empty() {
+        format!("in team {}", key.team)
+    } else {
+        format!("by {} in team {}", key.user, key.team)
+    }
+}
+
 fn about(key: &JobKey, level: Level) -> String {
     match level {
         Level::Command => format!(
-            "of `{}` (this command, {} GPU{}) by {} in team {}",
+            "of `{}` (this command, {} GPU{}) {}",
             key.name,
             key.gpus,
             plural(key.gpus),
-            key.user,
-            key.team
+            by(key)
         ),
-        Level::Name => format!("of `{}` by {} in team {}", key.name, key.user, key.team),
-        Level::User => format!("by {} in team {}", key.user, key.team),
+        Level::Name => format!("of `{}` {}", key.name, by(key)),
+        Level::User => by(key),
         Level::Team => format!("in team {}", key.team),
         Level::Global => "of any team".to_string(),
     }
