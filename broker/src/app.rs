@@ -247,6 +247,7 @@ pub fn catalogue_from_config(
                     boot_time_s: p.boot_time_s,
                     price_updated_at: now,
                     recent_capacity_failures: 0,
+                    marginal_per_hour: None,
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;

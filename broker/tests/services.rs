@@ -833,6 +833,7 @@ async fn the_store_reads_replicas_desired_counts_events_and_cost() {
         boot_time_s: 0,
         price_updated_at: Timestamp(0),
         recent_capacity_failures: 0,
+        marginal_per_hour: None,
     };
     store.upsert_region(&region).await.unwrap();
     store.upsert_pool(&pool).await.unwrap();

@@ -907,6 +907,7 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
         boot_time_s: 60,
         price_updated_at: Timestamp(0),
         recent_capacity_failures: 0,
+        marginal_per_hour: None,
     };
     store.upsert_region(&region).await.unwrap();
     store.upsert_pool(&pool).await.unwrap();
@@ -1186,6 +1187,7 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
         boot_time_s: 0,
         price_updated_at: Timestamp(0),
         recent_capacity_failures: 0,
+        marginal_per_hour: None,
     };
     store.upsert_region(&region).await.unwrap();
     store.upsert_pool(&pool).await.unwrap();

@@ -48,6 +48,7 @@ async fn seeded(dir: &std::path::Path) -> Arc<Store> {
             boot_time_s: 0,
             price_updated_at: T0,
             recent_capacity_failures: 0,
+            marginal_per_hour: None,
         })
         .await
         .unwrap();

@@ -35,6 +35,7 @@ fn pool(id: usize, cloud: bool, gpus: u32, per_gpu: i64) -> SimPool {
             boot_time_s: if cloud { 180 } else { 0 },
             price_updated_at: Timestamp(0),
             recent_capacity_failures: 0,
+            marginal_per_hour: None,
         },
         fixed_nodes: if cloud { 0 } else { 32 },
         interruptions_per_hour: 0.01,

@@ -108,7 +108,8 @@ pub struct Pool {
     pub gpu_memory_gb: u32,
     pub vcpus: u32,
     pub memory_gb: u32,
-    /// Per node and hour. On-prem: the internal rate set by finance.
+    /// Per node and hour. On-prem: the internal rate set by finance, what the ledger bills
+    /// teams (chargeback).
     pub on_demand_per_hour: Money,
     /// Per node and hour; `None` where the pool has no spot market.
     pub spot_per_hour: Option<Money>,
@@ -122,9 +123,50 @@ pub struct Pool {
     pub price_updated_at: Timestamp,
     /// Capacity errors seen lately; a later issue turns this into a back-off.
     pub recent_capacity_failures: u32,
+    /// What one more node-hour of use costs the company in cash, for a fixed (on-prem) pool:
+    /// power and wear, set by finance. `None`: [`DEFAULT_MARGINAL_SHARE`] of the internal rate.
+    /// Ignored for a launchable (cloud) pool, whose cash cost is its price
+    /// ([`Pool::cash_per_hour`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marginal_per_hour: Option<Money>,
 }
 
+/// The share of an on-prem pool's internal rate that its use costs in cash when finance states
+/// no marginal cost (`marginal_usd_per_gpu_hour`): one fifth. A GPU's power at full load with
+/// its share of host, cooling and a PUE of 1.4–1.6 is 0.45–1.1 kW (300 W V100 to 700 W H100),
+/// $0.05–0.12 an hour at $0.10/kWh, plus wear (fans, PSUs and GPUs failing faster under load)
+/// of a few cents; internal rates are set to recover the purchase over 3–4 years and run
+/// $0.25 (V100) to $2 (H100) per GPU-hour. A fifth is the high end for old GPUs and generous
+/// for new ones: finance should set the figure (DESIGN.md "Two costs").
+pub const DEFAULT_MARGINAL_SHARE: (i64, i64) = (1, 5);
 impl Pool {
+    /// What one node-hour in `market` costs the company in cash: a launchable (cloud) pool's
+    /// price; a fixed (on-prem) pool's marginal cost ([`Pool::marginal_per_hour`]). What the
+    /// planner minimises under [`Objective::Company`].
+    pub fn cash_per_hour(&self, market: Market) -> Money {
+        if self.launchable {
+            return self.price_per_hour(market);
+        }
+        self.marginal_per_hour.unwrap_or_else(|| {
+            let (num, den) = DEFAULT_MARGINAL_SHARE;
+            self.on_demand_per_hour.saturating_mul(num).div_ceil(den)
+        })
+    }
+
+    /// What one GPU-hour in `market` costs the company in cash (the node's share, rounded up).
+    pub fn cash_per_gpu_hour(&self, market: Market) -> Money {
+        self.cash_per_hour(market)
+            .div_ceil(i64::from(self.gpus_per_node.max(1)))
+    }
+
+    /// The node-hour price `objective` ranks by: cash or chargeback.
+    pub fn objective_per_hour(&self, market: Market, objective: Objective) -> Money {
+        match objective {
+            Objective::Company => self.cash_per_hour(market),
+            Objective::Team => self.price_per_hour(market),
+        }
+    }
+
     /// Price of one GPU-hour on demand (the node price shared evenly, rounded up).
     pub fn on_demand_per_gpu_hour(&self) -> Money {
         self.on_demand_per_hour
@@ -511,9 +553,46 @@ pub struct TeamPolicy {
     #[serde(default)]
     pub priority_ceiling: Option<Priority>,
     /// What the team may still spend; a hard limit. Each job placed this round takes its
-    /// estimated cost from it.
+    /// estimated cost (at chargeback rates, what the team is billed) from it.
     #[serde(default)]
     pub remaining_budget: Option<Money>,
+    /// What the planner minimises for the team's jobs.
+    #[serde(default, skip_serializing_if = "Objective::is_company")]
+    pub objective: Objective,
+}
+
+/// What placement minimises for a job ([`TeamPolicy::objective`]).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// What the company pays in cash: cloud spend plus owned GPUs' marginal cost (power and
+    /// wear). An idle owned GPU costs the company nearly nothing more to use.
+    #[default]
+    Company,
+    /// The team's bill: cloud spend plus owned GPUs at their internal (chargeback) rate.
+    Team,
+}
+
+impl Objective {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Objective::Company => "company",
+            Objective::Team => "team",
+        }
+    }
+
+    /// The objective [`Objective::as_str`] names, if `s` is one.
+    pub fn parse(s: &str) -> Option<Objective> {
+        [Objective::Company, Objective::Team]
+            .into_iter()
+            .find(|o| o.as_str() == s)
+    }
+
+    pub fn is_company(&self) -> bool {
+        *self == Objective::Company
+    }
 }
 
 fn spot_preferred() -> SpotRule {
@@ -538,6 +617,7 @@ impl TeamPolicy {
             windows: Vec::new(),
             priority_ceiling: None,
             remaining_budget: None,
+            objective: Objective::Company,
         }
     }
 

@@ -72,6 +72,7 @@ prop_compose! {
             boot_time_s,
             price_updated_at: NOW,
             recent_capacity_failures: 0,
+            marginal_per_hour: None,
         }
     }
 }
@@ -669,6 +670,7 @@ proptest! {
             boot_time_s: 0,
             price_updated_at: NOW,
             recent_capacity_failures: 0,
+            marginal_per_hour: None,
         };
         let node = Node {
             id: NodeId::new("n1"),

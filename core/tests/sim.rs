@@ -41,6 +41,7 @@ fn pool(region: &str, name: &str, gpus: u32, od: i64, spot: Option<i64>, cloud: 
         boot_time_s: if cloud { 60 } else { 0 },
         price_updated_at: Timestamp(0),
         recent_capacity_failures: 0,
+        marginal_per_hour: None,
     }
 }
 
@@ -115,13 +116,16 @@ fn three_jobs(deadline_factor: f64) -> Vec<SimJob> {
 
 #[test]
 fn cheapest_bursts_the_third_job_at_once() {
-    // Two jobs take the on-prem node ($1 each). The third launches a cloud node at 0, ready at
-    // 60 s, runs to 3,660 s, idles 600 s, released at 4,260 s: 4,260 s × $3.60/h = $4.26.
+    // Two jobs take the on-prem node (billed $1 each, $0.20 in cash: a fifth of the internal
+    // rate). The third launches a cloud node at 0, ready at 60 s, runs to 3,660 s, idles 600 s,
+    // released at 4,260 s: 4,260 s × $3.60/h = $4.26.
     let r = run(&mut Cheapest, &three_jobs(3.0));
     assert_eq!(r.onprem_cost, Money(2_000_000));
+    assert_eq!(r.onprem_cash_cost, Money(400_000));
     assert_eq!(r.cloud_busy_cost + r.cloud_idle_cost, Money(4_260_000));
     assert_eq!(r.cloud_busy_cost, Money(3_600_000));
-    assert_eq!(r.total_cost(), Money(6_260_000));
+    assert_eq!(r.total_cost(), Money(400_000 + 4_260_000));
+    assert_eq!(r.chargeback_cost(), Money(2_000_000 + 4_260_000));
     assert_eq!(delays(&r), vec![Some(0.0), Some(0.0), Some(60.0)]);
     assert_eq!(r.burst_instances, 1);
     assert!(r.jobs.iter().all(|j| j.met_deadline()));
@@ -133,7 +137,7 @@ fn fifo_burst_waits_ten_minutes_then_bursts() {
     // at 4,860 s, billed from its launch at 600 s: 4,260 s, $4.26 as for `cheapest`, but the
     // job finishes 600 s later.
     let r = run(&mut FifoBurst::default(), &three_jobs(3.0));
-    assert_eq!(r.total_cost(), Money(2_000_000 + 4_260_000));
+    assert_eq!(r.total_cost(), Money(400_000 + 4_260_000));
     assert_eq!(r.jobs[2].finish, Some(Timestamp::from_secs(4260)));
     assert_eq!(delays(&r), vec![Some(0.0), Some(0.0), Some(660.0)]);
 }
@@ -141,9 +145,10 @@ fn fifo_burst_waits_ten_minutes_then_bursts() {
 #[test]
 fn switchyard_waits_for_on_prem_when_the_deadline_allows() {
     // Deadline 3 h: the third job waits for the on-prem node (free at 3,600 s), ends at
-    // 7,200 s ≤ 10,800 s, and costs $1 like the others.
+    // 7,200 s ≤ 10,800 s, and is billed $1 like the others ($0.20 in cash).
     let r = run(&mut Switchyard::default(), &three_jobs(3.0));
-    assert_eq!(r.total_cost(), Money(3_000_000));
+    assert_eq!(r.total_cost(), Money(600_000));
+    assert_eq!(r.chargeback_cost(), Money(3_000_000));
     assert_eq!(delays(&r), vec![Some(0.0), Some(0.0), Some(3600.0)]);
     assert_eq!(r.burst_instances, 0);
     assert!(r.jobs.iter().all(|j| j.met_deadline()));
@@ -153,12 +158,12 @@ fn switchyard_waits_for_on_prem_when_the_deadline_allows() {
 fn switchyard_bursts_when_waiting_would_miss_the_deadline() {
     // Deadline 1.5 h = 5,400 s: waiting ends at 7,200 s, too late; a launch ends at 3,660 s.
     let r = run(&mut Switchyard::default(), &three_jobs(1.5));
-    assert_eq!(r.total_cost(), Money(6_260_000));
+    assert_eq!(r.total_cost(), Money(4_660_000));
     assert!(r.jobs.iter().all(|j| j.met_deadline()));
     // Cheapest meets it too, at the same price; fifo-burst's third job ends at 4,260 s.
     assert_eq!(
         run(&mut Cheapest, &three_jobs(1.5)).total_cost(),
-        Money(6_260_000)
+        Money(4_660_000)
     );
 }
 
@@ -263,15 +268,16 @@ fn same_seed_same_result_for_every_scheduler() {
 
 #[test]
 fn lower_bound_by_hand() {
-    // Window 2 h: on-prem holds 2 GPUs × 2 h = 4 GPU-hours ≥ 3 needed: $3.
+    // In cash: on-prem at its marginal cost, $0.20/GPU-h (a fifth of its $1 internal rate).
+    // Window 2 h: on-prem holds 2 GPUs × 2 h = 4 GPU-hours ≥ 3 needed: $0.60.
     assert_eq!(
         sim::lp_lower_bound(&world(0.0), &three_jobs(2.0), 16),
-        Money(3_000_000)
+        Money(600_000)
     );
-    // Window 1 h: 2 GPU-hours on-prem ($2), one hour in the cloud on demand ($3.60).
+    // Window 1 h: 2 GPU-hours on-prem ($0.40), one hour in the cloud on demand ($3.60).
     assert_eq!(
         sim::lp_lower_bound(&world(0.0), &three_jobs(1.0), 16),
-        Money(5_600_000)
+        Money(4_000_000)
     );
     // Spot allowed: the cloud hour costs $1.80.
     let spot: Vec<SimJob> = (0..3)
@@ -279,7 +285,31 @@ fn lower_bound_by_hand() {
         .collect();
     assert_eq!(
         sim::lp_lower_bound(&world(0.0), &spot, 16),
-        Money(3_800_000)
+        Money(2_200_000)
+    );
+}
+
+#[test]
+fn cash_and_chargeback_split_on_prem_and_idle_owned_gpus_are_reported_apart() {
+    // One 1-h job on the 2-GPU on-prem node, finance's marginal cost $0.30/GPU-h against the
+    // $1 internal rate; the measured window is the job's hour (submit to deadline: 1 h).
+    let mut w = world(0.0);
+    w.pools[0].pool.marginal_per_hour = Some(Money(600_000));
+    let r = sim::run(
+        &w,
+        &[job(0, 3600, Some(1.0), SpotRule::Never)],
+        &SimConfig::default(),
+        &mut Cheapest,
+    );
+    assert_eq!(r.onprem_cost, Money(1_000_000));
+    assert_eq!(r.onprem_cash_cost, Money(300_000));
+    assert_eq!(r.total_cost(), Money(300_000));
+    assert_eq!(r.chargeback_cost(), Money(1_000_000));
+    // The other GPU idled: what it is worth at the internal rate, apart from both totals.
+    assert!(r.owned_idle_gpu_hours >= 0.0 && r.owned_idle_cost >= Money::ZERO);
+    assert_eq!(
+        r.owned_idle_cost.micros(),
+        (r.owned_idle_gpu_hours * 1_000_000.0).round() as i64
     );
 }
 

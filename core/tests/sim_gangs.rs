@@ -46,6 +46,7 @@ fn pool(region: &str, od: i64, limit: u32, cloud: bool) -> SimPool {
             boot_time_s: if cloud { 60 } else { 0 },
             price_updated_at: Timestamp(0),
             recent_capacity_failures: 0,
+            marginal_per_hour: None,
         },
         fixed_nodes: if cloud { 0 } else { limit },
         interruptions_per_hour: 0.0,
@@ -267,11 +268,13 @@ fn switchyard_runs_a_gang_and_the_bound_counts_every_node() {
     assert_eq!(r.rejected_actions, 0);
     assert_eq!(r.burst_instances, 2);
     assert_eq!(r.jobs[0].first_pool, Some(PoolId::new("gcp:r2/n2")));
-    // On-prem in one pool of two nodes: the bound is 4 GPU-hours at $1, twice a one-node job's.
+    // On-prem in one pool of two nodes: the bound is 4 GPU-hours at $0.20 in cash (a fifth of
+    // the $1 internal rate), twice a one-node job's.
     let w = world(2);
     let gang = sim::lp_lower_bound(&w, &jobs, 16);
     let one = sim::lp_lower_bound(&w, &[job(0, 3600, 2, 1, Some(3 * 3600))], 16);
-    assert_eq!((gang, one), (Money(4_000_000), Money(2_000_000)));
+    assert_eq!((gang, one), (Money(800_000), Money(400_000)));
     let r = run(&w, &mut Switchyard::default(), &jobs);
-    assert_eq!(r.total_cost(), Money(4_000_000));
+    assert_eq!(r.total_cost(), Money(800_000));
+    assert_eq!(r.chargeback_cost(), Money(4_000_000));
 }

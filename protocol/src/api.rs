@@ -644,6 +644,20 @@ pub struct PolicyBody {
     /// What to do with a job that holds GPUs without using them (issue 28).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utilization: Option<UtilizationRule>,
+    /// What placement minimises for the team's jobs; `null`: `company`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<Objective>,
+}
+
+/// What placement minimises: `company`, what the company pays in cash (cloud spend, owned
+/// GPUs at their marginal cost: an idle owned GPU wins over cheap spot); `team`, the team's
+/// bill (owned GPUs at their internal rate). Budgets bind on the bill either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    #[default]
+    Company,
+    Team,
 }
 
 /// A policy's waste rule: a job whose GPUs stay under `min_gpu_utilization_pct` (their mean

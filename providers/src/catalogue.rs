@@ -259,6 +259,7 @@ pub fn pool_from_entry(
         boot_time_s,
         price_updated_at: priced_at,
         recent_capacity_failures: 0,
+        marginal_per_hour: None,
     }
 }
 

@@ -358,6 +358,10 @@ pub fn policy_to_core(record: &PolicyRecord, now: Timestamp) -> TeamPolicy {
         windows,
         priority_ceiling: b.priority_ceiling.map(core_priority),
         remaining_budget: None,
+        objective: match b.objective.unwrap_or_default() {
+            switchyard_protocol::api::Objective::Company => core::Objective::Company,
+            switchyard_protocol::api::Objective::Team => core::Objective::Team,
+        },
     }
 }
 

@@ -74,6 +74,7 @@ mod tests {
             boot_time_s: 0,
             price_updated_at: Timestamp(0),
             recent_capacity_failures: 0,
+            marginal_per_hour: None,
         }
     }
 

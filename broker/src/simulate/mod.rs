@@ -147,6 +147,9 @@ pub fn simulate(
     args: &SimulateArgs,
 ) -> anyhow::Result<report::Report> {
     let mut world = scenario.world(catalogue)?;
+    for w in scenario.warnings() {
+        eprintln!("warning: {w}");
+    }
     // The services' replicas first: their on-prem peak is not batch work's to use.
     let (services, reserve) = services::simulate_all(&scenario.services, &world, scenario.seed)?;
     for p in &mut world.pools {

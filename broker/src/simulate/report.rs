@@ -59,7 +59,19 @@ pub struct TraceInfo {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SchedulerReport {
     pub jobs: usize,
+    /// The headline: what the company pays in cash (cloud spend, on-prem at its marginal cost,
+    /// egress), the basis of the LP bound and the ratios. `cost_usd` without `onprem`.
     pub total_cost_usd: f64,
+    /// What the ledger bills teams: on-prem at the internal rate instead. `cost_usd` without
+    /// `onprem_cash`.
+    #[serde(default)]
+    pub chargeback_usd: f64,
+    /// Owned GPU-hours idle in the measured window, and their worth at the internal rate: a
+    /// cost of ownership, in neither total.
+    #[serde(default)]
+    pub owned_idle_gpu_hours: f64,
+    #[serde(default)]
+    pub owned_idle_usd: f64,
     pub deadline_met_fraction: f64,
     pub queue_delay_s: Delay,
     pub onprem_gpu_utilization: f64,
@@ -84,7 +96,11 @@ pub struct Delay {
 pub struct Breakdown {
     pub cloud_busy: f64,
     pub cloud_idle: f64,
+    /// Busy on-prem GPU-hours at the internal rate (chargeback).
     pub onprem: f64,
+    /// The same at their marginal cost (cash).
+    #[serde(default)]
+    pub onprem_cash: f64,
     pub egress: f64,
 }
 
@@ -109,6 +125,9 @@ pub fn scheduler_report(r: &SimResult, plan_time_ms: f64, wall_ms: f64) -> Sched
     SchedulerReport {
         jobs: measured.len(),
         total_cost_usd: usd(r.total_cost()),
+        chargeback_usd: usd(r.chargeback_cost()),
+        owned_idle_gpu_hours: r.owned_idle_gpu_hours,
+        owned_idle_usd: usd(r.owned_idle_cost),
         deadline_met_fraction: met as f64 / measured.len().max(1) as f64,
         queue_delay_s: Delay {
             p50: percentile(&delays, 50.0),
@@ -121,6 +140,7 @@ pub fn scheduler_report(r: &SimResult, plan_time_ms: f64, wall_ms: f64) -> Sched
             cloud_busy: usd(r.cloud_busy_cost),
             cloud_idle: usd(r.cloud_idle_cost),
             onprem: usd(r.onprem_cost),
+            onprem_cash: usd(r.onprem_cash_cost),
             egress: usd(r.egress_cost),
         },
         unfinished_jobs: r.jobs.iter().filter(|j| j.finish.is_none()).count(),

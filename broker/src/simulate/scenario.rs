@@ -79,8 +79,14 @@ pub struct OnPrem {
     pub gpu_memory_gb: u32,
     pub nodes: u32,
     pub gpus_per_node: u32,
-    /// The internal rate finance sets.
+    /// The internal rate finance sets: what the ledger bills teams (chargeback).
     pub usd_per_gpu_hour: f64,
+    /// What one more GPU-hour costs the company in cash (power and wear), set by finance.
+    /// Unset: a fifth of `usd_per_gpu_hour` ([`switchyard_core::DEFAULT_MARGINAL_SHARE`]).
+    /// The planner and the headline cost count on-prem at this; a figure above
+    /// `usd_per_gpu_hour` is allowed but warned about ([`Scenario::warnings`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marginal_usd_per_gpu_hour: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -154,6 +160,7 @@ impl Default for Scenario {
                 nodes: 128,
                 gpus_per_node: 8,
                 usd_per_gpu_hour: 0.25,
+                marginal_usd_per_gpu_hour: None,
             }],
             cloud: Cloud::default(),
             deadlines: Deadlines::default(),
@@ -312,6 +319,16 @@ impl Scenario {
                 o.usd_per_gpu_hour
             );
         }
+        if let Some((o, m)) = self.onprem.iter().find_map(|o| {
+            o.marginal_usd_per_gpu_hour
+                .filter(|&m| bad(m))
+                .map(|m| (o, m))
+        }) {
+            bail!(
+                "onprem {}: marginal_usd_per_gpu_hour must be 0 or more, not {m}",
+                o.name
+            );
+        }
         if let Some((p, v)) = self.egress_usd_per_gb.iter().find(|(_, v)| bad(**v)) {
             bail!("egress_usd_per_gb.{p} must be 0 or more, not {v}");
         }
@@ -341,6 +358,24 @@ impl Scenario {
         Timestamp::from_secs(EPOCH_S.saturating_add(start_s))
     }
 
+    /// What is allowed but likely a mistake: an on-prem pool whose marginal cost (cash, per
+    /// GPU-hour) exceeds its internal rate, so the company pays more to use it than it bills.
+    pub fn warnings(&self) -> Vec<String> {
+        self.onprem
+            .iter()
+            .filter_map(|o| {
+                let m = o.marginal_usd_per_gpu_hour?;
+                (m > o.usd_per_gpu_hour).then(|| {
+                    format!(
+                        "onprem {}: marginal_usd_per_gpu_hour {m} exceeds its chargeback rate \
+                         usd_per_gpu_hour {}",
+                        o.name, o.usd_per_gpu_hour
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// On-prem pools from the scenario, cloud pools from the catalogue after the filters.
     pub fn world(&self, catalogue: &Catalogue) -> anyhow::Result<World> {
         let c = &self.cloud;
@@ -354,6 +389,16 @@ impl Scenario {
             regions.insert(region.clone(), self.region(&region));
             let per_gpu = Money::from_dollars(o.usd_per_gpu_hour)
                 .with_context(|| format!("onprem {}: bad usd_per_gpu_hour", o.name))?;
+            let marginal = match o.marginal_usd_per_gpu_hour {
+                Some(m) => Some(
+                    Money::from_dollars(m)
+                        .with_context(|| {
+                            format!("onprem {}: bad marginal_usd_per_gpu_hour", o.name)
+                        })?
+                        .saturating_mul(i64::from(o.gpus_per_node)),
+                ),
+                None => None,
+            };
             pools.push(SimPool {
                 pool: Pool {
                     id: PoolId::new(format!("{}/{}", o.region, o.name)),
@@ -372,6 +417,7 @@ impl Scenario {
                     boot_time_s: 0,
                     price_updated_at: Timestamp(0),
                     recent_capacity_failures: 0,
+                    marginal_per_hour: marginal,
                 },
                 fixed_nodes: o.nodes,
                 interruptions_per_hour: 0.0,

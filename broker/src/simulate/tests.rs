@@ -443,3 +443,46 @@ fn the_waste_rule_replays_over_the_placed_jobs() {
     let e = Scenario::from_toml("[waste]\nthreshold = 10\n").expect_err("refused");
     assert!(format!("{e:#}").contains("threshold"), "{e:#}");
 }
+
+/// Issue 29: `marginal_usd_per_gpu_hour` is optional (scenarios without it parse as before and
+/// take a fifth of the internal rate), sets the on-prem pool's cash cost, is refused when
+/// negative, and draws a warning when above the chargeback rate.
+#[test]
+fn onprem_marginal_cost_is_optional_checked_and_warned_about() {
+    let onprem = "[[onprem]]\nregion = \"onprem:dc\"\nname = \"v100\"\ngpu_model = \"V100\"\n\
+                  gpu_memory_gb = 16\nnodes = 2\ngpus_per_node = 8\nusd_per_gpu_hour = 0.25\n";
+    let catalogue =
+        switchyard_providers::catalogue::Catalogue::bundled().expect("the bundled catalogue");
+    let without = Scenario::from_toml(onprem).expect("an old scenario parses");
+    assert_eq!(without.onprem[0].marginal_usd_per_gpu_hour, None);
+    assert!(without.warnings().is_empty());
+    let pool = &without.world(&catalogue).expect("world").pools[0].pool;
+    assert_eq!(pool.marginal_per_hour, None);
+    // A fifth of 8 × $0.25.
+    assert_eq!(
+        pool.cash_per_hour(switchyard_core::Market::OnDemand),
+        switchyard_core::Money::from_micros(400_000)
+    );
+    let with = Scenario::from_toml(&format!("{onprem}marginal_usd_per_gpu_hour = 0.04\n"))
+        .expect("the key parses");
+    let pool = &with.world(&catalogue).expect("world").pools[0].pool;
+    assert_eq!(
+        pool.cash_per_hour(switchyard_core::Market::OnDemand),
+        switchyard_core::Money::from_micros(320_000)
+    );
+    assert!(with.warnings().is_empty());
+    let dear = Scenario::from_toml(&format!("{onprem}marginal_usd_per_gpu_hour = 0.5\n"))
+        .expect("allowed");
+    let warnings = dear.warnings();
+    assert_eq!(warnings.len(), 1);
+    assert!(
+        warnings[0].contains("marginal_usd_per_gpu_hour") && warnings[0].contains("chargeback"),
+        "{warnings:?}"
+    );
+    let err = Scenario::from_toml(&format!("{onprem}marginal_usd_per_gpu_hour = -1\n"))
+        .expect_err("negative");
+    assert!(
+        format!("{err:#}").contains("marginal_usd_per_gpu_hour"),
+        "{err:#}"
+    );
+}

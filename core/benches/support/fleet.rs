@@ -99,6 +99,7 @@ pub fn fleet(seed: u64, jobs: usize, pools: usize, nodes: usize) -> Snapshot {
                 },
                 price_updated_at: NOW,
                 recent_capacity_failures: 0,
+                marginal_per_hour: None,
             }
         })
         .collect();

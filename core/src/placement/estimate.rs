@@ -14,7 +14,7 @@ use super::capacity::{Capacity, Markets};
 use super::constraints::{Reject, latency_violation, model_violation, shape_violation};
 use super::index::{Index, PoolInfo, PoolMask, PriceOrder, Victims};
 use super::policy::JobPolicy;
-use crate::domain::{JobKind, JobSpec, Market, Pool, Priority, SpotRule};
+use crate::domain::{JobKind, JobSpec, Market, Objective, Pool, Priority, SpotRule};
 use crate::money::Money;
 use crate::time::Timestamp;
 use std::collections::BinaryHeap;
@@ -30,12 +30,6 @@ pub(crate) const PREEMPTION_GRACE_S: i64 = 120;
 /// A fixed pool (one that cannot launch: on-prem) is *protected* while less than one in this
 /// many of its usable GPUs are free at the start of the round ([`super::index::PoolInfo`]).
 pub(crate) const PROTECTED_BELOW_ONE_IN: u32 = 8;
-/// What a job that allows spot is charged per GPU-hour, in its score only, for a place on a
-/// protected pool (free now or a wait): the last GPUs of a nearly full on-prem pool are worth
-/// more to the jobs that cannot go to spot and would pay on demand in a cloud than the few
-/// cents a spot job saves there over spot (see BENCHMARKS.md, session 16). The job never pays
-/// it: plans, budgets and explanations show what it would pay ([`Estimate::cost`]).
-pub(crate) const ON_PREM_RESERVE_PER_GPU_HOUR: Money = Money::from_micros(300_000);
 
 /// Expected extra seconds of a spot run from interruptions: expected interruptions (rate ×
 /// runtime) times what each costs — a replacement node's boot plus the work lost since the last
@@ -68,21 +62,25 @@ pub(crate) struct Score {
 /// A way to run the job that works, with its estimates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Estimate {
-    /// Its score's cost includes `reserve`.
+    /// Its score's cost is the job's objective ([`Objective`]: cash, or the team's bill) plus
+    /// `reserve`.
     pub score: Score,
+    /// What the team is billed: compute at chargeback rates plus egress ([`Estimate::cost`]).
+    pub charge: Money,
     pub market: Market,
     /// When its place is ready (its node free or booted): `start` is later by moving the data.
     pub ready: Timestamp,
     pub start: Timestamp,
     /// What the score adds to the cost for a place on a protected pool (see
-    /// [`ON_PREM_RESERVE_PER_GPU_HOUR`]); zero elsewhere.
+    /// [`super::index::PoolInfo::displaced_per_gpu_hour`]); zero elsewhere.
     pub reserve: Money,
 }
 
 impl Estimate {
-    /// What the job would pay: the score's cost without the reserve.
+    /// What the job would pay, at chargeback rates: what plans, budgets and explanations
+    /// show. A team's budget binds on this, whatever the objective ranks by.
     pub(crate) fn cost(&self) -> Money {
-        self.score.cost.saturating_sub(self.reserve)
+        self.charge
     }
 }
 
@@ -151,6 +149,8 @@ pub(crate) struct JobCtx<'a> {
     pub nodes: u32,
     pub runtime_s: i64,
     pub policy: JobPolicy,
+    /// What the job's candidates are ranked by (its policies': [`JobPolicy::objective`]).
+    pub objective: Objective,
     /// The job's spot rule, capped by its policies.
     pub spot: SpotRule,
     /// The job's priority, capped by its policies.
@@ -217,6 +217,7 @@ impl<'a> JobCtx<'a> {
             runtime_s,
             spot: policy.spot,
             priority: policy.priority,
+            objective: policy.objective,
             policy,
             // max(60 s, 5% of the runtime), in milliseconds: 5% of a second is 50 ms; both
             // at the deadline runtime, whose excess over the cost runtime (the p90 over the
@@ -390,16 +391,16 @@ impl<'a> JobCtx<'a> {
         }
     }
 
-    /// What the job's compute costs in `p` for `run_s` seconds in `market`: a new node is the
-    /// job's alone, so a launch pays for all of it, boot included; on an existing node the job
-    /// pays its GPUs' share.
-    fn compute_cost(&self, p: &Pool, kind: CandidateKind, market: Market, run_s: i64) -> Money {
+    /// What the job's compute costs in `p` for `run_s` seconds at `per_hour` a node-hour (the
+    /// pool's price in a market, or its cash cost): a new node is the job's alone, so a launch
+    /// pays for all of it, boot included; on an existing node the job pays its GPUs' share.
+    fn compute_cost(&self, p: &Pool, kind: CandidateKind, per_hour: Money, run_s: i64) -> Money {
         let per_node = match kind {
-            CandidateKind::Launch => p
-                .price_per_hour(market)
-                .per_hour_for_secs(run_s.saturating_add(i64::from(p.boot_time_s))),
-            CandidateKind::FreeNow | CandidateKind::Wait | CandidateKind::Preempt => p
-                .price_per_gpu_hour(market)
+            CandidateKind::Launch => {
+                per_hour.per_hour_for_secs(run_s.saturating_add(i64::from(p.boot_time_s)))
+            }
+            CandidateKind::FreeNow | CandidateKind::Wait | CandidateKind::Preempt => per_hour
+                .div_ceil(i64::from(p.gpus_per_node.max(1)))
                 .saturating_mul(i64::from(self.gpus.max(1)))
                 .per_hour_for_secs(run_s),
         };
@@ -454,11 +455,20 @@ impl<'a> JobCtx<'a> {
             Market::OnDemand => self.runtime_s,
         };
         let finish = start.plus_secs(run_s);
-        let cost = self
-            .compute_cost(info.pool, kind, market, run_s)
+        let price = info.pool.price_per_hour(market);
+        let charge = self
+            .compute_cost(info.pool, kind, price, run_s)
             .saturating_add(egress);
+        // Cash and chargeback differ only on a fixed (on-prem) pool under the company objective.
+        let cost = match self.objective {
+            Objective::Company if !info.pool.launchable => self
+                .compute_cost(info.pool, kind, info.pool.cash_per_hour(market), run_s)
+                .saturating_add(egress),
+            _ => charge,
+        };
         Estimate {
             score: self.score(finish, cost, kind, pool, node),
+            charge,
             market,
             ready,
             start,
@@ -482,13 +492,14 @@ impl<'a> JobCtx<'a> {
         let info = &index.pools[pool];
         let p = info.pool;
         let market = p.cheapest_market(self.spot);
-        if p.price_per_hour(market) <= Money::ZERO {
+        let per_hour = p.objective_per_hour(market, self.objective);
+        if per_hour <= Money::ZERO {
             return false;
         }
         let (egress, transfer_s) = self.data_move(info);
         let finish = ready.plus_secs(transfer_s).plus_secs(self.runtime_s);
         let cost = self
-            .compute_cost(p, kind, market, self.runtime_s)
+            .compute_cost(p, kind, per_hour, self.runtime_s)
             .saturating_add(egress);
         self.score(finish, cost, kind, pool, None) >= *worst
     }
@@ -598,11 +609,19 @@ impl<'a> JobCtx<'a> {
     ) -> Estimate {
         let market = JobCtx::node_market(index, pool, node);
         let mut estimate = self.estimate(index, pool, Some(node), kind, market, ready);
+        let info = &index.pools[pool];
         if self.spot != SpotRule::Never
-            && index.pools[pool].protected
+            && info.protected
             && matches!(kind, CandidateKind::FreeNow | CandidateKind::Wait)
         {
-            estimate.reserve = ON_PREM_RESERVE_PER_GPU_HOUR
+            let own = info
+                .pool
+                .objective_per_hour(market, self.objective)
+                .div_ceil(i64::from(info.pool.gpus_per_node.max(1)));
+            estimate.reserve = info
+                .displaced_per_gpu_hour
+                .saturating_sub(own)
+                .max(Money::ZERO)
                 .saturating_mul(i64::from(self.gpus))
                 .per_hour_for_secs(self.runtime_s)
                 .saturating_mul(i64::from(self.nodes));

@@ -231,7 +231,7 @@ impl Details {
                 (_, Some(deadline)) if e.score.misses_deadline => Why::MissesDeadline { deadline },
                 _ if e.reserve > Money::ZERO
                     && Score {
-                        cost: e.cost(),
+                        cost: e.score.cost.saturating_sub(e.reserve),
                         ..e.score
                     } < viable[0].score =>
                 {

@@ -50,6 +50,13 @@ pub(crate) struct PoolInfo<'a> {
     ///
     /// [`PROTECTED_BELOW_ONE_IN`]: super::estimate::PROTECTED_BELOW_ONE_IN
     pub protected: bool,
+    /// For a fixed pool, what a job displaced from its last GPUs pays per GPU-hour: the
+    /// cheapest on-demand GPU-hour of a launchable pool whose GPUs have at least this pool's
+    /// memory (zero for a launchable pool, or where none fits). A job that allows spot is
+    /// charged, in its score only, up to this for a place on a protected pool: the reserve is
+    /// this less the pool's own price in the job's objective, the opportunity cost of the
+    /// last owned GPUs for the jobs that cannot use spot ([`super::estimate::JobCtx::on_node`]).
+    pub displaced_per_gpu_hour: Money,
     /// Spot interruptions per hour, in millionths.
     pub spot_interruptions_ppm: u32,
 }
@@ -105,7 +112,8 @@ pub(crate) struct Index<'a> {
     /// order.
     pub policies: Vec<&'a TeamPolicy>,
     /// Pools by the GPU-hour price a job pays there, cheapest first (ties by id): for jobs that
-    /// never use spot, and for jobs that may.
+    /// never use spot, and for jobs that may. An on-prem pool's price here is the lower of its
+    /// cash cost and its chargeback rate, so the order bounds either objective.
     by_price: [PriceOrder; 2],
     /// What is known from the catalogue alone.
     catalogue: Arc<Catalogue>,
@@ -152,6 +160,8 @@ struct PoolKeys {
     /// Position in the snapshot's `regions`.
     region: Option<usize>,
     spot_interruptions_ppm: u32,
+    /// See [`PoolInfo::displaced_per_gpu_hour`].
+    displaced_per_gpu_hour: Money,
 }
 
 /// The snapshot's nodes of known pools in id order, as positions in its `nodes`: what an index
@@ -245,15 +255,31 @@ impl Catalogue {
                     model_key,
                     region: regions.get(pool.region.as_str()).copied(),
                     spot_interruptions_ppm: rate.unwrap_or(DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM),
+                    displaced_per_gpu_hour: Money::ZERO,
                 }
             })
             .collect();
+        let mut keys = keys;
+        for (k, pool) in keys.iter_mut().zip(&pools).filter(|(_, p)| !p.launchable) {
+            k.displaced_per_gpu_hour = pools
+                .iter()
+                .filter(|c| c.launchable && c.gpu_memory_gb >= pool.gpu_memory_gb)
+                .map(|c| c.on_demand_per_gpu_hour())
+                .min()
+                .unwrap_or(Money::ZERO);
+        }
 
         let by_price = [SpotRule::Never, SpotRule::Allowed].map(|rule| {
             let mut order: Vec<(Money, usize)> = pools
                 .iter()
                 .enumerate()
-                .map(|(i, pool)| (pool.price_per_gpu_hour(pool.cheapest_market(rule)), i))
+                .map(|(i, pool)| {
+                    // The lower of cash and chargeback: a bound on the cost under either
+                    // objective ([`super::estimate::JobCtx::floor_cost`]).
+                    let market = pool.cheapest_market(rule);
+                    let price = pool.price_per_gpu_hour(market);
+                    (price.min(pool.cash_per_gpu_hour(market)), i)
+                })
                 .collect();
             order.sort_unstable();
             Arc::new(PriceTable::new(
@@ -420,6 +446,7 @@ impl<'a> Index<'a> {
                 on_demand_nodes: false,
                 spot_nodes: false,
                 protected: false,
+                displaced_per_gpu_hour: k.displaced_per_gpu_hour,
                 spot_interruptions_ppm: k.spot_interruptions_ppm,
             })
             .collect();

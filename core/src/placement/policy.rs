@@ -7,7 +7,7 @@
 //! lowest, budgets are each charged. This module decides nothing and knows nothing of capacity.
 
 use super::constraints::Reject;
-use crate::domain::{JobSpec, Market, Pool, Priority, SpotRule, TeamPolicy};
+use crate::domain::{JobSpec, Market, Objective, Pool, Priority, SpotRule, TeamPolicy};
 use crate::money::Money;
 use crate::time::Timestamp;
 
@@ -25,6 +25,9 @@ pub(crate) struct JobPolicy {
     pub burst_allowed: bool,
     /// Whether the job may start now (time windows).
     pub window_open: bool,
+    /// What its candidates rank by: the team's bill when any covering policy asks for it
+    /// (finance wants that team to minimise its own bill), else what the company pays.
+    pub objective: Objective,
 }
 
 impl JobPolicy {
@@ -36,6 +39,7 @@ impl JobPolicy {
             spot: spec.spot,
             burst_allowed: true,
             window_open: true,
+            objective: Objective::Company,
         };
         for (i, p) in policies.iter().enumerate() {
             if !p.applies_to(&spec.team, spec.project.as_deref()) {
@@ -47,6 +51,7 @@ impl JobPolicy {
             }
             out.spot = out.spot.min(p.spot);
             out.burst_allowed &= p.burst_allowed;
+            out.objective = out.objective.max(p.objective);
         }
         let priority = out.priority;
         for &i in &out.covering {

@@ -2,8 +2,10 @@
 //!
 //! **The LP.** Knowing every arrival in advance, let job `j` (GPU-seconds `D_j = gpus ×
 //! nodes × runtime`, a gang's every node counted, window `[submit_j, deadline_j]`) be served fractionally: `x_j` GPU-seconds on
-//! on-prem capacity inside its window, the rest in the cloud. On-prem costs `p_j` per GPU-second
-//! (the cheapest on-prem pool the job fits, plus that pool's egress share), the cloud `c_j`
+//! on-prem capacity inside its window, the rest in the cloud. Costs are the company's cash
+//! ([`crate::sim::SimResult::total_cost`]): on-prem costs `p_j` per GPU-second (the lowest
+//! marginal cost, power and wear, of an on-prem pool the job fits, plus that pool's egress
+//! share), the cloud `c_j`
 //! (the cheapest per-GPU share of any cloud pool the job fits, spot when the job allows spot,
 //! plus egress share): no boot time, no billing minimum, no idle tail, no interruptions. On-prem
 //! has `C` GPUs (all on-prem pools pooled), so for every time interval `I` the work placed
@@ -11,9 +13,11 @@
 //!
 //! **Why it bounds every online policy that meets the deadlines.** Any real schedule that
 //! finishes each job by its deadline gives a feasible point of this LP with a cost no higher
-//! than the schedule's: the job's on-prem GPU-seconds fall in its window and on-prem never runs
-//! more than `C` GPUs at once; a cloud node costs at least the per-GPU share of its price for
-//! the job's GPUs, for at least the runtime, plus egress. Every simplification (pooling on-prem,
+//! than the schedule's: the job's on-prem GPU-seconds fall in its window, on-prem never runs
+//! more than `C` GPUs at once, and each costs the schedule its pool's marginal cost for at
+//! least its runtime; a cloud node costs at least the per-GPU share of its price for the job's
+//! GPUs, for at least the runtime, plus egress. (Owned GPUs' idle hours are a cost of
+//! ownership, the same whatever runs: they are left out of both sides.) Every simplification (pooling on-prem,
 //! fractional and preemptive service, any parallelism, windows widened to bucket edges below)
 //! only enlarges the feasible set, so the LP optimum is a lower bound. A policy that misses
 //! deadlines is outside the comparison (it could wait on-prem forever).
@@ -139,8 +143,9 @@ fn best_cost(world: &World, spec: &JobSpec, runtime_s: i64, cloud: bool) -> Opti
         .filter(|p| p.pool.launchable == cloud && hard_constraint(&p.pool, spec).is_none())
         .map(|p| {
             let market = p.pool.cheapest_market(spec.spot);
-            // The exact per-GPU share (no rounding up): a bound must not overcharge.
-            let share = p.pool.price_per_hour(market).micros() as f64
+            // The exact per-GPU share (no rounding up) of the cash cost: a bound must not
+            // overcharge.
+            let share = p.pool.cash_per_hour(market).micros() as f64
                 / f64::from(p.pool.gpus_per_node.max(1));
             let gpus = f64::from(spec.resources.gpus) * f64::from(spec.resources.nodes.max(1));
             let compute = share * gpus * runtime_s.max(0) as f64 / 3600.0;

@@ -215,7 +215,17 @@ pub struct SimResult {
     pub cloud_busy_cost: Money,
     /// Cloud node time booting or idle (the idle TTL tail, the billing minimum).
     pub cloud_idle_cost: Money,
+    /// Busy on-prem GPU time at the internal rate: what the ledger bills teams for it.
     pub onprem_cost: Money,
+    /// Busy on-prem GPU time at its marginal cost (power and wear): what the company pays for
+    /// it in cash ([`crate::domain::Pool::cash_per_hour`]).
+    pub onprem_cash_cost: Money,
+    /// Owned GPU-hours idle in the measured window, and what they are worth at the internal
+    /// rate: a cost of ownership, paid whether they run or not. It is equal for every scheduler
+    /// of one run only because they share the capacity: it is the window's capacity less the
+    /// busy GPU-hours, so it falls as on-prem use rises.
+    pub owned_idle_gpu_hours: f64,
+    pub owned_idle_cost: Money,
     pub egress_cost: Money,
     pub timeline: Vec<(Timestamp, Money)>,
     pub spend_by_region: BTreeMap<RegionId, Money>,
@@ -230,7 +240,15 @@ pub struct SimResult {
 }
 
 impl SimResult {
+    /// What the company pays in cash: cloud spend (busy and idle), on-prem at its marginal
+    /// cost, and egress. The headline cost, and the basis of the LP bound
+    /// ([`lp_lower_bound`]); the spend timeline and `spend_by_region` are in it too.
     pub fn total_cost(&self) -> Money {
+        self.cloud_busy_cost + self.cloud_idle_cost + self.onprem_cash_cost + self.egress_cost
+    }
+
+    /// What the ledger bills teams: cloud spend, on-prem at the internal rate, and egress.
+    pub fn chargeback_cost(&self) -> Money {
         self.cloud_busy_cost + self.cloud_idle_cost + self.onprem_cost + self.egress_cost
     }
 }

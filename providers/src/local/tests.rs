@@ -48,6 +48,7 @@ fn pool() -> Pool {
         boot_time_s: 1,
         price_updated_at: Timestamp::from_secs(0),
         recent_capacity_failures: 0,
+        marginal_per_hour: None,
     }
 }
 

@@ -66,6 +66,7 @@ fn pool(
         boot_time_s: 180,
         price_updated_at: NOW,
         recent_capacity_failures: 0,
+        marginal_per_hour: None,
     }
 }
 

@@ -50,6 +50,7 @@ pub(crate) fn pool_from_row(r: &Row) -> StoreResult<Pool> {
         boot_time_s: r.u32("boot_time_s")?,
         price_updated_at: r.time("price_updated_at")?,
         recent_capacity_failures: r.u32("recent_capacity_failures")?,
+        marginal_per_hour: None,
     })
 }
 

@@ -2,6 +2,7 @@
 //! purpose (`rustfmt::skip`): a table reads down, not across.
 
 use super::*;
+use crate::domain::{Objective, TeamPolicy};
 
 const P5: &str = "aws:use1/p5";
 const DGX: &str = "onprem:dc1/dgx";
@@ -23,7 +24,11 @@ fn cheapest_feasible_wins() {
     check(two_pools(8, 8).job(8), "assign d1 on_demand");
     check(two_pools(0, 8).job(1).deadline_in(7200), "assign a1 on_demand");
     check(two_pools(2, 8).job(4), "assign a1 on_demand");
-    check(w().onprem("dgx", 160.0).node(DGX, "d1", 8).pool(P5, "H100", 8, 80.0, None).node(P5, "a1", 8).job(1), "assign a1 on_demand");
+    // On-prem billed at $20/GPU-h costs the company a fifth of that ($4): it wins on cash
+    // over $10 in the cloud, and loses where the team minimises its bill.
+    let dear = || w().onprem("dgx", 160.0).node(DGX, "d1", 8).pool(P5, "H100", 8, 80.0, None).node(P5, "a1", 8).job(1);
+    check(dear(), "assign d1 on_demand");
+    check(dear().policy(TeamPolicy { objective: Objective::Team, ..TeamPolicy::new("ml") }), "assign a1 on_demand");
     check(w().pool(P5, "H100", 8, 80.0, None).job(1), "launch aws:use1/p5 on_demand");
 }
 
@@ -89,7 +94,7 @@ fn max_price_filters_pools() {
 #[rustfmt::skip]
 #[test]
 fn gpu_model_and_memory_filter_pools() {
-    let mixed = || two_pools(8, 8).pool("aws:use1/g6", "L4", 8, 8.0, None).node("aws:use1/g6", "l1", 8);
+    let mixed = || two_pools(8, 8).pool("aws:use1/g6", "L4", 8, 2.0, None).node("aws:use1/g6", "l1", 8);
     check(mixed().job(1), "assign l1 on_demand");
     check(mixed().job(1).models(&["H100"]), "assign d1 on_demand");
     check(mixed().job(1).models(&["h100"]), "assign d1 on_demand");

@@ -77,6 +77,7 @@ impl W {
             boot_time_s: if launchable { 300 } else { 0 },
             price_updated_at: NOW,
             recent_capacity_failures: 0,
+            marginal_per_hour: None,
         });
         self
     }

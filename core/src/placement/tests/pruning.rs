@@ -7,7 +7,9 @@
 use super::fleet::{NOW, fleet};
 use super::greedy::{self, Scan};
 use super::{Detail, Plan};
-use crate::domain::{Priority, PriorityWindows, RegionId, SpotRule, TeamPolicy, TimeWindow};
+use crate::domain::{
+    Objective, Priority, PriorityWindows, RegionId, SpotRule, TeamPolicy, TimeWindow,
+};
 use crate::money::Money;
 use proptest::prelude::*;
 
@@ -145,6 +147,7 @@ proptest! {
                 ],
                 priority_ceiling: ceiling,
                 remaining_budget: Some(Money::from_micros(budget)),
+                objective: if budget % 2 == 0 { Objective::Team } else { Objective::Company },
             },
             TeamPolicy {
                 team: "infra".into(),
@@ -157,6 +160,7 @@ proptest! {
                 windows: vec![],
                 priority_ceiling: None,
                 remaining_budget: Some(Money::from_micros(budget.saturating_mul(10))),
+                objective: Objective::Company,
             },
             TeamPolicy {
                 team: "infra".into(),
@@ -169,6 +173,7 @@ proptest! {
                 windows: vec![],
                 priority_ceiling: Some(Priority::Normal),
                 remaining_budget: project_budget.map(Money::from_micros),
+                objective: Objective::Company,
             },
         ];
         let pruned = greedy::plan(&snapshot, NOW, Scan::Pruned, Detail::Full);

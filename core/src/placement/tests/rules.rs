@@ -2,6 +2,7 @@
 //! time windows, the joint assignment of contended capacity, and the warm [`Planner`].
 
 use super::*;
+use crate::domain::Objective;
 
 const P5: &str = "aws:use1/p5";
 const P4: &str = "aws:use1/p4";
@@ -268,9 +269,29 @@ fn time_windows_gate_starts() {
     assert_eq!(p.holds[0].code, HoldCode::OutsideTimeWindow);
 }
 
+#[rustfmt::skip]
+#[test]
+fn an_idle_owned_gpu_wins_over_spot_cheaper_than_its_internal_rate_unless_the_team_minimises_its_bill() {
+    // On-prem bills $2/GPU-h and costs the company $0.40 (a fifth); spot sells at $1.50.
+    // The pool is idle (not protected). Under `company` the owned GPUs win: $3.20 in cash
+    // against about $13 of spot; under `team` the team's bill decides: $16 against $13.
+    let idle = || w().onprem("dgx", 16.0).pool(P5, "H100", 8, 80.0, Some(12.0)).node(DGX, "d1", 8).job(8).spot(SpotRule::Allowed);
+    check(idle(), "assign d1 on_demand");
+    check(idle().policy(team(|p| p.objective = Objective::Company)), "assign d1 on_demand");
+    check(idle().policy(team(|p| p.objective = Objective::Team)), "launch aws:use1/p5 spot");
+    // Either way the plan shows what the team is billed.
+    let plan = plan_of(idle());
+    assert_eq!(plan.assignments[0].estimated_cost, usd(16.0));
+    // A finance-set marginal cost above spot's price sends the job to spot under `company` too.
+    let mut dear = idle();
+    dear.pool_mut(DGX).marginal_per_hour = Some(usd(14.0));
+    check(dear, "launch aws:use1/p5 spot");
+}
+
 #[test]
 fn budgets_are_hard_and_spent_across_the_round() {
-    // $3 left; each job costs $2 on-prem: the second would overspend.
+    // $3 left; each job costs $2 on-prem (billed at the internal rate, though it costs the
+    // company $0.40 in cash): the second would overspend.
     let world = w()
         .onprem("dgx", 16.0)
         .node(DGX, "d1", 8)
@@ -422,10 +443,11 @@ fn nearly_full(free: u32, spot: f64) -> W {
 #[rustfmt::skip]
 #[test]
 fn a_nearly_full_on_prem_pool_is_kept_for_jobs_that_cannot_use_spot() {
-    // 8 of 128 GPUs free (under one in eight): protected. A job that allows spot is charged
-    // $0.30/GPU-h for the place ($16 + $2.40) and a spot node ($16.80/h for 1 h, the 5-minute
-    // boot and 42 s of expected restarts: $18.40) is cheaper; a job that never runs on spot
-    // takes the on-prem GPUs ($16).
+    // 8 of 128 GPUs free (under one in eight): protected. A job that allows spot is charged,
+    // for the place, what a job it displaces would pay on demand in the cloud: $10/GPU-h (P5),
+    // less the place's own $0.40 (cash: a fifth of the $2 internal rate): $3.20 + $76.80 = $80.
+    // A spot node ($16.80/h for 1 h, the 5-minute boot and 42 s of expected restarts: $18.40)
+    // is cheaper; a job that never runs on spot takes the on-prem GPUs (billed $16).
     check(nearly_full(8, 16.8).job(8).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
     check(nearly_full(8, 16.8).job(8), "assign d1 on_demand");
     // The explanation says why the cheaper place lost, at what it would cost.
@@ -433,14 +455,15 @@ fn a_nearly_full_on_prem_pool_is_kept_for_jobs_that_cannot_use_spot() {
     assert_eq!(shown[0], "aws:use1/p5 - Launch spot $18.396000 WIN");
     assert_eq!(
         shown[1],
-        "onprem:dc1/dgx d1 FreeNow on_demand $16.000000 ReservedForJobsWithoutSpot { reserve: Money(2400000) }"
+        "onprem:dc1/dgx d1 FreeNow on_demand $16.000000 ReservedForJobsWithoutSpot { reserve: Money(76800000) }"
     );
-    // Where spot costs more than the place and the reserve, it still takes the place, and
-    // pays (and is shown) what the place costs, not the reserve.
-    let plan = plan_of(nearly_full(8, 17.6).job(8).spot(SpotRule::Allowed));
+    // Where spot costs more than the place and the reserve (a displaced job's on-demand
+    // price: $79/h of spot for 1 h 5 min and restarts is $86.50), it still takes the place,
+    // and pays (and is shown) what the place is billed, not the reserve.
+    let plan = plan_of(nearly_full(8, 79.0).job(8).spot(SpotRule::Allowed));
     assert_eq!(plan.assignments[0].node.0, "d1");
     assert_eq!(plan.assignments[0].estimated_cost, usd(16.0));
-    let shown = explain(nearly_full(8, 17.6).job(8).spot(SpotRule::Allowed));
+    let shown = explain(nearly_full(8, 79.0).job(8).spot(SpotRule::Allowed));
     assert!(shown[0].contains("d1") && shown[0].contains("$16.00"), "{shown:?}");
     // With 24 of 144 GPUs free (one in six) the pool is not protected: on-prem is cheapest.
     let roomy = nearly_full(8, 16.8).node(DGX, "d17", 8).node(DGX, "d18", 8);

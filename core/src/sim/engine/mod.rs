@@ -99,6 +99,8 @@ struct Engine<'w> {
     rng: SplitMix64,
     measure: (i64, i64),
     onprem_busy_gpu_ms: f64,
+    /// The measured window's busy on-prem GPU time at the internal rate, in micro-dollars.
+    onprem_busy_charge: f64,
     out: SimResult,
 }
 
@@ -219,6 +221,7 @@ impl<'w> Engine<'w> {
             rng: SplitMix64::stream(cfg.seed, 0x5107),
             measure: measure_window(jobs_in, cfg),
             onprem_busy_gpu_ms: 0.0,
+            onprem_busy_charge: 0.0,
             out: SimResult {
                 scheduler: name.to_owned(),
                 ..SimResult::default()
@@ -507,16 +510,21 @@ impl<'w> Engine<'w> {
                 .per_hour_for_secs(ran_s);
             if !pool.launchable {
                 let secs = (now - start_ms + 999) / 1000;
-                let cost = pool
-                    .on_demand_per_gpu_hour()
+                let rate = pool.on_demand_per_gpu_hour();
+                let cost = rate.saturating_mul(i64::from(gpus)).per_hour_for_secs(secs);
+                let cash = pool
+                    .cash_per_gpu_hour(Market::OnDemand)
                     .saturating_mul(i64::from(gpus))
                     .per_hour_for_secs(secs);
                 let region = pool.region.clone();
-                self.charge(now, &region, cost);
+                self.charge(now, &region, cash);
                 self.out.onprem_cost += cost;
+                self.out.onprem_cash_cost += cash;
                 let (lo, hi) = self.measure;
                 let overlap = (now.min(hi) - start_ms.max(lo)).max(0);
                 self.onprem_busy_gpu_ms += overlap as f64 * f64::from(gpus);
+                self.onprem_busy_charge +=
+                    overlap as f64 * f64::from(gpus) * rate.micros() as f64 / 3_600_000.0;
             }
         }
         // Highest position first: what `swap_remove` moves in is never one of the job's own.
@@ -604,6 +612,22 @@ impl<'w> Engine<'w> {
         } else {
             0.0
         };
+        // Owned GPUs' idle time in the measured window, and what it is worth at the internal
+        // rate: the whole window's capacity less what ran there.
+        let window_h = (hi - lo).max(0) as f64 / 3_600_000.0;
+        let (gpu_h, value) =
+            self.world
+                .pools
+                .iter()
+                .filter(|p| !p.pool.launchable)
+                .fold((0.0, 0.0), |(h, v), p| {
+                    let gpus = f64::from(p.fixed_nodes) * f64::from(p.pool.gpus_per_node);
+                    let rate = p.pool.on_demand_per_gpu_hour().micros() as f64;
+                    (h + gpus * window_h, v + gpus * window_h * rate)
+                });
+        self.out.owned_idle_gpu_hours = (gpu_h - self.onprem_busy_gpu_ms / 3_600_000.0).max(0.0);
+        self.out.owned_idle_cost =
+            Money::from_micros((value - self.onprem_busy_charge).max(0.0).round() as i64);
         self.out.jobs = self
             .jobs
             .iter()
