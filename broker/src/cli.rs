@@ -819,6 +819,9 @@ pub async fn job(c: &Client, id: &str) -> anyhow::Result<()> {
     if let Some(s) = j.spec.estimated_runtime_s {
         fields.push(("estimate", span(s as f64)));
     }
+    if let Some(p) = &j.runtime_prediction {
+        fields.push(("predicted", printable(&p.explanation).into_owned()));
+    }
     if let Some(m) = j.spec.max_price_per_hour {
         fields.push(("max price", format!("{}/hour", money(m))));
     }
@@ -851,6 +854,9 @@ fn print_round(e: &Value, now: DateTime<Utc>) -> anyhow::Result<()> {
     out!("decision  {}", outcome_words(&e["outcome"], now));
     if let Some(t) = time_of(&e["planned_at"]) {
         out!("planned   {}", when(t, now));
+    }
+    if let Some(p) = e["runtime_prediction"]["explanation"].as_str() {
+        out!("runtime   {}", printable(p));
     }
     let candidates = e["candidates"].as_array().cloned().unwrap_or_default();
     if candidates.is_empty() {
@@ -2457,6 +2463,7 @@ mod tests {
             cancel_requested: false,
             cost_usd: 0.0,
             spec,
+            runtime_prediction: None,
         }
     }
 

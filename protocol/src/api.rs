@@ -188,6 +188,34 @@ pub struct JobView {
     pub cost_usd: f64,
     /// The spec as submitted.
     pub spec: JobSpec,
+    /// How long the broker predicts a job like this runs, from past runs (issue 29): given by
+    /// `GET /jobs/{id}` for a batch job, absent from lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_prediction: Option<RuntimePredictionView>,
+}
+
+/// How long the broker predicts a job runs, learnt from the runs that succeeded before it
+/// (keyed by team, project, job name, command and GPUs, falling back to coarser keys), and
+/// what from. Placement costs the job at the p50 and judges its deadline at the p90.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RuntimePredictionView {
+    /// Median runtime, seconds.
+    pub p50_s: i64,
+    /// 90th percentile, seconds.
+    pub p90_s: i64,
+    /// `history` (past runs of the finest key that has any: `level`), `calibrated` (the job's
+    /// estimate scaled by what the same project's past runs used of theirs), `user_estimate` (the
+    /// estimate as given: no history yet) or `default` (no estimate, no history: one hour).
+    pub source: String,
+    /// For `history`: `command`, `name`, `user`, `team` or `global`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
+    /// The past runs it was learnt from (`history`, `calibrated`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<u32>,
+    /// One line, e.g. "p50 23 min, p90 2.1 h from 41 past runs of `train` by vision in team
+    /// ml" (the user is the job's project).
+    pub explanation: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -258,6 +286,10 @@ pub struct PlacementExplanation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(no_recursion)]
     pub launch_round: Option<Box<PlacementExplanation>>,
+    /// The job's runtime as the broker predicts it now (issue 29): the p50 its candidates are
+    /// costed at, the p90 its deadline is judged at. Absent for services.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_prediction: Option<RuntimePredictionView>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -95,6 +95,55 @@ pub struct Worker {
     explanations: Explained,
     /// One committed plan's explanations worked out at a time (`explain_committed`).
     explaining: Arc<tokio::sync::Semaphore>,
+    /// Runtime history, what the planner's runtimes are predicted from (issue 29).
+    history: std::sync::Mutex<History>,
+}
+
+/// The runtime predictor: loaded from the store's `runtime_history` when this replica starts
+/// to plan and refreshed with the rows updated since before each round. Kept across the
+/// scheduler's resyncs.
+#[derive(Default)]
+struct History {
+    predictor: switchyard_core::Predictor,
+    /// The latest `updated_at` loaded; rows at it are read again (another may share it).
+    seen: Option<Timestamp>,
+}
+
+impl Worker {
+    /// Loads the runtime history updated since the last round. A failure keeps what was
+    /// loaded: history is advice, and the round goes on without the latest runs.
+    async fn refresh_history(&self, store: &Store) {
+        let since = self.history.lock().unwrap_or_else(|e| e.into_inner()).seen;
+        match store.runtime_history_since(since).await {
+            Ok(rows) => {
+                let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+                for r in rows {
+                    h.seen = Some(h.seen.map_or(r.updated_at, |s| s.max(r.updated_at)));
+                    h.predictor.load(r.key, r.sketch);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "loading runtime history failed"),
+        }
+    }
+
+    /// Sets each queued batch job's runtimes to its prediction: the p50 for cost
+    /// (`estimated_runtime_s`) and the p90 for its deadline (`deadline_runtime_s`). Without
+    /// history a job keeps its own estimate (or the default hour). Returns the p50s.
+    fn predict_runtimes(&self, snapshot: &mut Snapshot) -> HashMap<JobId, i64> {
+        let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p50s = HashMap::with_capacity(snapshot.queued.len());
+        for q in &mut snapshot.queued {
+            if q.spec.kind != switchyard_core::JobKind::Batch {
+                continue;
+            }
+            let key = crate::store::runtime_key(&q.spec);
+            let p = h.predictor.predict(&key, q.spec.estimated_runtime_s);
+            q.spec.estimated_runtime_s = Some(p.p50_s);
+            q.deadline_runtime_s = Some(p.p90_s);
+            p50s.insert(q.id, p.p50_s);
+        }
+        p50s
+    }
 }
 
 pub fn channel(bus: Bus) -> (SchedulerHandle, Worker) {
@@ -110,6 +159,7 @@ pub fn channel(bus: Bus) -> (SchedulerHandle, Worker) {
             rx,
             explanations,
             explaining: Arc::new(tokio::sync::Semaphore::new(1)),
+            history: std::sync::Mutex::new(History::default()),
         },
     )
 }
@@ -592,6 +642,8 @@ impl Worker {
                 snapshot.avoid = avoid;
             }
         }
+        self.refresh_history(app.store.as_ref()).await;
+        let predicted = self.predict_runtimes(&mut snapshot);
         let rates = round.rates;
         let queued = snapshot.queued.len();
         let started = std::time::Instant::now();
@@ -624,7 +676,10 @@ impl Worker {
             };
             // The GPU indexes are the planner's: free in the snapshot and given to no other
             // assignment of the plan.
-            let runtime = pending.job.spec.runtime_s();
+            let runtime = predicted
+                .get(&a.job)
+                .copied()
+                .unwrap_or_else(|| pending.job.spec.runtime_s());
             let expected_end = match pending.job.spec.kind {
                 switchyard_core::JobKind::Service => Timestamp::MAX,
                 switchyard_core::JobKind::Batch => now.plus_secs(runtime),

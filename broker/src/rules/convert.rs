@@ -370,7 +370,29 @@ pub fn job_view(job: &JobRecord) -> Result<wire::JobView, ApiError> {
         cancel_requested: job.cancel_requested,
         cost_usd: job.cost.as_dollars(),
         spec,
+        runtime_prediction: None,
     })
+}
+
+/// A runtime prediction as the API shows it (issue 29).
+pub fn prediction_view(p: &core::predict::Prediction) -> wire::RuntimePredictionView {
+    use core::predict::Source;
+    let (source, level, runs) = match &p.source {
+        Source::History { level, runs } => {
+            ("history", Some(level.as_str().to_string()), Some(*runs))
+        }
+        Source::Calibrated { runs, .. } => ("calibrated", None, Some(*runs)),
+        Source::UserEstimate { .. } => ("user_estimate", None, None),
+        Source::Default => ("default", None, None),
+    };
+    wire::RuntimePredictionView {
+        p50_s: p.p50_s,
+        p90_s: p.p90_s,
+        source: source.to_string(),
+        level,
+        runs,
+        explanation: p.explain(),
+    }
 }
 
 pub fn explanation_view(e: &core::Explanation) -> wire::PlacementExplanation {
@@ -400,6 +422,7 @@ pub fn explanation_view(e: &core::Explanation) -> wire::PlacementExplanation {
             })
             .collect(),
         launch_round: None,
+        runtime_prediction: None,
     }
 }
 

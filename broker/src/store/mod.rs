@@ -23,6 +23,7 @@ mod stretches;
 pub use postgres::WRITE_LOCK_KEY;
 pub use records::*;
 pub use sql::{DbId, DbTime, RouteRow, RoutedService, ServiceTokenRecord, StoredReport};
+pub use sql::{RuntimeRow, runtime_key};
 pub use sql::{WasteRank, WasteRow, WasteWrite, merge_history};
 
 use sql::{Db, Tx};

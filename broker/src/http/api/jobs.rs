@@ -300,7 +300,21 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<JobView>, ApiError> {
     let job = visible_job(&app, &caller, &id).await?;
-    Ok(Json(convert::job_view(&job)?))
+    let mut view = convert::job_view(&job)?;
+    view.runtime_prediction = runtime_prediction(&app, &job).await?;
+    Ok(Json(view))
+}
+
+/// What the broker predicts a batch job runs now (issue 29); `None` for a service.
+async fn runtime_prediction(
+    app: &App,
+    job: &JobRecord,
+) -> Result<Option<switchyard_protocol::api::RuntimePredictionView>, ApiError> {
+    if job.spec.kind != switchyard_core::JobKind::Batch {
+        return Ok(None);
+    }
+    let p = app.store.runtime_prediction(&job.spec).await?;
+    Ok(Some(convert::prediction_view(&p)))
 }
 
 /// Cancel a job. Waiting jobs are cancelled at once; running ones are stopped (SIGTERM, grace,
@@ -415,6 +429,7 @@ pub async fn placement(
     // A job that ran on (or waits for) a node launched for it: the round that chose to
     // launch, which the rounds since (placed on the new node, waiting for it) do not show.
     let node = job.placement.as_ref().map(|p| p.node.to_string());
+    let runtime_prediction = runtime_prediction(&app, &job).await?;
     let round = match planned {
         Some(e) => convert::explanation_view(&e),
         None => stored_explanation(&app, &caller, &id, job).await?,
@@ -434,6 +449,7 @@ pub async fn placement(
     };
     Ok(Json(PlacementExplanation {
         launch_round,
+        runtime_prediction,
         ..round
     }))
 }

@@ -209,7 +209,7 @@ impl Store {
                         .execute(&mut tx)
                         .await?;
                     } else {
-                        query(
+                        let ended_job = query(
                             "UPDATE jobs SET state = $1, finished_at = $2, exit_code = $3, \
                              reason = CASE WHEN $1 = 'cancelled' THEN COALESCE(stop_reason, $4) \
                              ELSE $4 END, version = version + 1 \
@@ -224,6 +224,10 @@ impl Store {
                         .bind(lead)
                         .execute(&mut tx)
                         .await?;
+                        // Its run teaches the runtime predictor (issue 29).
+                        if final_state == JobState::Succeeded && ended_job.rows_affected() == 1 {
+                            runtime::record_success(&mut tx, attempt.job_id, end).await?;
+                        }
                     }
                     ended.push(EndedAttempt {
                         attempt: AttemptId(attempt.attempt_id),

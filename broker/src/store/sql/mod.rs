@@ -27,6 +27,7 @@ mod nodes;
 mod plans;
 mod policies;
 mod rows;
+mod runtime;
 mod services;
 mod spend;
 mod types;
@@ -34,6 +35,7 @@ mod waste;
 
 pub use gateway::{RouteRow, RoutedService, ServiceTokenRecord, StoredReport};
 pub(crate) use rows::*;
+pub use runtime::{RuntimeRow, runtime_key};
 pub use types::{DbId, DbTime};
 pub use waste::{WasteRank, WasteRow, WasteWrite, merge_history};
 
