@@ -216,6 +216,12 @@ async fn invalid_policies_name_the_field_and_store_nothing() {
             "onprem_rates.Z9000",
         ),
         (
+            "unknown objective",
+            json!({"objective": "cheapest"}),
+            400,
+            "objective",
+        ),
+        (
             "unknown top-level field",
             json!({"colour": "red"}),
             400,
@@ -245,13 +251,14 @@ async fn every_put_is_a_new_version_and_a_stale_if_match_changes_nothing() {
     let v1 = json!({
         "budget": {"amount_usd": 5000, "period": "month", "enforcement": "hard", "alert_at": [0.5, 0.9]},
         "max_price_per_gpu_hour": 4.0, "allowed_providers": ["onprem"], "allowed_regions": null,
-        "spot": "allowed", "burst": true,
+        "spot": "allowed", "burst": true, "objective": "team",
         "windows": [{"priority": "low", "from": "20:00", "to": "08:00", "tz": "Asia/Shanghai"}]
     });
     let (status, etag, body) = put(&app, &finance, "ml", None, v1.clone()).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(etag.as_deref(), Some("\"1\""));
     assert_eq!(body["version"], 1);
+    assert_eq!(body["policy"]["objective"], "team");
     assert_eq!(body["team"], "ml");
     assert_eq!(body["project"], Value::Null);
     assert_eq!(body["policy"]["budget"]["amount_usd"], 5000.0);
