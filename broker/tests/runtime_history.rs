@@ -47,9 +47,20 @@ async fn run(app: &TestApp, dev: &str, agent: &TestAgent, spec: Value, ran: Dura
     .await;
 }
 
+/// A broker on a manual clock whose agents' leases outlive the hours the tests move it by
+/// (no heartbeats are sent).
+async fn spawn() -> TestApp {
+    TestApp::spawn_with_clock(
+        manual_clock(),
+        |c| c.lease_ttl_s = 10 * 86_400,
+        |_| switchyard_broker::app::ProviderSet::default(),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn succeeded_runs_predict_the_next_jobs_runtime() {
-    let app = TestApp::spawn_manual().await;
+    let app = spawn().await;
     let dev = app.token("developer", Some("ml")).await;
     let agent = app.agent(1).await;
 
@@ -149,7 +160,7 @@ async fn succeeded_runs_predict_the_next_jobs_runtime() {
 
 #[tokio::test]
 async fn a_failed_run_teaches_nothing() {
-    let app = TestApp::spawn_manual().await;
+    let app = spawn().await;
     let dev = app.token("developer", Some("ml")).await;
     let agent = app.agent(1).await;
     let id = submit(&app, &dev, spec(None)).await;
