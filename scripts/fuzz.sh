@@ -8,8 +8,8 @@
 #
 # Targets: job_spec (a submitted job through the broker's JSON reader, validation, storage
 # and one plan), agent_protocol (every agent protocol message, both ways, and the rules the
-# broker and the agent apply to it), trace_reader (the Philly trace, plain or gzip, and the
-# scenario TOML of `switchyard simulate`, with a short replay).
+# broker and the agent apply to it), trace_reader (a trace in every --trace-format, plain or
+# gzip, and the scenario TOML of `switchyard simulate`, with a short replay).
 #
 # cargo-fuzz needs a nightly toolchain: without one this prints a line saying the fuzz step
 # was skipped and exits 0. cargo-fuzz itself is installed from crates.io when missing.

@@ -206,6 +206,9 @@ fn extreme_trace_rows_and_scenarios_do_not_overflow() {
         nodes: 1,
         runtime_s: i64::MAX,
         status: "Pass".into(),
+        user: String::new(),
+        name: None,
+        requested_s: None,
     };
     let trace = super::trace::Trace {
         jobs: vec![job(2, 64), job(3, u32::MAX)],
@@ -328,6 +331,9 @@ fn multi_node_jobs_are_gangs_unless_folded() {
         nodes,
         runtime_s: 1000,
         status: "Pass".into(),
+        user: String::new(),
+        name: None,
+        requested_s: None,
     };
     // 16 GPUs on 2 nodes; 5 on 2 (3 per node); 32 on 2 (16 per node: more than any node);
     // 200 on 200 (more nodes than any pool: 128 on-prem, a cloud quota of 64); one node.

@@ -1,5 +1,5 @@
-//! `switchyard simulate`'s inputs: the Philly trace (CSV, plain or gzip) and the scenario TOML.
-//! The first byte picks which; the rest is the file.
+//! `switchyard simulate`'s inputs: a trace in each `--trace-format` (Philly, Blue Waters, Helios,
+//! SWF; plain or gzip) and the scenario TOML. The first byte picks which; the rest is the file.
 //!
 //! Trace: read strictly and skipping bad rows; the jobs the scenario makes of it; a short
 //! replay (`sim::run`, the cheapest scheduler) of the first rows on a small world.
@@ -9,7 +9,8 @@
 //!
 //! Asserts: nothing panics or hangs; an error names its line and column; the strict reading,
 //! when it succeeds, is the lenient one with nothing skipped; every job kept is well formed
-//! (GPUs and nodes at least 1, runtime not negative, submit times in order); the jobs the
+//! (GPUs and nodes at least 1, runtime not negative, a requested time positive, submit times in
+//! order, from 0 to ten years); the jobs the
 //! simulator gets keep their GPU-hours and have a deadline after their submission.
 
 #![no_main]
@@ -17,7 +18,9 @@
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 use switchyard_broker::simulate::scenario::{EPOCH_S, Scenario};
-use switchyard_broker::simulate::trace::{Trace, TraceJob, parse_philly, trace_text};
+use switchyard_broker::simulate::trace::{
+    MAX_SECONDS, Trace, TraceFormat, TraceJob, parse, parse_philly, trace_text,
+};
 use switchyard_core::sim::{self, Cheapest, SimConfig, SimJob, World};
 use switchyard_core::{Timestamp, sim::SimPool};
 use switchyard_providers::catalogue::Catalogue;
@@ -45,20 +48,26 @@ fn small() -> &'static (Scenario, World) {
     })
 }
 
-fn check_trace(trace: &Trace) {
+fn check_trace(format: TraceFormat, trace: &Trace) {
     let mut last_submit = 0;
     let mut last_line = 1;
     for j in &trace.jobs {
         assert!(j.gpus >= 1 && j.nodes >= 1 && j.runtime_s >= 0, "{j:?}");
         assert!(!j.status.is_empty() && j.status == j.status.trim());
+        assert!(j.requested_s.is_none_or(|r| r > 0), "{j:?}");
         assert!(
             j.submit_s >= last_submit,
             "submit times go back at line {}",
             j.line
         );
-        // Not strictly increasing: the csv reader counts `\n` only, so a file with `\r` line
-        // ends has every row on line 1 (found by this target).
-        assert!(j.line >= last_line, "line {} after {last_line}", j.line);
+        // Helios and SWF sort their rows by submission; the others keep file order. Not
+        // strictly increasing: the csv reader counts `\n` only, so a file with `\r` line ends
+        // has every row on line 1 (found by this target).
+        if matches!(format, TraceFormat::Philly | TraceFormat::Bluewaters) {
+            assert!(j.line >= last_line, "line {} after {last_line}", j.line);
+        } else {
+            assert!(j.submit_s <= MAX_SECONDS, "{j:?}");
+        }
         last_submit = j.submit_s;
         last_line = j.line;
     }
@@ -128,9 +137,9 @@ fn replay(scenario: &Scenario, world: &World, jobs: &[SimJob]) {
     }
 }
 
-fn csv(text: &str) {
-    let lenient = parse_philly(text, true);
-    let strict = parse_philly(text, false);
+fn csv(format: TraceFormat, text: &str) {
+    let lenient = parse(text, format, true);
+    let strict = parse(text, format, false);
     match (&strict, &lenient) {
         (Ok(s), Ok(l)) => {
             assert_eq!(s, l, "nothing to skip, yet the readings differ");
@@ -156,7 +165,7 @@ fn csv(text: &str) {
         assert!(e.line >= 1 && !e.column.is_empty() && !e.message.is_empty());
     }
     let Ok(trace) = lenient else { return };
-    check_trace(&trace);
+    check_trace(format, &trace);
     let (scenario, world) = small();
     let rows = &trace.jobs[..trace.jobs.len().min(REPLAYED)];
     let jobs = scenario.jobs(rows);
@@ -208,15 +217,16 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, body)) = data.split_first() else {
         return;
     };
+    let format = TraceFormat::ALL[usize::from(which / 3) % TraceFormat::ALL.len()];
     match which % 3 {
         0 => {
             if let Ok(text) = std::str::from_utf8(body) {
-                csv(text);
+                csv(format, text);
             }
         }
         1 => {
             if let Ok(text) = trace_text(body.to_vec()) {
-                csv(&text);
+                csv(format, &text);
             }
         }
         _ => {
