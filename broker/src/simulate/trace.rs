@@ -652,7 +652,7 @@ mod tests {
     fn submit_times_are_the_running_sum_of_intervals() {
         let text = format!("{HEADER}0,1,1,0,1,0,100,0,Pass\n1,2,8,0,2,30,50,0,Failed\n");
         let t = parse_philly(&text, false).expect("parses");
-        let got: Vec<(i64, u32, u32, i64)> = t
+        let got: Vec<_> = t
             .jobs
             .iter()
             .map(|j| (j.submit_s, j.gpus, j.nodes, j.runtime_s))
@@ -780,7 +780,7 @@ mod tests {
         );
         let t = parse(&text, TraceFormat::Bluewaters, false).expect("parses");
         assert_eq!(t.non_gpu_rows, 3);
-        let got: Vec<(u64, i64, u32, i64, Option<i64>, &str)> = t
+        let got: Vec<_> = t
             .jobs
             .iter()
             .map(|j| {
@@ -862,7 +862,7 @@ mod tests {
         );
         let t = parse(&text, TraceFormat::Helios, false).expect("parses");
         assert_eq!((t.non_gpu_rows, t.unusable_rows), (1, 0));
-        let got: Vec<(u64, i64, u32, u32, i64, &str, &str, Option<&str>)> = t
+        let got: Vec<_> = t
             .jobs
             .iter()
             .map(|j| {
@@ -963,17 +963,7 @@ mod tests {
     fn swf_reads_processors_as_gpus_and_counts_unknown_runtimes() {
         let t = parse(SWF, TraceFormat::Swf, false).expect("parses");
         assert_eq!((t.unusable_rows, t.non_gpu_rows), (1, 0));
-        let got: Vec<(
-            u64,
-            i64,
-            u32,
-            u32,
-            i64,
-            Option<i64>,
-            &str,
-            &str,
-            Option<&str>,
-        )> = t
+        let got: Vec<_> = t
             .jobs
             .iter()
             .map(|j| {
