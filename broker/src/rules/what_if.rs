@@ -593,9 +593,10 @@ mod tests {
         let jobs = ran_jobs(3, 1800);
         let report = what_if(&world, &jobs, &[], &[], later()).expect("finishes in time");
         assert_eq!(report.jobs, 3);
-        // Half an hour each (what they ran, not the estimate) at $2 per GPU-hour.
+        // Half an hour each (what they ran, not the estimate) at $2 per GPU-hour billed: in
+        // cash, what the company pays, the pool's default marginal cost, a fifth of that.
         assert!(
-            (report.current.total_cost_usd - 3.0).abs() < 1e-3,
+            (report.current.total_cost_usd - 0.6).abs() < 1e-3,
             "{report:?}"
         );
         assert_eq!(report.current, report.draft);
@@ -604,7 +605,7 @@ mod tests {
             report.current.cost_per_day,
             vec![DayCost {
                 day: "2026-12-02".into(),
-                cost_usd: 3.0
+                cost_usd: 0.6
             }]
         );
         assert_eq!(what_if(&world, &jobs, &[], &[], Instant::now()), None);
@@ -613,7 +614,7 @@ mod tests {
     #[test]
     fn a_draft_hard_budget_holds_what_does_not_fit_and_lists_it() {
         let world = onprem_world();
-        // $2 each; a $3 hard budget this month fits one.
+        // $2 each billed ($0.40 in cash); a $3 hard budget this month (on the bill) fits one.
         let jobs = ran_jobs(3, 3600);
         let draft = record(
             serde_json::from_value(serde_json::json!({
@@ -626,7 +627,7 @@ mod tests {
         assert_eq!(report.current.held_jobs, 0, "{report:?}");
         assert_eq!(report.draft.held_jobs, 2, "{report:?}");
         assert!(
-            (report.draft.total_cost_usd - 2.0).abs() < 1e-3,
+            (report.draft.total_cost_usd - 0.4).abs() < 1e-3,
             "{report:?}"
         );
         let held: Vec<&str> = report.changes.iter().map(|c| c.change.as_str()).collect();

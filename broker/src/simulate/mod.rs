@@ -4,6 +4,7 @@
 //! of each scheduler's own decisions, output. Synchronous: it runs before any async runtime
 //! work and needs none.
 
+pub mod estimates;
 pub mod report;
 pub mod scenario;
 pub mod services;
@@ -19,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use switchyard_core::sim::{
-    self, Cheapest, Decisions, FifoBurst, Scheduler, SimConfig, SimResult, Switchyard, View,
+    self, Cheapest, Decisions, FifoBurst, Scheduler, SimConfig, SimJob, SimResult, Switchyard, View,
 };
 use switchyard_core::{Money, Timestamp};
 use switchyard_providers::catalogue::Catalogue;
@@ -29,7 +30,9 @@ pub struct SimulateArgs {
     /// Job trace to replay (plain CSV or gzip). Not with `--services-only`.
     #[arg(long, required_unless_present = "services_only")]
     pub trace: Option<PathBuf>,
-    /// The trace's columns: `philly` is the Microsoft Philly cluster trace's CSV.
+    /// The trace's format: `philly` (DIR-LAB's Philly CSV), `bluewaters` (the same columns
+    /// with the users' requested wall times; CPU jobs left out), `helios` (SenseTime Helios'
+    /// `cluster_log.csv`) or `swf` (the Parallel Workloads Archive's Standard Workload Format).
     #[arg(long, value_enum, default_value_t = TraceFormat::Philly)]
     pub trace_format: TraceFormat,
     /// Scenario TOML (defaults for every key; unknown keys are errors).
@@ -38,6 +41,15 @@ pub struct SimulateArgs {
     /// The scheduler to replay the trace under (`all`: Switchyard and every peer's strategy).
     #[arg(long, value_enum, default_value_t = Which::All)]
     pub scheduler: Which,
+    /// What Switchyard is told of runtimes (`estimates.rs`): `oracle` (the truth, for every
+    /// scheduler: the default, as before issue 29), `predicted` (its own prediction from the
+    /// replay's history), `user` (what users asked for: `switchyard-user`), or `all` three
+    /// (then `switchyard` is the predicted run, `switchyard-oracle` the oracle's, and the peers
+    /// are told what users asked for). Known problem: on the small test trace the replays told
+    /// over-asked runtimes do not finish (Switchyard's rounds go on without end); being
+    /// investigated (issue 29).
+    #[arg(long, value_enum, default_value_t = Estimates::Oracle)]
+    pub estimates: Estimates,
     /// Skip malformed trace rows (and count them) instead of stopping at the first.
     #[arg(long)]
     pub skip_bad_rows: bool,
@@ -55,9 +67,14 @@ pub struct SimulateArgs {
     pub waste: bool,
 }
 
+pub use trace::TraceFormat;
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TraceFormat {
-    Philly,
+pub enum Estimates {
+    Predicted,
+    User,
+    Oracle,
+    All,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +83,14 @@ pub enum Which {
     Cheapest,
     FifoBurst,
     All,
+}
+
+/// What a run's scheduler is told of runtimes.
+#[derive(Clone, Copy, Debug)]
+enum Told {
+    Truth,
+    Requested,
+    Predicted,
 }
 
 /// Measures a scheduler's own compute time with the wall clock (the engine has none).
@@ -120,10 +145,14 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Option<report::Report>> {
         )?;
         return Ok(None);
     };
-    let TraceFormat::Philly = args.trace_format;
-    let trace = trace::read_philly(trace_path, args.skip_bad_rows)?;
+    let trace = trace::read(trace_path, args.trace_format, args.skip_bad_rows)?;
     if trace.jobs.is_empty() {
-        bail!("{} has no jobs", trace_path.display());
+        bail!(
+            "{} has no GPU jobs to replay ({} rows without GPUs, {} bad rows skipped)",
+            trace_path.display(),
+            trace.non_gpu_rows,
+            trace.skipped
+        );
     }
     let report = simulate(&scenario, &catalogue, &trace, args)?;
     std::fs::create_dir_all(&args.out)
@@ -165,6 +194,9 @@ pub fn simulate(
             p.pool.node_limit = p.pool.node_limit.saturating_sub(*n);
         }
     }
+    if let Some(why) = scenario.nothing_measured(&trace.jobs) {
+        bail!("{why}");
+    }
     let jobs = scenario.jobs(&trace.jobs);
     let multi_node = scenario.multi_node_counts(&trace.jobs);
     eprintln!(
@@ -177,30 +209,86 @@ pub fn simulate(
         checkpoint_interval_s: scenario.checkpoint_interval_s,
         tick_s: scenario.tick_s,
         seed: scenario.seed,
-        measure_from: scenario.measure_from(),
+        measure_from: scenario.measure_from(&trace.jobs),
     };
-    let mut schedulers: Vec<Box<dyn Scheduler>> = Vec::new();
+    // What the users asked for: the schedulers are told this, or Switchyard's prediction
+    // from it; only `switchyard-oracle` sees the truth.
+    let (requested, drawn) = scenario
+        .estimates
+        .requested(scenario.seed, &trace.jobs, &jobs);
+    let told_jobs: Vec<SimJob> = jobs
+        .iter()
+        .zip(&requested)
+        .map(|(j, &r)| SimJob {
+            estimate_s: Some(r),
+            ..j.clone()
+        })
+        .collect();
     let wants = |w: Which| args.scheduler == Which::All || args.scheduler == w;
+    let wants_estimates = |e: Estimates| args.estimates == Estimates::All || args.estimates == e;
+    let mut runs: Vec<(String, Box<dyn Scheduler>, Told)> = Vec::new();
     if wants(Which::Switchyard) {
-        schedulers.push(Box::new(Switchyard::default()));
+        for (e, name) in [
+            (Estimates::Predicted, "switchyard"),
+            (Estimates::User, "switchyard-user"),
+            (Estimates::Oracle, "switchyard-oracle"),
+        ] {
+            if wants_estimates(e) {
+                let told = match e {
+                    Estimates::Predicted => Told::Predicted,
+                    Estimates::Oracle => Told::Truth,
+                    _ => Told::Requested,
+                };
+                // Alone, the run is named as before.
+                let name = if args.estimates == Estimates::All {
+                    name
+                } else {
+                    "switchyard"
+                };
+                runs.push((name.into(), Box::new(Switchyard::default()), told));
+            }
+        }
     }
+    // The peers are told what Switchyard is, or the users' requests beside a prediction.
+    let peers_told = match args.estimates {
+        Estimates::Oracle => Told::Truth,
+        _ => Told::Requested,
+    };
     if wants(Which::Cheapest) {
-        schedulers.push(Box::new(Cheapest));
+        runs.push(("cheapest".into(), Box::new(Cheapest), peers_told));
     }
     if wants(Which::FifoBurst) {
-        schedulers.push(Box::new(FifoBurst {
+        let s = FifoBurst {
             burst_after_s: scenario.fifo_burst_after_s,
-        }));
+        };
+        runs.push(("fifo-burst".into(), Box::new(s), peers_told));
     }
     let mut results: Vec<SimResult> = Vec::new();
     let mut reports = BTreeMap::new();
-    for s in &mut schedulers {
+    let mut user_error = None;
+    let mut predicted_error = None;
+    for (name, s, told) in &mut runs {
         let mut timed = Timed {
             inner: s.as_mut(),
             spent: Duration::ZERO,
         };
         let start = Instant::now();
-        let result = sim::run(&world, &jobs, &cfg, &mut timed);
+        let mut result = match told {
+            Told::Truth => sim::run(&world, &jobs, &cfg, &mut timed),
+            Told::Requested => {
+                let mut given = estimates::Given::new(jobs.len());
+                let r = sim::run_with(&world, &told_jobs, &cfg, &mut timed, &mut given);
+                user_error.get_or_insert_with(|| estimates::error_stats(&jobs, &given.told));
+                r
+            }
+            Told::Predicted => {
+                let mut p = estimates::Predicting::new(&trace.jobs, &told_jobs);
+                let r = sim::run_with(&world, &told_jobs, &cfg, &mut timed, &mut p);
+                predicted_error = Some(estimates::error_stats(&jobs, &p.told));
+                r
+            }
+        };
+        result.scheduler = name.clone();
         let wall_ms = start.elapsed().as_secs_f64() * 1000.0;
         let plan_ms = timed.spent.as_secs_f64() * 1000.0;
         let r = report::scheduler_report(&result, plan_ms, wall_ms);
@@ -208,6 +296,16 @@ pub fn simulate(
         reports.insert(result.scheduler.clone(), r);
         results.push(result);
     }
+    let estimates_report = (user_error.is_some() || predicted_error.is_some()).then(|| {
+        let e = estimates::EstimatesReport {
+            requests_drawn: drawn,
+            noise_model: drawn.then(|| scenario.estimates.clone()),
+            user: user_error.unwrap_or_default(),
+            predicted: predicted_error,
+        };
+        eprintln!("{}", estimates_line(&e));
+        e
+    });
     let start = Instant::now();
     let bound = sim::lp_lower_bound(&world, &jobs, scenario.lp_buckets);
     let lp_time_ms = start.elapsed().as_secs_f64() * 1000.0;
@@ -244,7 +342,7 @@ pub fn simulate(
     for (name, svg) in services.iter().flat_map(|s| &s.plots) {
         write(&args.out.join(name), svg)?;
     }
-    let start_s = (scenario.start_day * 86_400.0) as i64;
+    let start_s = scenario.warmup_end_s(&trace.jobs);
     let measured = trace.jobs.iter().filter(|j| j.submit_s >= start_s).count();
     let services_total = services_total(&services, &reserve, &trace.jobs);
     if let Some(t) = &services_total {
@@ -268,7 +366,8 @@ pub fn simulate(
                 .trace
                 .as_ref()
                 .map_or_else(String::new, |p| p.display().to_string()),
-            format: "philly".into(),
+            format: clap::ValueEnum::to_possible_value(&args.trace_format)
+                .map_or_else(String::new, |v| v.get_name().to_owned()),
             rows: trace.jobs.len(),
             skipped_bad_rows: trace.skipped,
             measured_jobs: measured,
@@ -280,6 +379,7 @@ pub fn simulate(
         services,
         services_total,
         waste,
+        estimates: estimates_report,
     })
 }
 
@@ -335,6 +435,31 @@ fn ratios(
         }
     }
     out
+}
+
+/// The line `simulate` prints about the runtimes the schedulers were told.
+fn estimates_line(e: &estimates::EstimatesReport) -> String {
+    let stats = |s: &estimates::ErrorStats| {
+        format!(
+            "MdAPE {:.0}%, under-predicted {:.0}% (p90 {:.0}% of the run)",
+            s.median_abs_pct_error * 100.0,
+            s.under_predicted_share * 100.0,
+            s.p90_under_prediction * 100.0
+        )
+    };
+    let mut line = format!(
+        "estimates   users' requests ({}): {}",
+        if e.requests_drawn {
+            "drawn from the noise model"
+        } else {
+            "the trace's"
+        },
+        stats(&e.user)
+    );
+    if let Some(p) = &e.predicted {
+        line.push_str(&format!("; predicted p50: {}", stats(p)));
+    }
+    line
 }
 
 /// The line `simulate` prints for one scheduler (README explains the columns).

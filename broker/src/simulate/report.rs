@@ -27,6 +27,9 @@ pub struct Report {
     /// The waste rule replayed over the jobs as placed (`--waste` or `[waste]`; `waste.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waste: Option<super::waste::WasteReport>,
+    /// The runtimes the schedulers were told, against the truth (`estimates.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimates: Option<super::estimates::EstimatesReport>,
 }
 
 /// The services' replicas next to the batch replay: one simulated day, repeated over the

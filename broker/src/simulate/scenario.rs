@@ -3,6 +3,7 @@
 //! error. [`Scenario::world`] and [`Scenario::jobs`] turn it, the bundled catalogue and a trace
 //! into the engine's inputs; every random draw comes from the scenario's seed.
 
+use super::estimates::EstimatesScenario;
 use super::services::ServiceScenario;
 use super::trace::TraceJob;
 use super::waste::WasteScenario;
@@ -18,21 +19,34 @@ use switchyard_providers::catalogue::{Catalogue, pool_from_entry};
 /// date, so only differences matter).
 pub const EPOCH_S: i64 = 1_506_816_000;
 
+/// A trace whose submissions span less than this many days gets no default warm-up.
+pub const SHORT_TRACE_DAYS: f64 = 1.0;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Scenario {
     pub seed: u64,
-    /// Jobs submitted before this day are warm-up: replayed and billed, but left out of the
-    /// deadline and queueing metrics.
-    pub start_day: f64,
+    /// Jobs submitted before this day (counted from the trace's first submission) are warm-up:
+    /// replayed and billed, but left out of the deadline and queueing metrics. Unset (the
+    /// default): the first [`Scenario::warmup_share`] of the trace's span, or none for a trace
+    /// shorter than [`SHORT_TRACE_DAYS`] (see [`Scenario::warmup_end_s`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_day: Option<f64>,
+    /// The share of the trace's span replayed as warm-up when `start_day` is unset.
+    pub warmup_share: f64,
     pub idle_ttl_s: i64,
     pub tick_s: i64,
     pub checkpoint_interval_s: i64,
     pub fifo_burst_after_s: i64,
     pub lp_buckets: usize,
-    /// What becomes of a trace job on more than one node: `gang` (the default) runs it on
-    /// `nodes` nodes of one pool with `ceil(gpus / nodes)` GPUs each, all started together,
-    /// for its true runtime, as the broker runs a multi-node job; `fold` puts it on one node
+    /// What becomes of a trace job on more than one node: `pack` (the default) asks for its
+    /// GPUs on as few nodes as hold them: `n = ceil(gpus / largest on-prem node)` nodes of
+    /// `ceil(gpus / n)` GPUs each, one node when they fit on one — what a user moving the job
+    /// to this scenario's hardware would ask for, since a trace's node count is the shape of
+    /// its own machine's nodes (Blue Waters' XK7 nodes have one GPU each, so its 100-GPU jobs
+    /// span 100 nodes). A packed job on more than one node is a gang. `gang` runs it on the
+    /// trace's `nodes` nodes of one pool with `ceil(gpus / nodes)` GPUs each, all started
+    /// together, for its true runtime, as the broker runs a multi-node job; `fold` puts it on one node
     /// with `min(gpus, largest on-prem node)` GPUs and stretches its runtime to keep its
     /// GPU-hours (the shape of the replays before gangs, kept for comparison).
     /// A job no pool could ever hold as a gang (more GPUs per node than the largest on-prem
@@ -44,6 +58,8 @@ pub struct Scenario {
     pub spot: Spot,
     pub data: Data,
     pub egress_usd_per_gb: BTreeMap<String, f64>,
+    /// What users ask for, for traces that do not record it (`estimates.rs`).
+    pub estimates: EstimatesScenario,
     /// Inference services replayed beside the batch trace (`services.rs`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceScenario>,
@@ -58,6 +74,7 @@ pub struct Scenario {
 #[serde(rename_all = "lowercase")]
 pub enum MultiNode {
     #[default]
+    Pack,
     Gang,
     Fold,
 }
@@ -145,13 +162,14 @@ impl Default for Scenario {
     fn default() -> Self {
         Scenario {
             seed: 42,
-            start_day: 48.0,
+            start_day: None,
+            warmup_share: 0.1,
             idle_ttl_s: 600,
             tick_s: 300,
             checkpoint_interval_s: 3600,
             fifo_burst_after_s: 600,
             lp_buckets: 256,
-            multi_node: MultiNode::Gang,
+            multi_node: MultiNode::Pack,
             onprem: vec![OnPrem {
                 region: "onprem:philly".into(),
                 name: "v100-8x".into(),
@@ -177,6 +195,7 @@ impl Default for Scenario {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect(),
+            estimates: EstimatesScenario::default(),
             services: Vec::new(),
             waste: None,
         }
@@ -292,12 +311,24 @@ impl Scenario {
                 bail!("{name} must be 0 or more, not {v}");
             }
         }
+        if let Some(day) = self.start_day
+            && !(day.is_finite() && day >= 0.0)
+        {
+            bail!("start_day must be 0 or more, not {day}");
+        }
+        if !(0.0..1.0).contains(&self.warmup_share) {
+            bail!(
+                "warmup_share must be at least 0 and below 1, not {}",
+                self.warmup_share
+            );
+        }
         if self.tick_s < 1 {
             bail!("tick_s must be at least 1, not {}", self.tick_s);
         }
         if let Some(w) = &self.waste {
             w.validate()?;
         }
+        self.estimates.validate()?;
         if let Some(o) = self.onprem.iter().find(|o| o.gpus_per_node == 0) {
             bail!("onprem {}: gpus_per_node must be at least 1", o.name);
         }
@@ -352,10 +383,58 @@ impl Scenario {
         Ok(())
     }
 
-    /// Where the measured part of the replay starts: `start_day` days after [`EPOCH_S`].
-    pub fn measure_from(&self) -> Timestamp {
-        let start_s = (self.start_day * 86_400.0) as i64;
-        Timestamp::from_secs(EPOCH_S.saturating_add(start_s))
+    /// Where the measured part of the replay starts, in seconds of the trace's clock (jobs
+    /// submitted earlier are warm-up): `start_day` days when the scenario sets it; otherwise
+    /// the first [`Scenario::warmup_share`] of the span between the first and the last
+    /// submission, and none when that span is under [`SHORT_TRACE_DAYS`] (a short trace has
+    /// no steady state to wait for, and every job of it is worth measuring).
+    pub fn warmup_end_s(&self, trace: &[TraceJob]) -> i64 {
+        let first = trace.iter().map(|t| t.submit_s).min().unwrap_or(0);
+        let last = trace.iter().map(|t| t.submit_s).max().unwrap_or(0);
+        match self.start_day {
+            Some(day) => first.saturating_add((day * 86_400.0) as i64),
+            None => {
+                let span = last - first;
+                if (span as f64) < SHORT_TRACE_DAYS * 86_400.0 {
+                    first
+                } else {
+                    first + (self.warmup_share * span as f64) as i64
+                }
+            }
+        }
+    }
+
+    /// [`Scenario::warmup_end_s`] on the replay's clock.
+    pub fn measure_from(&self, trace: &[TraceJob]) -> Timestamp {
+        Timestamp::from_secs(EPOCH_S.saturating_add(self.warmup_end_s(trace)))
+    }
+
+    /// Why no job of `trace` is measured, when none is: the report would say nothing.
+    pub fn nothing_measured(&self, trace: &[TraceJob]) -> Option<String> {
+        let from = self.warmup_end_s(trace);
+        if trace.iter().any(|t| t.submit_s >= from) {
+            return None;
+        }
+        let first = trace.iter().map(|t| t.submit_s).min().unwrap_or(0);
+        let last = trace.iter().map(|t| t.submit_s).max().unwrap_or(0);
+        let why = match self.start_day {
+            Some(day) => format!(
+                "the scenario's start_day = {day} puts the warm-up past the last submission \
+                 (the trace spans {:.1} days); lower start_day or remove it to use the default \
+                 warm-up (the first {:.0} % of the span)",
+                (last - first) as f64 / 86_400.0,
+                self.warmup_share * 100.0
+            ),
+            None => format!(
+                "warmup_share = {} leaves no job after the warm-up (the trace spans {:.1} days)",
+                self.warmup_share,
+                (last - first) as f64 / 86_400.0
+            ),
+        };
+        Some(format!(
+            "no job is measured: all {} jobs are warm-up: {why}",
+            trace.len()
+        ))
     }
 
     /// What is allowed but likely a mistake: an on-prem pool whose marginal cost (cash, per
@@ -495,11 +574,15 @@ impl Scenario {
     /// `None` for a fold (see [`Scenario::multi_node`]). `largest` is the largest on-prem
     /// node's GPUs, `most_nodes` the most nodes any pool may have.
     fn gang_shape(&self, t: &TraceJob, largest: u32, most_nodes: u32) -> Option<(u32, u32)> {
-        if t.nodes <= 1 || self.multi_node == MultiNode::Fold {
-            return None;
-        }
-        let per_node = t.gpus.div_ceil(t.nodes).max(1);
-        (per_node <= largest && t.nodes <= most_nodes).then_some((t.nodes, per_node))
+        let nodes = match self.multi_node {
+            MultiNode::Fold => return None,
+            MultiNode::Gang if t.nodes <= 1 => return None,
+            MultiNode::Gang => t.nodes,
+            MultiNode::Pack if t.gpus <= largest => return None,
+            MultiNode::Pack => t.gpus.div_ceil(largest),
+        };
+        let per_node = t.gpus.div_ceil(nodes).max(1);
+        (per_node <= largest && nodes <= most_nodes).then_some((nodes, per_node))
     }
 
     /// The largest on-prem node's GPUs and the most nodes any pool may have (on-prem nodes,
@@ -526,10 +609,13 @@ impl Scenario {
     pub fn multi_node_counts(&self, trace: &[TraceJob]) -> MultiNodeCounts {
         let (largest, most_nodes) = self.limits();
         let mut c = MultiNodeCounts::default();
-        for t in trace.iter().filter(|t| t.nodes > 1) {
+        for t in trace {
             match self.gang_shape(t, largest, most_nodes) {
                 Some(_) => c.gangs += 1,
-                None => c.folded += 1,
+                // A packed job that fits one node is neither: it asks for what it used.
+                None if t.nodes > 1 && self.multi_node != MultiNode::Pack => c.folded += 1,
+                None if t.gpus > largest => c.folded += 1,
+                None => {}
             }
         }
         c
@@ -540,7 +626,7 @@ impl Scenario {
     /// and its runtime stretched so its GPU-hours stay the same ([`Scenario::multi_node`]).
     pub fn jobs(&self, trace: &[TraceJob]) -> Vec<SimJob> {
         let (largest, most_nodes) = self.limits();
-        let start_s = (self.start_day * 86_400.0) as i64;
+        let start_s = self.warmup_end_s(trace);
         let mut deadlines = SplitMix64::stream(self.seed, 1);
         let mut spot = SplitMix64::stream(self.seed, 2);
         let mut data = SplitMix64::stream(self.seed, 3);

@@ -23,7 +23,7 @@ fn small_trace() -> String {
 fn small_scenario() -> Scenario {
     // Gangs: the small trace's ten 2-node jobs run on two nodes each.
     let mut s = Scenario {
-        start_day: 0.0,
+        start_day: Some(0.0),
         multi_node: scenario::MultiNode::Gang,
         ..Scenario::default()
     };
@@ -37,6 +37,7 @@ fn args(dir: &Path, trace: &Path) -> SimulateArgs {
         trace_format: TraceFormat::Philly,
         scenario: None,
         scheduler: Which::All,
+        estimates: Estimates::Oracle,
         skip_bad_rows: false,
         out: dir.to_owned(),
         services_only: false,
@@ -151,7 +152,7 @@ fn unknown_scenario_keys_are_rejected() {
     let err = Scenario::from_toml("[cloud]\nregion = [\"aws:us-east-1\"]\n").expect_err("typo");
     assert!(format!("{err:#}").contains("region"), "{err:#}");
     let ok = Scenario::from_toml("seed = 9\n[spot]\nshare = 0.25\n").expect("valid");
-    assert_eq!((ok.seed, ok.spot.share, ok.start_day), (9, 0.25, 48.0));
+    assert_eq!((ok.seed, ok.spot.share, ok.start_day), (9, 0.25, None));
 }
 
 #[test]
@@ -216,14 +217,14 @@ fn extreme_trace_rows_and_scenarios_do_not_overflow() {
     };
     let mut s = Scenario::default();
     s.deadlines.min_slack_s = i64::MAX;
-    s.start_day = 1e300;
+    s.start_day = Some(1e300);
     let jobs = s.jobs(&trace.jobs);
     for j in &jobs {
         assert_eq!(j.spec.resources.gpus, 8);
         assert_eq!(j.runtime_s, i64::MAX);
         assert!(j.spec.deadline.is_some_and(|d| d >= j.submit));
     }
-    assert!(s.measure_from() > Timestamp::from_secs(scenario::EPOCH_S));
+    assert!(s.measure_from(&trace.jobs) > Timestamp::from_secs(scenario::EPOCH_S));
 }
 
 /// The report `simulate` writes and the summary line it prints per scheduler, on the small
@@ -319,9 +320,10 @@ fn services_beside_batch_work_cost_and_hold_onprem_nodes() {
     assert!(onprem > 0.0);
 }
 
-/// A multi-node trace job runs as a gang of `nodes` nodes with `ceil(gpus / nodes)` GPUs each
-/// and its true runtime (the default); `multi_node = "fold"` folds it as before; a job no pool could hold as
-/// a gang is folded either way, and counted.
+/// A trace job's GPUs are packed onto as few nodes as hold them (the default), a gang when
+/// that is more than one; `multi_node = "gang"` runs a multi-node job on the trace's `nodes`
+/// nodes with `ceil(gpus / nodes)` GPUs each and its true runtime; `multi_node = "fold"` folds
+/// it as before; a job no pool could hold as a gang is folded either way, and counted.
 #[test]
 fn multi_node_jobs_are_gangs_unless_folded() {
     let job = |line, gpus, nodes| super::trace::TraceJob {
@@ -344,11 +346,26 @@ fn multi_node_jobs_are_gangs_unless_folded() {
         job(5, 200, 200),
         job(6, 4, 1),
     ];
-    let s = Scenario::from_toml("multi_node = \"gang\"\n").expect("parses");
-    assert_eq!(Scenario::default().multi_node, scenario::MultiNode::Gang);
     let shape = |j: &switchyard_core::sim::SimJob| {
         (j.spec.resources.nodes, j.spec.resources.gpus, j.runtime_s)
     };
+    // The default packs: as few 8-GPU nodes as hold the GPUs, one node when they fit.
+    let pack = Scenario::default();
+    assert_eq!(pack.multi_node, scenario::MultiNode::Pack);
+    let packed: Vec<_> = pack.jobs(&trace).iter().map(shape).collect();
+    assert_eq!(
+        packed,
+        [
+            (2, 8, 1000),
+            (1, 5, 1000),
+            (4, 8, 1000),
+            (25, 8, 1000),
+            (1, 4, 1000)
+        ]
+    );
+    let c = pack.multi_node_counts(&trace);
+    assert_eq!((c.gangs, c.folded), (3, 0));
+    let s = Scenario::from_toml("multi_node = \"gang\"\n").expect("parses");
     let gang: Vec<_> = s.jobs(&trace).iter().map(shape).collect();
     assert_eq!(
         gang,
@@ -401,7 +418,7 @@ fn the_waste_rule_replays_over_the_placed_jobs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let with = |toml: &str| {
         let mut s = Scenario::from_toml(toml).expect("the section parses");
-        s.start_day = 0.0;
+        s.start_day = Some(0.0);
         s.onprem[0].nodes = 2;
         report_json(&s, &small_trace(), dir.path())
     };

@@ -36,7 +36,7 @@ pub mod rng;
 mod switchyard;
 
 pub use baselines::{Cheapest, FifoBurst};
-pub use engine::{job_id, run};
+pub use engine::{job_id, run, run_with};
 pub use lower_bound::lp_lower_bound;
 pub use switchyard::{Commitment, Switchyard};
 
@@ -77,6 +77,40 @@ pub struct SimJob {
     pub spec: JobSpec,
     /// Counted in the metrics (false for warm-up jobs, which only load the world).
     pub measured: bool,
+}
+
+/// What the scheduler is told a job will run, from its start with no progress kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Told {
+    /// The runtime its cost is judged by (the p50 of a prediction).
+    pub runtime_s: i64,
+    /// The runtime its deadline is judged by (the p90 of a prediction).
+    pub deadline_runtime_s: i64,
+}
+
+/// Where the runtimes a scheduler is told come from, and what it learns as jobs end: the
+/// simulator's view of the broker's runtime prediction (`crate::predict`).
+pub trait Estimator {
+    /// Job `index` of the run arrives for the first time: what the scheduler is told. A
+    /// requeued job is told the same, less the progress it keeps.
+    fn estimate(&mut self, index: usize, job: &SimJob) -> Told;
+    /// Job `index` finished, having needed `job.runtime_s` in all.
+    fn finished(&mut self, _index: usize, _job: &SimJob) {}
+}
+
+/// Tells each job's [`SimJob::estimate_s`] (the true runtime when `None`), for cost and
+/// deadlines alike, and learns nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AsGiven;
+
+impl Estimator for AsGiven {
+    fn estimate(&mut self, _index: usize, job: &SimJob) -> Told {
+        let runtime_s = job.estimate_s.unwrap_or(job.runtime_s);
+        Told {
+            runtime_s,
+            deadline_runtime_s: runtime_s,
+        }
+    }
 }
 
 /// Engine parameters.

@@ -148,7 +148,8 @@ impl Scheduler for Switchyard {
                 )
             })
             .filter_map(|j| {
-                let runtime = j.spec.runtime_s();
+                // The runtime its deadline is judged at (the p90 of a prediction).
+                let runtime = j.deadline_runtime_s.unwrap_or_else(|| j.spec.runtime_s());
                 let margin = MIN_MARGIN_S.max(runtime / 20);
                 j.spec
                     .deadline

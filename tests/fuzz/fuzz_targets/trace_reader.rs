@@ -123,7 +123,7 @@ fn replay(scenario: &Scenario, world: &World, jobs: &[SimJob]) {
         checkpoint_interval_s: scenario.checkpoint_interval_s,
         tick_s: scenario.tick_s,
         seed: scenario.seed,
-        measure_from: scenario.measure_from(),
+        measure_from: scenario.measure_from(&[]),
     };
     let result = sim::run(world, jobs, &cfg, &mut Cheapest);
     assert!(result.jobs.len() <= jobs.len());
@@ -185,7 +185,7 @@ fn scenario(text: &str) {
         "the scenario changed on its way through TOML"
     );
     serde_json::to_value(&s).expect("the report embeds the scenario");
-    let _ = s.measure_from();
+    let _ = s.measure_from(&[]);
     let Ok(world) = s.world(catalogue()) else {
         return;
     };

@@ -75,6 +75,9 @@ struct NodeRec {
 struct Engine<'w> {
     world: &'w World,
     jobs_in: &'w [SimJob],
+    estimator: &'w mut dyn Estimator,
+    /// What each job was told at its first arrival.
+    told: Vec<Option<Told>>,
     cfg: &'w SimConfig,
     snap: Snapshot,
     jobs: Vec<JobRec>,
@@ -112,7 +115,18 @@ pub fn run(
     cfg: &SimConfig,
     scheduler: &mut dyn Scheduler,
 ) -> SimResult {
-    let mut e = Engine::new(world, jobs, cfg, scheduler.name());
+    run_with(world, jobs, cfg, scheduler, &mut AsGiven)
+}
+
+/// [`run`], with the runtimes the scheduler is told coming from `estimator`.
+pub fn run_with(
+    world: &World,
+    jobs: &[SimJob],
+    cfg: &SimConfig,
+    scheduler: &mut dyn Scheduler,
+    estimator: &mut dyn Estimator,
+) -> SimResult {
+    let mut e = Engine::new(world, jobs, cfg, scheduler.name(), estimator);
     for (i, j) in jobs.iter().enumerate() {
         e.push(j.submit.millis(), Event::Arrive(i));
     }
@@ -166,11 +180,19 @@ pub fn run(
 }
 
 impl<'w> Engine<'w> {
-    fn new(world: &'w World, jobs_in: &'w [SimJob], cfg: &'w SimConfig, name: &str) -> Self {
+    fn new(
+        world: &'w World,
+        jobs_in: &'w [SimJob],
+        cfg: &'w SimConfig,
+        name: &str,
+        estimator: &'w mut dyn Estimator,
+    ) -> Self {
         let n = jobs_in.len();
         let mut e = Engine {
             world,
             jobs_in,
+            estimator,
+            told: vec![None; n],
             cfg,
             snap: Snapshot {
                 regions: world.regions.clone(),
@@ -371,19 +393,28 @@ impl<'w> Engine<'w> {
         self.jobs[j].state = JobState::Queued;
         let mut spec = self.jobs_in[j].spec.clone();
         let remaining = self.jobs[j].remaining_s;
-        let told = match self.jobs_in[j].estimate_s {
-            // The user's estimate, less the progress the job keeps.
-            Some(estimate) => (estimate - (self.jobs_in[j].runtime_s - remaining)).max(1),
-            None => remaining,
+        let told = match self.told[j] {
+            Some(t) => t,
+            None => {
+                let t = self.estimator.estimate(j, &self.jobs_in[j]);
+                self.told[j] = Some(t);
+                t
+            }
         };
-        spec.estimated_runtime_s = Some(told);
+        // What it was told, less the progress it keeps; at least a second of what is left.
+        let kept = self.jobs_in[j].runtime_s - remaining;
+        let cost_s = (told.runtime_s - kept).max(remaining.min(1));
+        spec.estimated_runtime_s = Some(cost_s);
+        // Judged at a later quantile only when it says more than the cost runtime.
+        let deadline_s = (told.deadline_runtime_s - kept).max(cost_s);
+        let deadline_runtime_s = (deadline_s > cost_s).then_some(deadline_s);
         self.queued_at[j] = Some(self.snap.queued.len());
         self.queued_idx.push(j);
         self.snap.queued.push(QueuedJob {
             id: self.jobs[j].id,
             spec,
             submitted_at: self.jobs_in[j].submit,
-            deadline_runtime_s: None,
+            deadline_runtime_s,
         });
     }
 
@@ -542,6 +573,7 @@ impl<'w> Engine<'w> {
         if completed {
             rec.state = JobState::Done;
             rec.finish = Some(Timestamp(now));
+            self.estimator.finished(j, &self.jobs_in[j]);
         } else {
             let done_s = ((now - work_start_ms).max(0)) / 1000;
             let ckpt = self.cfg.checkpoint_interval_s;
