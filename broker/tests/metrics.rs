@@ -322,7 +322,14 @@ async fn spend_rates_budgets_and_queue_waits_follow_the_work() {
         "{m:#?}"
     );
     // ml's budget: less what a cost (settled in the ledger when it finished) and what d
-    // reserved (its estimate, 2 GPUs × $2 × 1 h, nothing accrued yet).
+    // reserved (its predicted p50 — its 1 h estimate calibrated by what a used of its own —
+    // × 2 GPUs × $2, nothing accrued yet).
+    let view = app.job(&ml, &d).await;
+    let p50_h = view.body["runtime_prediction"]["p50_s"]
+        .as_f64()
+        .expect("d's prediction")
+        / 3600.0;
+    assert!(p50_h < 1.0, "calibrated below the 1 h asked: {}", view.body);
     let spent: i64 = app
         .app
         .store
@@ -334,7 +341,7 @@ async fn spend_rates_budgets_and_queue_waits_follow_the_work() {
         .map(|e| e.amount.micros())
         .sum();
     assert!(spent > 0, "a's run is in the ledger");
-    let want = 100.0 - spent as f64 / 1e6 - 2.0 * 2.0;
+    let want = 100.0 - spent as f64 / 1e6 - 2.0 * 2.0 * p50_h;
     assert!(
         close(
             find(&m, "switchyard_budget_remaining_usd", &["team=\"ml\""]),
