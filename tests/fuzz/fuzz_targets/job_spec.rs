@@ -147,6 +147,7 @@ fn policies() -> Vec<TeamPolicy> {
         windows: Vec::new(),
         priority_ceiling: Some(core::Priority::High),
         remaining_budget: Money::from_dollars(100.0),
+        objective: core::Objective::Company,
     };
     let project = TeamPolicy {
         project: Some("p".into()),
