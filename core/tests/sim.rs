@@ -343,3 +343,57 @@ fn lower_bound_is_below_every_schedule_that_meets_the_deadlines() {
     }
     assert!(bound > Money::ZERO);
 }
+
+#[test]
+fn a_long_spot_allowed_job_takes_the_on_demand_node_launched_for_it() {
+    // Two 1-GPU jobs fill the on-prem node for 10 h. The third allows spot, runs 10 h and is
+    // due in 15 h, so it cannot wait for them. At 5 interruptions an hour its spot run would
+    // restart from its last checkpoint every 12 minutes, so on demand is its best launch. It
+    // must then take that on-demand node (once it did not: the node idled out and was
+    // launched again until the deadline had passed and the on-prem node was free).
+    let w = world(5.0);
+    let jobs = vec![
+        job(0, 36_000, None, SpotRule::Never),
+        job(0, 36_000, None, SpotRule::Never),
+        job(100, 36_000, Some(1.5), SpotRule::Allowed),
+    ];
+    let r = sim::run(&w, &jobs, &SimConfig::default(), &mut Switchyard::default());
+    assert_eq!(delays(&r), [Some(0.0), Some(0.0), Some(60.0)]);
+    assert_eq!(r.burst_instances, 1);
+}
+
+/// Launches a node for every queued job at each call and never assigns one.
+struct LaunchesOnly;
+
+impl Scheduler for LaunchesOnly {
+    fn name(&self) -> &str {
+        "launches-only"
+    }
+    fn decide(&mut self, view: &sim::View<'_>) -> sim::Decisions {
+        let actions = view
+            .snapshot
+            .queued
+            .iter()
+            .filter(|j| !view.is_provisioning(j.id))
+            .map(|j| sim::Action::Launch {
+                pool: PoolId::new("aws:r1/g1"),
+                market: Market::OnDemand,
+                for_job: j.id,
+            })
+            .collect();
+        sim::Decisions {
+            actions,
+            wake_at: None,
+        }
+    }
+}
+
+#[test]
+fn a_run_whose_scheduler_only_launches_ends_with_the_job_unfinished() {
+    // Each node idles out after 10 minutes and is launched again: the run stops once two
+    // days pass with nothing running and nothing to come, rather than never.
+    let jobs = vec![job(0, 3600, None, SpotRule::Never)];
+    let r = sim::run(&world(0.0), &jobs, &SimConfig::default(), &mut LaunchesOnly);
+    assert_eq!(r.jobs[0].finish, None);
+    assert!(r.burst_instances > 100, "{} launches", r.burst_instances);
+}

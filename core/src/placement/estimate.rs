@@ -573,17 +573,14 @@ impl<'a> JobCtx<'a> {
         }
     }
 
-    /// Whether the job, having found `found`, looks at the on-demand nodes of the pools that
-    /// sell spot cheaper too ([`on_demand_nodes`]): a one-node job that allows spot, is not
-    /// late wherever it runs, and found nothing that meets its deadline.
-    pub(crate) fn wants_on_demand_fallback<'s>(
-        &self,
-        mut found: impl Iterator<Item = &'s Score>,
-    ) -> bool {
-        self.spot != SpotRule::Never
-            && self.nodes == 1
-            && !self.late_on_demand
-            && found.all(|s| s.misses_deadline)
+    /// Whether the job looks at the on-demand nodes of the pools that sell spot cheaper too
+    /// ([`on_demand_nodes`]): a one-node job that allows spot. Its scan leaves them out (there
+    /// it takes spot nodes), yet an idle on-demand node may be its best place: cheaper than
+    /// what it found, or sooner than a launch. It may be the very node launched for the job a
+    /// round ago, when a long run's spot risk made on demand its best launch; without this
+    /// look the job would never take it, and the node would idle out and be launched again.
+    pub(crate) fn wants_on_demand_nodes(&self) -> bool {
+        self.spot != SpotRule::Never && self.nodes == 1
     }
 
     /// The market the job pays on an existing node: the one the node was bought in. A spot

@@ -551,22 +551,18 @@ impl<'a> Round<'a> {
     }
 
     /// A job that allows spot takes only the spot nodes of pools that sell spot cheaper
-    /// ([`JobCtx::node_markets`]). When nothing it found meets its deadline (and it is not
-    /// late wherever it runs), their on-demand nodes are looked at too, every such pool, paid
-    /// on demand: a one-node job does not wait or miss its deadline beside an idle
-    /// on-demand node.
+    /// ([`JobCtx::node_markets`]); their on-demand nodes are looked at here, paid on demand,
+    /// so that a one-node job does not wait, miss its deadline or launch beside an idle
+    /// on-demand node ([`JobCtx::wants_on_demand_nodes`]).
     fn on_demand_fallback(&mut self, ctx: &JobCtx, job: Option<crate::domain::JobId>) {
-        if !ctx.wants_on_demand_fallback(self.viable.iter().map(|e| &e.score)) {
+        if !ctx.wants_on_demand_nodes() || self.index.spot_pools_with_on_demand_nodes.is_empty() {
             return;
         }
         let remaining = self.budgets.remaining(&ctx.policy);
         let elsewhere = pinned_elsewhere(&self.pins, job);
-        // Only the pools the job's scan mask kept: the others break one of its own constraints.
-        // (The order they come in does not matter: scores and blocked candidates are ranked
-        // by total orders.)
-        let order = &self.index.price_orders()[ctx.scan_order()];
-        for pos in self.mask.ones_from(0) {
-            let pool = order.pools[pos].1;
+        // `on_demand_nodes` checks the job's own constraints on each pool.
+        for i in 0..self.index.spot_pools_with_on_demand_nodes.len() {
+            let pool = self.index.spot_pools_with_on_demand_nodes[i];
             let before = self.viable.len();
             let (index, capacity) = (&self.index, &mut self.capacity);
             on_demand_nodes(index, capacity, ctx, pool, &mut self.viable);

@@ -108,6 +108,10 @@ pub(crate) struct Index<'a> {
     /// look. At [`Victims::Low`]: nodes with `low` work; at [`Victims::LowThenNormal`]: with
     /// `low` or `normal` batch work.
     pub preemptible_nodes: [Vec<Vec<usize>>; 2],
+    /// Pools that sell spot cheaper and have on-demand nodes, by position in `pools`: where a
+    /// one-node job that allows spot looks for on-demand nodes apart from its scan
+    /// ([`super::estimate::on_demand_nodes`]). Usually few or none.
+    pub spot_pools_with_on_demand_nodes: Vec<usize>,
     /// The snapshot's policies, sorted, so which one is reported first never depends on input
     /// order.
     pub policies: Vec<&'a TeamPolicy>,
@@ -462,6 +466,14 @@ impl<'a> Index<'a> {
                 Market::Spot => info.spot_nodes = true,
             }
         }
+        let spot_pools_with_on_demand_nodes = pools
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.on_demand_nodes && p.pool.cheapest_market(SpotRule::Allowed) == Market::Spot
+            })
+            .map(|(i, _)| i)
+            .collect();
         for info in pools.iter_mut().filter(|p| !p.pool.launchable) {
             let (free, total) = info
                 .nodes
@@ -546,6 +558,7 @@ impl<'a> Index<'a> {
             running,
             preemptible,
             preemptible_nodes,
+            spot_pools_with_on_demand_nodes,
             policies,
             by_price,
             regions: &snapshot.regions,

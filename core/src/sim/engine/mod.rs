@@ -12,8 +12,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use uuid::Uuid;
 
-/// How long only wake-ups may pass, with nothing else pending and no action taken, before the
-/// run stops: whatever still waits then can never run.
+/// How long jobs may wait with none running and none yet to arrive before the run stops:
+/// whatever still waits then can never run. Launches do not count as progress: a
+/// scheduler that launched nodes it never used, again and again, would otherwise never end.
 const STALL_LIMIT_MS: i64 = 2 * 86_400_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -97,7 +98,8 @@ struct Engine<'w> {
     provisioning: BTreeMap<JobId, NodeId>,
     heap: BinaryHeap<Reverse<(i64, u64, Event)>>,
     seq: u64,
-    real_pending: usize,
+    /// Arrivals not yet applied.
+    arrivals_pending: usize,
     wake_pending: Option<i64>,
     rng: SplitMix64,
     measure: (i64, i64),
@@ -151,14 +153,10 @@ pub fn run_with(
             };
             let decisions = scheduler.decide(&view);
             e.out.scheduler_calls += 1;
-            let acted = !decisions.actions.is_empty();
             for action in decisions.actions {
                 if !e.act(action, now) {
                     e.out.rejected_actions += 1;
                 }
-            }
-            if acted {
-                last_progress = now;
             }
             if !e.snap.queued.is_empty() {
                 let tick = now.saturating_add(cfg.tick_s.max(1) * 1000);
@@ -170,8 +168,9 @@ pub fn run_with(
                 e.schedule_wake(wake);
             }
         }
-        if e.real_pending > 0 {
-            last_progress = last_progress.max(now);
+        // Capacity can still change: a job runs (its end frees GPUs) or one is yet to come.
+        if e.arrivals_pending > 0 || !e.snap.running.is_empty() {
+            last_progress = now;
         } else if now - last_progress > STALL_LIMIT_MS {
             break;
         }
@@ -238,7 +237,7 @@ impl<'w> Engine<'w> {
             provisioning: BTreeMap::new(),
             heap: BinaryHeap::new(),
             seq: 0,
-            real_pending: 0,
+            arrivals_pending: 0,
             wake_pending: None,
             rng: SplitMix64::stream(cfg.seed, 0x5107),
             measure: measure_window(jobs_in, cfg),
@@ -265,8 +264,8 @@ impl<'w> Engine<'w> {
     }
 
     fn push(&mut self, at_ms: i64, ev: Event) {
-        if ev != Event::Wake {
-            self.real_pending += 1;
+        if matches!(ev, Event::Arrive(_)) {
+            self.arrivals_pending += 1;
         }
         self.seq += 1;
         self.heap.push(Reverse((at_ms, self.seq, ev)));
@@ -281,8 +280,8 @@ impl<'w> Engine<'w> {
 
     /// Applies one event; true when the world changed in a way a scheduler may act on.
     fn apply(&mut self, ev: Event, now: i64) -> bool {
-        if ev != Event::Wake {
-            self.real_pending -= 1;
+        if matches!(ev, Event::Arrive(_)) {
+            self.arrivals_pending -= 1;
         }
         match ev {
             Event::Arrive(j) => {
