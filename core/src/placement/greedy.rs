@@ -560,15 +560,38 @@ impl<'a> Round<'a> {
         }
         let remaining = self.budgets.remaining(&ctx.policy);
         let elsewhere = pinned_elsewhere(&self.pins, job);
-        // `on_demand_nodes` checks the job's own constraints on each pool.
+        let mut best = self.viable.iter().map(|e| e.score).min();
+        let order = ctx.scan_order();
+        // Cheapest first: once a GPU-hour there costs more than the best found (which meets
+        // the deadline), no on-demand node from there on can beat it: an existing node's
+        // share costs at least its GPUs at that price. Only the pools the job's scan mask kept
+        // (the others break one of its own constraints); `on_demand_nodes` checks the rest.
         for i in 0..self.index.spot_pools_with_on_demand_nodes.len() {
-            let pool = self.index.spot_pools_with_on_demand_nodes[i];
+            let (per_gpu, pool) = self.index.spot_pools_with_on_demand_nodes[i];
+            if !self
+                .mask
+                .contains(self.index.price_orders()[order].position[pool])
+            {
+                continue;
+            }
+            if let Some(b) = best.filter(|b| !b.misses_deadline) {
+                let floor = per_gpu
+                    .saturating_mul(i64::from(ctx.gpus.max(1)))
+                    .per_hour_for_secs(ctx.runtime_s);
+                if floor > b.cost {
+                    break;
+                }
+            }
             let before = self.viable.len();
             let (index, capacity) = (&self.index, &mut self.capacity);
             on_demand_nodes(index, capacity, ctx, pool, &mut self.viable);
             filter(&mut self.viable, before, &mut self.blocked, |e| {
                 candidate_rule(ctx, remaining, elsewhere, e)
             });
+            best = best
+                .into_iter()
+                .chain(self.viable[before..].iter().map(|e| e.score))
+                .min();
         }
     }
 

@@ -14,8 +14,8 @@
 
 use super::estimate::DEFAULT_INGRESS_GBPS;
 use crate::domain::{
-    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, JobId, Market, Node, NodeId, Pool, PoolId, Priority,
-    Region, RegionId, RunningAttempt, Snapshot, SpotRule, TeamPolicy,
+    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, JobId, Market, Node, NodeId, Objective, Pool, PoolId,
+    Priority, Region, RegionId, RunningAttempt, Snapshot, SpotRule, TeamPolicy,
 };
 use crate::money::Money;
 use crate::time::Timestamp;
@@ -108,10 +108,11 @@ pub(crate) struct Index<'a> {
     /// look. At [`Victims::Low`]: nodes with `low` work; at [`Victims::LowThenNormal`]: with
     /// `low` or `normal` batch work.
     pub preemptible_nodes: [Vec<Vec<usize>>; 2],
-    /// Pools that sell spot cheaper and have on-demand nodes, by position in `pools`: where a
-    /// one-node job that allows spot looks for on-demand nodes apart from its scan
-    /// ([`super::estimate::on_demand_nodes`]). Usually few or none.
-    pub spot_pools_with_on_demand_nodes: Vec<usize>,
+    /// Pools that sell spot cheaper and have on-demand nodes, with the least a GPU-hour on
+    /// demand costs there under either objective, cheapest first (ties by position in
+    /// `pools`): where a one-node job that allows spot looks for on-demand nodes apart from
+    /// its scan ([`super::estimate::on_demand_nodes`]), until one costs more than its best.
+    pub spot_pools_with_on_demand_nodes: Vec<(Money, usize)>,
     /// The snapshot's policies, sorted, so which one is reported first never depends on input
     /// order.
     pub policies: Vec<&'a TeamPolicy>,
@@ -466,14 +467,22 @@ impl<'a> Index<'a> {
                 Market::Spot => info.spot_nodes = true,
             }
         }
-        let spot_pools_with_on_demand_nodes = pools
+        let mut spot_pools_with_on_demand_nodes: Vec<(Money, usize)> = pools
             .iter()
             .enumerate()
             .filter(|(_, p)| {
                 p.on_demand_nodes && p.pool.cheapest_market(SpotRule::Allowed) == Market::Spot
             })
-            .map(|(i, _)| i)
+            .map(|(i, p)| {
+                let per_hour = [Objective::Company, Objective::Team]
+                    .map(|o| p.pool.objective_per_hour(Market::OnDemand, o));
+                let per_gpu = per_hour[0]
+                    .min(per_hour[1])
+                    .div_ceil(i64::from(p.pool.gpus_per_node.max(1)));
+                (per_gpu, i)
+            })
             .collect();
+        spot_pools_with_on_demand_nodes.sort_unstable();
         for info in pools.iter_mut().filter(|p| !p.pool.launchable) {
             let (free, total) = info
                 .nodes
