@@ -45,7 +45,7 @@ for t in "${traces[@]}"; do
     sname=$(basename "$s" .toml)
     dir="$out/$name/$sname"
     mkdir -p "$dir"
-    args=(simulate --trace "$path" --trace-format "$format" --out "$dir")
+    args=(simulate --trace "$path" --trace-format "$format" --estimates all --out "$dir")
     [[ "$s" != default ]] && args+=(--scenario "$s")
     echo "== $name / $sname" >&2
     "$bin" "${args[@]}" 2> "$dir/stderr.txt" || {

@@ -396,11 +396,45 @@ impl Capacity {
         gpus: u32,
         allowed: Victims,
     ) -> Option<Vec<usize>> {
+        let mut victims = Vec::new();
+        self.preemption_walk(index, node, gpus, allowed, |a| victims.push(a))?;
+        Some(victims)
+    }
+
+    /// What [`Capacity::preemption_on`] would stop, counted without listing it: the GPUs
+    /// taken from `normal` work, and in all.
+    pub(crate) fn preemption_size(
+        &self,
+        index: &Index,
+        node: usize,
+        gpus: u32,
+        allowed: Victims,
+    ) -> Option<(u32, u32)> {
+        let (mut normal, mut taken) = (0u32, 0u32);
+        self.preemption_walk(index, node, gpus, allowed, |a| {
+            let (g, priority) = (index.running[a].1.gpus.len(), index.running[a].1.priority);
+            taken += g;
+            if priority != crate::domain::Priority::Low {
+                normal += g;
+            }
+        })?;
+        Some((normal, taken))
+    }
+
+    /// Calls `victim` with each attempt [`Capacity::preemption_on`] stops, in order; `None`
+    /// (after calling it on some) when even all of them would not free `gpus`.
+    fn preemption_walk(
+        &self,
+        index: &Index,
+        node: usize,
+        gpus: u32,
+        allowed: Victims,
+        mut victim: impl FnMut(usize),
+    ) -> Option<()> {
         let mut have = self.free[node];
         if have >= gpus || self.ceiling[node] < gpus {
             return None;
         }
-        let mut victims = Vec::new();
         for &a in &index.preemptible[node] {
             if !allowed.may_stop(index.running[a].1) {
                 // `low` ones come first: nothing after this one may be stopped either.
@@ -409,10 +443,10 @@ impl Capacity {
             if self.preempted[a] {
                 continue;
             }
-            victims.push(a);
+            victim(a);
             have = have.saturating_add(index.running[a].1.gpus.len());
             if have >= gpus {
-                return Some(victims);
+                return Some(());
             }
         }
         None

@@ -12,7 +12,6 @@ use super::CandidateKind;
 use super::capacity::Capacity;
 use super::estimate::{Estimate, JobCtx, PREEMPTION_GRACE_S, pool_violation};
 use super::index::Index;
-use crate::domain::Priority;
 
 /// The best preemption candidate for the job and its victims (positions in the index's running
 /// attempts). Only candidates that meet the deadline count, unless `any_finish` (the job has
@@ -24,9 +23,19 @@ pub(crate) fn best_preemption(
     any_finish: bool,
 ) -> Option<(Estimate, Vec<usize>)> {
     let ready = index.now.plus_secs(PREEMPTION_GRACE_S);
-    let mut best: Option<(Estimate, Vec<usize>)> = None;
+    let mut best: Option<(Estimate, usize, usize)> = None;
     let allowed = job.victims();
-    for (pool, nodes) in index.preemptible_nodes[allowed as usize].iter().enumerate() {
+    let gpus = i64::from(job.gpus.max(1));
+    // Pools cheapest first, by the price in their cheaper market (an on-prem pool's the lower
+    // of its cash cost and its rate): once a GPU-hour there costs more than the best found,
+    // which meets the deadline, no pool from there on can beat it.
+    for &(price, pool) in index.price_orders()[1].pools.iter() {
+        if let Some((b, _, _)) = best.as_ref().filter(|(b, _, _)| !b.score.misses_deadline)
+            && price.saturating_mul(gpus).per_hour_for_secs(job.runtime_s) > b.score.cost
+        {
+            break;
+        }
+        let nodes = &index.preemptible_nodes[allowed as usize][pool];
         if nodes.is_empty() || pool_violation(index, job, pool).is_some() {
             continue;
         }
@@ -38,29 +47,22 @@ pub(crate) fn best_preemption(
             .filter(|&&node| markets.allows(index.nodes[node].market))
             .filter(|node| job.avoid.binary_search(node).is_err())
             .filter_map(|&node| {
-                let victims = capacity.preemption_on(index, node, job.gpus, allowed)?;
-                let (mut normal, mut taken) = (0u32, 0u32);
-                for &a in &victims {
-                    let (gpus, priority) =
-                        (index.running[a].1.gpus.len(), index.running[a].1.priority);
-                    taken += gpus;
-                    if priority != Priority::Low {
-                        normal += gpus;
-                    }
-                }
-                Some(((normal, taken, node), victims))
+                let (normal, taken) = capacity.preemption_size(index, node, job.gpus, allowed)?;
+                Some((normal, taken, node))
             })
-            .min_by_key(|(key, _)| *key);
-        let Some(((_, _, node), victims)) = pick else {
+            .min();
+        let Some((_, _, node)) = pick else {
             continue;
         };
         let e = job.on_node(index, pool, node, CandidateKind::Preempt, ready);
         if e.score.misses_deadline && !any_finish {
             continue;
         }
-        if best.as_ref().is_none_or(|(b, _)| e.score < b.score) {
-            best = Some((e, victims));
+        if best.as_ref().is_none_or(|(b, _, _)| e.score < b.score) {
+            best = Some((e, pool, node));
         }
     }
-    best
+    let (e, _, node) = best?;
+    let victims = capacity.preemption_on(index, node, job.gpus, allowed)?;
+    Some((e, victims))
 }
