@@ -573,14 +573,24 @@ impl<'a> JobCtx<'a> {
         }
     }
 
-    /// Whether the job looks at the on-demand nodes of the pools that sell spot cheaper too
-    /// ([`on_demand_nodes`]): a one-node job that allows spot. Its scan leaves them out (there
-    /// it takes spot nodes), yet an idle on-demand node may be its best place: cheaper than
-    /// what it found, or sooner than a launch. It may be the very node launched for the job a
-    /// round ago, when a long run's spot risk made on demand its best launch; without this
-    /// look the job would never take it, and the node would idle out and be launched again.
-    pub(crate) fn wants_on_demand_nodes(&self) -> bool {
-        self.spot != SpotRule::Never && self.nodes == 1
+    /// Whether the job, having found `found`, looks at the on-demand nodes of the pools that
+    /// sell spot cheaper too ([`on_demand_nodes`]): a one-node job that allows spot and either
+    /// would launch an on-demand node at best, or found nothing that meets its deadline while
+    /// it is not late wherever it runs. The first case is the node launched for the job a
+    /// round ago when a long run's spot risk made on demand its best launch: without this look
+    /// the job would never take it (its scan takes spot nodes there), and the node would idle
+    /// out and be launched again, for ever. Otherwise the job leaves on-demand nodes there to
+    /// the jobs they were launched for: taking one to save on a spot launch only sends that
+    /// job to launch again (the simulator's small trace costs 10 % more with it).
+    pub(crate) fn wants_on_demand_nodes(&self, found: &[Estimate]) -> bool {
+        if self.spot == SpotRule::Never || self.nodes != 1 {
+            return false;
+        }
+        let best = found.iter().min_by_key(|e| e.score);
+        let launches_on_demand = best
+            .is_some_and(|e| e.score.kind == CandidateKind::Launch && e.market == Market::OnDemand);
+        launches_on_demand
+            || (!self.late_on_demand && found.iter().all(|e| e.score.misses_deadline))
     }
 
     /// The market the job pays on an existing node: the one the node was bought in. A spot

@@ -555,17 +555,22 @@ impl<'a> Round<'a> {
     /// so that a one-node job does not wait, miss its deadline or launch beside an idle
     /// on-demand node ([`JobCtx::wants_on_demand_nodes`]).
     fn on_demand_fallback(&mut self, ctx: &JobCtx, job: Option<crate::domain::JobId>) {
-        if !ctx.wants_on_demand_nodes() || self.index.spot_pools_with_on_demand_nodes.is_empty() {
+        if self.index.spot_pools_with_on_demand_nodes.is_empty()
+            || !ctx.wants_on_demand_nodes(&self.viable)
+        {
             return;
         }
         let remaining = self.budgets.remaining(&ctx.policy);
         let elsewhere = pinned_elsewhere(&self.pins, job);
         let mut best = self.viable.iter().map(|e| e.score).min();
         let order = ctx.scan_order();
+        // No candidate here finishes before this.
+        let soonest = self.index.now.plus_secs(ctx.runtime_s);
         // Cheapest first: once a GPU-hour there costs more than the best found (which meets
-        // the deadline), no on-demand node from there on can beat it: an existing node's
-        // share costs at least its GPUs at that price. Only the pools the job's scan mask kept
-        // (the others break one of its own constraints); `on_demand_nodes` checks the rest.
+        // the deadline, or finishes as soon as any could), no on-demand node from there on
+        // can beat it: an existing node's share costs at least its GPUs at that price. Only
+        // the pools the job's scan mask kept (the others break one of its own constraints);
+        // `on_demand_nodes` checks the rest.
         for i in 0..self.index.spot_pools_with_on_demand_nodes.len() {
             let (per_gpu, pool) = self.index.spot_pools_with_on_demand_nodes[i];
             if !self
@@ -574,7 +579,7 @@ impl<'a> Round<'a> {
             {
                 continue;
             }
-            if let Some(b) = best.filter(|b| !b.misses_deadline) {
+            if let Some(b) = best.filter(|b| !b.misses_deadline || b.late_finish <= soonest) {
                 let floor = per_gpu
                     .saturating_mul(i64::from(ctx.gpus.max(1)))
                     .per_hour_for_secs(ctx.runtime_s);

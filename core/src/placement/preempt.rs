@@ -26,11 +26,16 @@ pub(crate) fn best_preemption(
     let mut best: Option<(Estimate, usize, usize)> = None;
     let allowed = job.victims();
     let gpus = i64::from(job.gpus.max(1));
+    // No candidate here finishes before this.
+    let soonest = ready.plus_secs(job.runtime_s);
     // Pools cheapest first, by the price in their cheaper market (an on-prem pool's the lower
     // of its cash cost and its rate): once a GPU-hour there costs more than the best found,
-    // which meets the deadline, no pool from there on can beat it.
+    // which meets the deadline or finishes as soon as any could, no pool from there on can
+    // beat it.
     for &(price, pool) in index.price_orders()[1].pools.iter() {
-        if let Some((b, _, _)) = best.as_ref().filter(|(b, _, _)| !b.score.misses_deadline)
+        if let Some((b, _, _)) = best
+            .as_ref()
+            .filter(|(b, _, _)| !b.score.misses_deadline || b.score.late_finish <= soonest)
             && price.saturating_mul(gpus).per_hour_for_secs(job.runtime_s) > b.score.cost
         {
             break;

@@ -28,18 +28,15 @@ fn spot_prices_its_interruptions() {
     check(p5().risk(P5, 2_000_000).job(8).spot(SpotRule::Preferred).deadline_in(7200), "launch aws:use1/p5 on_demand");
     check(p5().risk(P5, 2_000_000).job(8).spot(SpotRule::Allowed).deadline_in(9000), "launch aws:use1/p5 spot");
     // An existing node is paid in the market it was bought in. Where the pool sells spot
-    // cheaper, a job that allows spot takes its spot nodes (`s1`) first: its scan goes by
-    // spot price. Its on-demand ones (`a1`) are looked at apart, at on-demand price: $10 for
-    // the GPU-hour beats a new spot node ($32 for the node), and a long run's on-demand launch
-    // must be able to take the node it launched.
+    // cheaper, a job that allows spot takes its spot nodes (`s1`), not its on-demand ones
+    // (`a1`), which are left to the jobs they were launched for…
     let both = || spot_pool().node(P5, "s1", 8).spot_node("s1");
     check(both().job(1).spot(SpotRule::Allowed), "assign s1 spot");
     check(both().job(1), "assign a1 on_demand");
-    check(spot_pool().job(1).spot(SpotRule::Allowed), "assign a1 on_demand");
-    // An 8-GPU job pays the whole launch either way: a new spot node ($32) beats a1 ($80).
-    check(spot_pool().job(8).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
-    // 5 interruptions an hour make spot dearer than on demand: the idle on-demand node, free
-    // now, beats an on-demand launch (the same price, five minutes later).
+    check(spot_pool().job(1).spot(SpotRule::Allowed), "launch aws:use1/p5 spot");
+    // …unless its best is an on-demand launch (5 interruptions an hour make spot dearer):
+    // then it takes the idle on-demand node, the same price and free now. A long run that
+    // launched on demand takes its own node this way.
     check(spot_pool().risk(P5, 5_000_000).job(8).spot(SpotRule::Allowed), "assign a1 on_demand");
     // Where it does not sell spot cheaper, either node is paid on demand.
     check(w().pool(P5, "H100", 8, 80.0, Some(90.0)).node(P5, "s1", 8).spot_node("s1").job(1).spot(SpotRule::Allowed), "assign s1 on_demand");
