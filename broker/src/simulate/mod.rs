@@ -45,9 +45,7 @@ pub struct SimulateArgs {
     /// scheduler: the default, as before issue 29), `predicted` (its own prediction from the
     /// replay's history), `user` (what users asked for: `switchyard-user`), or `all` three
     /// (then `switchyard` is the predicted run, `switchyard-oracle` the oracle's, and the peers
-    /// are told what users asked for). Known problem: on the small test trace the replays told
-    /// over-asked runtimes do not finish (Switchyard's rounds go on without end); being
-    /// investigated (issue 29).
+    /// are told what users asked for).
     #[arg(long, value_enum, default_value_t = Estimates::Oracle)]
     pub estimates: Estimates,
     /// Skip malformed trace rows (and count them) instead of stopping at the first.
