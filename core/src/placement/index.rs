@@ -14,8 +14,8 @@
 
 use super::estimate::DEFAULT_INGRESS_GBPS;
 use crate::domain::{
-    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, JobId, Market, Node, NodeId, Objective, Pool, PoolId,
-    Priority, Region, RegionId, RunningAttempt, Snapshot, SpotRule, TeamPolicy,
+    DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM, JobId, Market, Node, NodeId, Pool, PoolId, Priority,
+    Region, RegionId, RunningAttempt, Snapshot, SpotRule, TeamPolicy,
 };
 use crate::money::Money;
 use crate::time::Timestamp;
@@ -474,12 +474,13 @@ impl<'a> Index<'a> {
                 p.on_demand_nodes && p.pool.cheapest_market(SpotRule::Allowed) == Market::Spot
             })
             .map(|(i, p)| {
-                let per_hour = [Objective::Company, Objective::Team]
-                    .map(|o| p.pool.objective_per_hour(Market::OnDemand, o));
-                let per_gpu = per_hour[0]
-                    .min(per_hour[1])
-                    .div_ceil(i64::from(p.pool.gpus_per_node.max(1)));
-                (per_gpu, i)
+                let od = Market::OnDemand;
+                (
+                    p.pool
+                        .price_per_gpu_hour(od)
+                        .min(p.pool.cash_per_gpu_hour(od)),
+                    i,
+                )
             })
             .collect();
         spot_pools_with_on_demand_nodes.sort_unstable();

@@ -23,7 +23,7 @@ pub(crate) fn best_preemption(
     any_finish: bool,
 ) -> Option<(Estimate, Vec<usize>)> {
     let ready = index.now.plus_secs(PREEMPTION_GRACE_S);
-    let mut best: Option<(Estimate, usize, usize)> = None;
+    let mut best: Option<(Estimate, usize)> = None;
     let allowed = job.victims();
     let gpus = i64::from(job.gpus.max(1));
     // No candidate here finishes before this.
@@ -33,9 +33,9 @@ pub(crate) fn best_preemption(
     // which meets the deadline or finishes as soon as any could, no pool from there on can
     // beat it.
     for &(price, pool) in index.price_orders()[1].pools.iter() {
-        if let Some((b, _, _)) = best
+        if let Some((b, _)) = best
             .as_ref()
-            .filter(|(b, _, _)| !b.score.misses_deadline || b.score.late_finish <= soonest)
+            .filter(|(b, _)| !b.score.misses_deadline || b.score.late_finish <= soonest)
             && price.saturating_mul(gpus).per_hour_for_secs(job.runtime_s) > b.score.cost
         {
             break;
@@ -63,11 +63,11 @@ pub(crate) fn best_preemption(
         if e.score.misses_deadline && !any_finish {
             continue;
         }
-        if best.as_ref().is_none_or(|(b, _, _)| e.score < b.score) {
-            best = Some((e, pool, node));
+        if best.as_ref().is_none_or(|(b, _)| e.score < b.score) {
+            best = Some((e, node));
         }
     }
-    let (e, _, node) = best?;
+    let (e, node) = best?;
     let victims = capacity.preemption_on(index, node, job.gpus, allowed)?;
     Some((e, victims))
 }
