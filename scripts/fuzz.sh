@@ -63,9 +63,11 @@ for t in "${TARGETS[@]}"; do
     -print_final_stats=1 >"$log" 2>&1
   rc=$?
   set -e
+  # (`|| true`: a run that crashed on a seed has no coverage line, and grep's miss would end
+  # this script under pipefail before it prints the crash.)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  cov=$( (grep -o 'cov: [0-9]*' "$log" || true) | tail -1 | cut -d' ' -f2)
   if [ "$rc" -ne 0 ]; then
     tail -n 60 "$log"
     artifact=$(grep -o 'artifacts/[^ ]*' "$log" | grep -v last-run | tail -1 || true)

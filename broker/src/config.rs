@@ -74,6 +74,7 @@ pub struct Config {
     /// Cloud regions to offer from the bundled price catalogue, as `provider:code`.
     pub catalogue_regions: Vec<CatalogueRegion>,
     /// Burst to AWS EC2 (see `providers/src/aws/config.rs` for every field).
+    #[cfg(feature = "aws")]
     pub aws: Option<switchyard_providers::aws::AwsConfig>,
     /// Burst to GCP Compute Engine (`providers/src/gcp/config.rs`).
     pub gcp: Option<switchyard_providers::gcp::GcpConfig>,
@@ -232,6 +233,7 @@ impl Default for Config {
             regions: Vec::new(),
             pools: Vec::new(),
             catalogue_regions: Vec::new(),
+            #[cfg(feature = "aws")]
             aws: None,
             gcp: None,
             azure: None,

@@ -1044,6 +1044,7 @@ async fn serve(
         ),
         None => None,
     };
+    #[cfg(feature = "aws")]
     if let Some(mut aws) = cfg.aws.clone() {
         aws.agent.ca_cert_pem.clone_from(&ca_pem);
         let provider = switchyard_providers::aws::AwsProvider::new(aws)

@@ -2,7 +2,7 @@
 //! price catalogue.
 //!
 //! - [`local`]: "instances" are agent processes on this machine with simulated GPUs.
-//! - `aws` (cargo feature `aws`, on by default): EC2 through aws-sdk-ec2 — the only module that
+//! - `aws` (cargo feature `aws`, which the broker turns on): EC2 through aws-sdk-ec2 — the only module that
 //!   may import the AWS SDK.
 //!
 //! Providers act; they never decide. The broker's burst controller decides what to launch and

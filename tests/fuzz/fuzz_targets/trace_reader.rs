@@ -17,7 +17,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
-use switchyard_broker::simulate::scenario::{EPOCH_S, Scenario};
+use switchyard_broker::simulate::scenario::{EPOCH_S, MultiNode, Scenario};
 use switchyard_broker::simulate::trace::{
     MAX_SECONDS, Trace, TraceFormat, TraceJob, parse, parse_philly, trace_text,
 };
@@ -89,9 +89,16 @@ fn check_jobs(scenario: &Scenario, trace: &[TraceJob], jobs: &[SimJob]) {
         let nodes = j.spec.resources.nodes;
         assert!(gpus >= 1 && nodes >= 1);
         if nodes > 1 {
-            // A gang (the default): the trace's nodes, its GPUs spread over them, its runtime.
-            assert_eq!(nodes, t.nodes, "{t:?}");
-            assert_eq!(gpus, t.gpus.div_ceil(t.nodes), "{t:?}");
+            // A gang: its GPUs spread over its nodes, its true runtime. `gang` keeps the
+            // trace's nodes; `pack` (the default) takes as few of the largest on-prem nodes as
+            // hold its GPUs; `fold` never makes one.
+            let want = match scenario.multi_node {
+                MultiNode::Gang => t.nodes,
+                MultiNode::Pack => t.gpus.div_ceil(largest),
+                MultiNode::Fold => panic!("a fold made a gang: {t:?}"),
+            };
+            assert_eq!(nodes, want, "{t:?}");
+            assert_eq!(gpus, t.gpus.div_ceil(nodes), "{t:?}");
             assert!(gpus <= largest, "{t:?}");
             assert_eq!(j.runtime_s, t.runtime_s, "{t:?}");
         } else {
