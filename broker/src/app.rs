@@ -227,6 +227,27 @@ pub fn catalogue_from_config(
             .map(|p| {
                 let per_gpu = Money::from_dollars(p.price_per_gpu_hour_usd)
                     .with_context(|| format!("pool {}: price out of range", p.id))?;
+                let marginal = p
+                    .marginal_usd_per_gpu_hour
+                    .map(|m| {
+                        Money::from_dollars(m)
+                            .map(|m| m.saturating_mul(i64::from(p.gpus_per_node)))
+                            .with_context(|| {
+                                format!("pool {}: marginal_usd_per_gpu_hour out of range", p.id)
+                            })
+                    })
+                    .transpose()?;
+                if let Some(m) = p.marginal_usd_per_gpu_hour
+                    && m > p.price_per_gpu_hour_usd
+                {
+                    // Allowed (finance's call) but likely a mistake: the planner then avoids
+                    // the pool's own GPUs even where its teams are billed less.
+                    tracing::warn!(
+                        pool = %p.id,
+                        "marginal_usd_per_gpu_hour {m} exceeds the internal rate {}",
+                        p.price_per_gpu_hour_usd
+                    );
+                }
                 Ok(Pool {
                     id: PoolId(p.id.clone()),
                     region: region.id.clone(),
@@ -247,7 +268,7 @@ pub fn catalogue_from_config(
                     boot_time_s: p.boot_time_s,
                     price_updated_at: now,
                     recent_capacity_failures: 0,
-                    marginal_per_hour: None,
+                    marginal_per_hour: marginal,
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;

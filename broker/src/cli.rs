@@ -1110,6 +1110,7 @@ pub async fn pools(c: &Client) -> anyhow::Result<()> {
         ">NODES",
         "CAPACITY",
         ">$/GPU-HOUR",
+        ">CASH",
         ">SPOT",
         ">LATENCY",
     ]);
@@ -1141,6 +1142,7 @@ pub async fn pools(c: &Client) -> anyhow::Result<()> {
             p.nodes.to_string(),
             capacity.join("; "),
             money(p.price_per_gpu_hour),
+            money(p.cash_per_gpu_hour),
             p.spot_price_per_gpu_hour
                 .map(money)
                 .unwrap_or_else(|| "-".into()),
@@ -1548,17 +1550,23 @@ pub struct PoolEdit {
     pub node_limit: Option<u32>,
     pub price_per_gpu_hour: Option<f64>,
     pub launchable: Option<bool>,
+    pub marginal_per_gpu_hour: Option<f64>,
 }
 
-/// `switchyard pool set ID`: infra's edits to a pool (node limit, price, launchable).
+/// `switchyard pool set ID`: infra's edits to a pool (node limit, price, launchable) and
+/// finance's (an owned pool's marginal cost).
 pub async fn pool_set(c: &Client, id: &str, edit: PoolEdit) -> anyhow::Result<()> {
     let patch = PoolPatch {
         node_limit: edit.node_limit,
         price_per_gpu_hour: edit.price_per_gpu_hour,
         launchable: edit.launchable,
+        marginal_usd_per_gpu_hour: edit.marginal_per_gpu_hour,
     };
     if patch == PoolPatch::default() {
-        bail!("nothing to change: pass --node-limit, --price-per-gpu-hour or --launchable");
+        bail!(
+            "nothing to change: pass --node-limit, --price-per-gpu-hour, --launchable or \
+             --marginal-per-gpu-hour"
+        );
     }
     let body = serde_json::to_value(&patch)?;
     let path = format!("/pools/{}", seg(id));
@@ -1569,11 +1577,17 @@ pub async fn pool_set(c: &Client, id: &str, edit: PoolEdit) -> anyhow::Result<()
         return Ok(());
     };
     out!(
-        "pool {}: up to {} node{}, {} per GPU-hour, {}",
+        "pool {}: up to {} node{}, {} per GPU-hour ({} in cash{}), {}",
         printable(&p.id),
         p.node_limit,
         if p.node_limit == 1 { "" } else { "s" },
         money(p.price_per_gpu_hour),
+        money(p.cash_per_gpu_hour),
+        if p.launchable || p.marginal_set {
+            ""
+        } else {
+            ": the default fifth"
+        },
         if p.launchable {
             "launchable"
         } else {

@@ -149,6 +149,12 @@ pub struct PoolConfig {
     pub memory_gb: u32,
     /// On-prem: the internal rate finance charges per GPU-hour.
     pub price_per_gpu_hour_usd: f64,
+    /// An owned (not launchable) pool's marginal cost per GPU-hour: power and wear, what one
+    /// more hour of use costs the company in cash, which the planner minimises. Absent: a fifth
+    /// of the internal rate (`switchyard_core::DEFAULT_MARGINAL_SHARE`). `PATCH /pools/{id}`
+    /// overrides it. Ignored for a launchable pool, whose cash cost is its price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marginal_usd_per_gpu_hour: Option<f64>,
     pub node_limit: u32,
     #[serde(default)]
     pub launchable: bool,
@@ -391,6 +397,15 @@ impl Config {
                     p.id
                 );
             }
+            if let Some(m) = p.marginal_usd_per_gpu_hour
+                && !(m.is_finite() && (0.0..=MAX_USD).contains(&m))
+            {
+                bail!(
+                    "pool {}: marginal_usd_per_gpu_hour must be 0 or a positive amount of USD, \
+                     not {m}",
+                    p.id
+                );
+            }
             if !self.regions.iter().any(|r| r.id == p.region) {
                 bail!(
                     "pool {} names region {} which is not configured",
@@ -561,6 +576,13 @@ id = "aws:us-east-1"
         )
         .expect("a sane config loads");
         assert_eq!(ok.pools[0].price_per_gpu_hour_usd, 1.5);
+        let with_marginal = catalogue_config(
+            "",
+            "price_per_gpu_hour_usd = 1.5\nmarginal_usd_per_gpu_hour = 0.2",
+            "",
+        )
+        .expect("a marginal cost loads");
+        assert_eq!(with_marginal.pools[0].marginal_usd_per_gpu_hour, Some(0.2));
 
         let refused = [
             (
@@ -586,6 +608,12 @@ id = "aws:us-east-1"
                 "price_per_gpu_hour_usd = -2.0",
                 "",
                 "pool onprem:dc1/dgx: price_per_gpu_hour_usd",
+            ),
+            (
+                "",
+                "price_per_gpu_hour_usd = 1.5\nmarginal_usd_per_gpu_hour = -0.1",
+                "",
+                "pool onprem:dc1/dgx: marginal_usd_per_gpu_hour must be 0 or",
             ),
             (
                 "",

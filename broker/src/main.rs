@@ -480,6 +480,10 @@ enum PoolCommand {
         /// Whether the broker may launch cloud nodes in the pool.
         #[arg(long, value_name = "BOOL")]
         launchable: Option<bool>,
+        /// An owned pool's marginal cost in USD per GPU-hour (power and wear: what the company
+        /// pays in cash for an hour of use); finance may set it.
+        #[arg(long, value_name = "USD")]
+        marginal_per_gpu_hour: Option<f64>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -788,6 +792,7 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
                     node_limit,
                     price_per_gpu_hour,
                     launchable,
+                    marginal_per_gpu_hour,
                     client,
                 },
         } => {
@@ -795,6 +800,7 @@ async fn run(args: Args, leaf: &ArgMatches) -> anyhow::Result<ExitCode> {
                 node_limit,
                 price_per_gpu_hour,
                 launchable,
+                marginal_per_gpu_hour,
             };
             done(cli::pool_set(&connect(&client)?, &id, edit).await)
         }

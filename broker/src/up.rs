@@ -137,6 +137,10 @@ pub fn up_config(opts: &UpOptions) -> Config {
             vcpus: 64,
             memory_gb: 512,
             price_per_gpu_hour_usd: 1.50,
+            // Power and wear: 4 × 700 W with host and cooling at PUE 1.5 is about 1 kW per
+            // GPU, $0.10 an hour, plus wear. A figure finance would state (`pool set
+            // --marginal-per-gpu-hour`), here so that the tour shows one.
+            marginal_usd_per_gpu_hour: Some(0.15),
             node_limit: opts.agents,
             launchable: false,
             boot_time_s: 0,

@@ -937,6 +937,113 @@ async fn pool_edits_are_audited_visible_and_planned_with() {
     .await;
 }
 
+/// Two costs (issue 29): finance sets an owned pool's marginal cost (and only that); the pools
+/// API shows what a GPU-hour costs in cash beside the internal rate, the default fifth until
+/// then; a cloud pool's cash cost is its price, so a marginal cost there is refused.
+#[tokio::test]
+async fn finance_sets_an_owned_pools_marginal_cost_and_the_pools_api_shows_the_cash_rate() {
+    let (app, _fake) = spawn_with_fake(|c| {
+        c.regions.push(cloud_region("aws:test-east"));
+        c.pools.push(cloud_pool(CLOUD, "aws:test-east", 1.0));
+    })
+    .await;
+    let finance = app.token("finance", None).await;
+    let dev = app.token("developer", Some("ml")).await;
+    let pool_of = async |id: &str| {
+        let pools = app
+            .call(Method::GET, "/api/v1/pools", Some(&dev), None)
+            .await;
+        pools.body["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    // $2.00 internal rate: $0.40 in cash by default; the cloud pool's cash is its price.
+    let onprem = pool_of(POOL).await;
+    assert_eq!(
+        (
+            onprem["cash_per_gpu_hour"].clone(),
+            onprem["marginal_set"].clone()
+        ),
+        (json!(0.4), json!(false))
+    );
+    assert_eq!(pool_of(CLOUD).await["cash_per_gpu_hour"], 1.0);
+
+    let r = app
+        .call(
+            Method::PATCH,
+            POOL_PATH,
+            Some(&finance),
+            Some(json!({"marginal_usd_per_gpu_hour": 0.25})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["cash_per_gpu_hour"], 0.25);
+    assert_eq!(r.body["price_per_gpu_hour"], 2.0, "the internal rate stays");
+    let onprem = pool_of(POOL).await;
+    assert_eq!(
+        (
+            onprem["cash_per_gpu_hour"].clone(),
+            onprem["marginal_set"].clone()
+        ),
+        (json!(0.25), json!(true))
+    );
+    let entries = audit(&app, &format!("?target=pool:{}", POOL.replace('/', "%2F"))).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(
+        entries[0]["before"]["marginal_usd_per_gpu_hour"],
+        json!(null)
+    );
+    assert_eq!(entries[0]["after"]["marginal_usd_per_gpu_hour"], 0.25);
+
+    let cloud_path = format!("/api/v1/pools/{}", CLOUD.replace('/', "%2F"));
+    for (path, token, body, status, field) in [
+        (
+            POOL_PATH.to_string(),
+            &finance,
+            json!({"marginal_usd_per_gpu_hour": -0.1}),
+            400,
+            Some("marginal_usd_per_gpu_hour"),
+        ),
+        (
+            cloud_path.clone(),
+            &finance,
+            json!({"marginal_usd_per_gpu_hour": 0.1}),
+            400,
+            Some("marginal_usd_per_gpu_hour"),
+        ),
+        // Finance's own field only; infra's stay infra's.
+        (
+            POOL_PATH.to_string(),
+            &finance,
+            json!({"marginal_usd_per_gpu_hour": 0.1, "node_limit": 9}),
+            403,
+            None,
+        ),
+        (
+            POOL_PATH.to_string(),
+            &dev,
+            json!({"marginal_usd_per_gpu_hour": 0.1}),
+            403,
+            None,
+        ),
+    ] {
+        let r = app
+            .call(Method::PATCH, &path, Some(token), Some(body))
+            .await;
+        assert_eq!(r.status.as_u16(), status, "{}", r.body);
+        if let Some(field) = field {
+            assert_eq!(r.error_field(), field, "{}", r.body);
+        }
+    }
+    // Nothing refused changed anything.
+    assert_eq!(pool_of(POOL).await["cash_per_gpu_hour"], 0.25);
+    assert_eq!(pool_of(POOL).await["node_limit"], onprem["node_limit"]);
+}
+
 #[tokio::test]
 async fn the_openapi_document_lists_the_policy_routes() {
     let app = TestApp::spawn().await;

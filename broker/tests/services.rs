@@ -912,6 +912,7 @@ async fn the_store_reads_replicas_desired_counts_events_and_cost() {
                 market: Market::OnDemand,
                 estimated_cost: Money(100_000),
                 hourly_rate: Money(3_600_000),
+                hourly_cash: Money(3_600_000),
                 expected_end: Timestamp::MAX,
                 rank: 0,
             }],

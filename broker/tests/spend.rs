@@ -104,16 +104,18 @@ fn bucket_of(e: &LedgerEntry, bucket: &str) -> Option<String> {
     Some(switchyard_broker::clock::to_datetime(Timestamp(start)).to_rfc3339())
 }
 
-/// The ledger grouped by hand: (bucket, key) → micro-dollars.
-fn expected(
-    entries: &[LedgerEntry],
-    group: &str,
-    bucket: &str,
-) -> BTreeMap<(Option<String>, Option<String>), i64> {
-    let mut out = BTreeMap::new();
+/// (bucket, key) → (chargeback, cash) in micro-dollars.
+type Grouped = BTreeMap<(Option<String>, Option<String>), (i64, i64)>;
+
+/// The ledger grouped by hand.
+fn expected(entries: &[LedgerEntry], group: &str, bucket: &str) -> Grouped {
+    let mut out = Grouped::new();
     for e in entries {
-        *out.entry((bucket_of(e, bucket), key_of(e, group)))
-            .or_default() += e.amount.micros();
+        let sums = out
+            .entry((bucket_of(e, bucket), key_of(e, group)))
+            .or_default();
+        sums.0 += e.amount.micros();
+        sums.1 += e.cash.micros();
     }
     out
 }
@@ -124,7 +126,7 @@ fn normalise_time(s: &str) -> String {
 }
 
 /// Spend as the API reports it, in the same shape as [`expected`].
-fn reported(body: &Value, group: &str) -> BTreeMap<(Option<String>, Option<String>), i64> {
+fn reported(body: &Value, group: &str) -> Grouped {
     assert_eq!(body["group_by"], group);
     body["rows"]
         .as_array()
@@ -133,17 +135,16 @@ fn reported(body: &Value, group: &str) -> BTreeMap<(Option<String>, Option<Strin
         .map(|r| {
             let key = r[group].as_str().map(str::to_string);
             let bucket = r["bucket_start"].as_str().map(normalise_time);
-            ((bucket, key), micros(&r["amount_usd"]))
+            (
+                (bucket, key),
+                (micros(&r["amount_usd"]), micros(&r["cash_usd"])),
+            )
         })
         .collect()
 }
 
 /// The same from the CSV, parsed with the csv crate; checks its header.
-fn reported_csv(
-    text: &str,
-    group: &str,
-    bucketed: bool,
-) -> BTreeMap<(Option<String>, Option<String>), i64> {
+fn reported_csv(text: &str, group: &str, bucketed: bool) -> Grouped {
     let mut reader = csv::Reader::from_reader(text.as_bytes());
     let header: Vec<String> = reader
         .headers()
@@ -156,19 +157,20 @@ fn reported_csv(
         want.push("bucket_start".into());
     }
     want.push("amount_usd".into());
+    want.push("cash_usd".into());
     assert_eq!(header, want);
     reader
         .records()
         .map(|r| {
             let r = r.unwrap();
             let key = Some(r[0].to_string()).filter(|k| !k.is_empty());
-            let (bucket, amount) = if bucketed {
-                (Some(normalise_time(&r[1])), &r[2])
+            let (bucket, amount, cash) = if bucketed {
+                (Some(normalise_time(&r[1])), &r[2], &r[3])
             } else {
-                (None, &r[1])
+                (None, &r[1], &r[2])
             };
-            let amount = (amount.parse::<f64>().unwrap() * 1e6).round() as i64;
-            ((bucket, key), amount)
+            let usd = |cell: &str| (cell.parse::<f64>().unwrap() * 1e6).round() as i64;
+            ((bucket, key), (usd(amount), usd(cash)))
         })
         .collect()
 }
@@ -275,6 +277,20 @@ async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
         .map(|e| e.amount.micros())
         .sum();
     assert_eq!(micros(&instance["cost_usd"]), instance_total);
+    // Cash beside chargeback: a cloud instance's time is cash as billed; an on-prem attempt
+    // costs its pool's default marginal cost, a fifth of the internal rate (rounded up).
+    for e in &entries {
+        if e.kind == "attempt" {
+            // (Each entry is a difference of costs rounded up: a micro-dollar either way.)
+            assert!(
+                (e.cash.micros() * 5 - e.amount.micros()).abs() <= 10,
+                "{e:?}"
+            );
+        } else {
+            assert_eq!(e.cash, e.amount, "{e:?}");
+        }
+    }
+    let total_cash: i64 = entries.iter().map(|e| e.cash.micros()).sum();
 
     for group in ["team", "project", "region", "provider", "pool"] {
         for bucket in ["", "hour", "day"] {
@@ -283,6 +299,11 @@ async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
             let want = expected(&entries, group, bucket);
             assert_eq!(reported(&body, group), want, "{query}");
             assert_eq!(micros(&body["total_usd"]), total, "{query}");
+            assert_eq!(micros(&body["total_cash_usd"]), total_cash, "{query}");
+            assert!(
+                body["owned_idle"]["gpu_hours"].is_number(),
+                "{query}: {body}"
+            );
             let text = spend_csv(&app, &finance, &query).await;
             assert_eq!(
                 reported_csv(&text, group, !bucket.is_empty()),
@@ -344,11 +365,21 @@ async fn ledger_totals_equal_the_spend_api_for_every_grouping_and_bucket() {
     let theirs = spend(&app, &ml, "group_by=team&team=web").await;
     assert!(theirs["rows"].as_array().unwrap().is_empty(), "{theirs}");
     assert_eq!(theirs["total_usd"], 0.0);
+    let team_cash: i64 = entries
+        .iter()
+        .filter(|e| e.team.as_deref() == Some("web"))
+        .map(|e| e.cash.micros())
+        .sum();
     let csv = spend_csv(&app, &web, "group_by=team").await;
     assert_eq!(
         reported_csv(&csv, "team", false),
-        BTreeMap::from([((None, Some("web".to_string())), team_total("web"))])
+        BTreeMap::from([(
+            (None, Some("web".to_string())),
+            (team_total("web"), team_cash)
+        )])
     );
+    // Owned idle GPUs are no team's: finance sees them, a developer does not.
+    assert!(mine.get("owned_idle").is_none(), "{mine}");
     let filtered = spend(&app, &finance, "group_by=pool&team=web").await;
     assert_eq!(micros(&filtered["total_usd"]), team_total("web"));
 
@@ -983,6 +1014,7 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
             market: Market::OnDemand,
             estimated_cost: Money(5_000_000),
             hourly_rate: Money(1),
+            hourly_cash: Money(1),
             expected_end: now.plus_secs(600),
             rank: 0,
         };
@@ -1219,6 +1251,7 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
         market: Market::OnDemand,
         estimated_cost: Money(100_000),
         hourly_rate: Money(3_600_000),
+        hourly_cash: Money(720_000),
         expected_end: at_ms(600_000),
         rank: 0,
     };
@@ -1277,6 +1310,187 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
     // 10.004 s run: 11 seconds billed, a started second counting in full.
     assert_eq!(spans, vec![(1_000, 11_004, 11_000)]);
     assert_eq!(store.ledger_total().await.unwrap(), 11_000);
+}
+
+/// Two costs (issue 29): an attempt on an owned node is billed to its team at the internal rate
+/// and costs the company its pool's marginal cost, both kept per ledger entry and summed by the
+/// spend query; the GPUs no attempt held are owned idle time, per UTC hour and worth the
+/// internal rate, and a node that went silent is unavailable, not idle.
+#[tokio::test]
+async fn an_owned_node_keeps_cash_beside_chargeback_and_its_idle_gpus_are_counted() {
+    use switchyard_broker::store::*;
+    use switchyard_core::{AttemptId, JobId, Market, Pool, PoolId, Region};
+    use switchyard_protocol::agent::{AgentEvent, AttemptRef, Inventory};
+
+    let dir = tempfile::tempdir().unwrap();
+    // SQLite, or PostgreSQL with SWITCHYARD_TEST_PG_URL.
+    let store = test_store(dir.path()).await;
+    let region = Region {
+        id: switchyard_core::RegionId("onprem:dc".into()),
+        provider: "onprem".into(),
+        code: "dc".into(),
+        latitude: None,
+        longitude: None,
+        egress_per_gb: Money::ZERO,
+        latency_ms: 1,
+        ingress_gbps: 10,
+    };
+    // $3.60 per GPU-hour billed, $0.72 in cash (finance's figure).
+    let pool = Pool {
+        id: PoolId("onprem:dc/a100".into()),
+        region: region.id.clone(),
+        provider: "onprem".into(),
+        instance_type: "a100".into(),
+        gpu_model: "A100".into(),
+        gpus_per_node: 4,
+        gpu_memory_gb: 80,
+        vcpus: 0,
+        memory_gb: 0,
+        on_demand_per_hour: Money(14_400_000),
+        spot_per_hour: None,
+        node_limit: 1,
+        launchable: false,
+        boot_time_s: 0,
+        price_updated_at: Timestamp(0),
+        recent_capacity_failures: 0,
+        marginal_per_hour: Some(Money(2_880_000)),
+    };
+    store.upsert_region(&region).await.unwrap();
+    store.upsert_pool(&pool).await.unwrap();
+    let read = store.pools().await.unwrap();
+    assert_eq!(read[0].marginal_per_hour, Some(Money(2_880_000)));
+    assert_eq!(read[0].cash_per_gpu_hour(Market::OnDemand), Money(720_000));
+
+    // On an hour boundary, so that the idle rows are whole hours.
+    let t0 = Timestamp(500_000 * 3_600_000);
+    let at_s = |s: i64| Timestamp(t0.millis() + s * 1000);
+    let wire: switchyard_protocol::api::JobSpec = serde_json::from_value(
+        json!({"name": "j", "team": "ml", "command": ["true"], "resources": {"gpus": 1}}),
+    )
+    .unwrap();
+    let job = NewJob {
+        id: JobId(uuid::Uuid::now_v7()),
+        spec: switchyard_broker::rules::convert::job_spec(&wire, t0).unwrap(),
+        spec_json: serde_json::to_string(&wire).unwrap(),
+        submitted_at: t0,
+        trace_parent: None,
+        replica: None,
+    };
+    store.insert_job(&job).await.unwrap();
+    let node = enrol_node(store.as_ref(), &pool.id, None, 4, t0, t0).await;
+    let attempt = AttemptId(uuid::Uuid::now_v7());
+    let rate = switchyard_broker::control::ledger::attempt_rate(&pool, Market::OnDemand, 1, None);
+    let cash = switchyard_broker::control::ledger::attempt_cash_rate(&pool, Market::OnDemand, 1);
+    assert_eq!((rate, cash), (Money(3_600_000), Money(720_000)));
+    let new = NewAttempt {
+        id: attempt,
+        job: job.id,
+        job_version: 0,
+        node: node.clone(),
+        pool: pool.id.clone(),
+        gpus: vec![0],
+        market: Market::OnDemand,
+        estimated_cost: Money(3_600_000),
+        hourly_rate: rate,
+        hourly_cash: cash,
+        expected_end: at_s(3600),
+        rank: 0,
+    };
+    store.commit_plan(&[new], &[], t0).await.unwrap();
+    let r = AttemptRef {
+        job_id: job.id.0,
+        attempt_id: attempt.0,
+        epoch: 1,
+    };
+    let report = |event: AgentEvent, at: Timestamp| {
+        let store = store.clone();
+        let node = node.clone();
+        async move { store.apply_events(&node, &[event], at).await.unwrap() }
+    };
+    report(
+        AgentEvent::Started {
+            attempt: r.clone(),
+            pid: 1,
+        },
+        t0,
+    )
+    .await;
+    // Half an hour in: a pass (the attempt's first half, the 3 idle GPUs' first half hour),
+    // then a heartbeat: the node is heard from in each stretch a pass counts.
+    store.accrue_ledger(at_s(1800), 0).await.unwrap();
+    let inventory = Inventory {
+        gpus: Vec::new(),
+        cpus: 0,
+        memory_mb: 0,
+        simulated: true,
+        isolation: false,
+    };
+    store
+        .heartbeat(&node, &inventory, &[], at_s(1800))
+        .await
+        .unwrap();
+    report(
+        AgentEvent::Finished {
+            attempt: r.clone(),
+            exit_code: Some(0),
+            signal: None,
+            error: None,
+            stopped: false,
+            requeue: false,
+            drained: false,
+        },
+        at_s(3600),
+    )
+    .await;
+    store.accrue_ledger(at_s(3600), 0).await.unwrap();
+
+    let entries = store.ledger_entries(Some(job.id)).await.unwrap();
+    let billed: i64 = entries.iter().map(|e| e.amount.micros()).sum();
+    let paid: i64 = entries.iter().map(|e| e.cash.micros()).sum();
+    assert_eq!((billed, paid), (3_600_000, 720_000), "{entries:?}");
+    let by_team = store
+        .spend(&SpendQuery {
+            group: SpendGroup::Team,
+            bucket: None,
+            from: None,
+            to: None,
+            team: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_team.len(), 1);
+    assert_eq!(
+        (by_team[0].amount, by_team[0].cash),
+        (Money(3_600_000), Money(720_000))
+    );
+    // The first hour: 4 GPUs owned, 1 busy: 3 GPU-hours idle, worth 3 × $3.60.
+    let idle = store.owned_idle(None, None).await.unwrap();
+    assert_eq!(
+        idle,
+        vec![OwnedIdleRow {
+            pool: pool.id.to_string(),
+            idle_gpu_ms: 3 * 3_600_000,
+            worth: Money(10_800_000),
+        }]
+    );
+
+    // Silent for an hour (no heartbeat since the last pass): unavailable, not idle.
+    store.accrue_ledger(at_s(7200), 0).await.unwrap();
+    assert_eq!(store.owned_idle(None, None).await.unwrap(), idle);
+    // Heard again: the next half hour, all 4 GPUs idle, in the third hour's row.
+    store
+        .heartbeat(&node, &inventory, &[], at_s(7200))
+        .await
+        .unwrap();
+    store.accrue_ledger(at_s(9000), 0).await.unwrap();
+    let third = store
+        .owned_idle(Some(at_s(7200)), Some(at_s(10_800)))
+        .await
+        .unwrap();
+    assert_eq!(third[0].idle_gpu_ms, 4 * 1_800_000);
+    assert_eq!(third[0].worth, Money(7_200_000));
+    let all = store.owned_idle(None, None).await.unwrap();
+    assert_eq!(all[0].idle_gpu_ms, 3 * 3_600_000 + 4 * 1_800_000);
 }
 
 /// Enrols node `n1` of `pool` at `at` (for `instance`, when given) with a token made at

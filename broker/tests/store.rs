@@ -105,6 +105,7 @@ fn attempt_for(job: &NewJob, expected_end: Timestamp) -> NewAttempt {
         pool: PoolId("onprem:dc/h100x8".into()),
         gpus: vec![3],
         market: Market::OnDemand,
+        hourly_cash: Money(400_000),
         estimated_cost: Money(1_000_000),
         hourly_rate: Money(2_000_000),
         expected_end,

@@ -321,6 +321,16 @@ pub struct PoolView {
     /// On-demand USD per GPU-hour (on-prem: the internal rate).
     pub price_per_gpu_hour: f64,
     pub spot_price_per_gpu_hour: Option<f64>,
+    /// What one more GPU-hour on demand costs the company in cash: a cloud pool's price; an
+    /// owned (not launchable) pool's marginal cost, power and wear, as finance set it
+    /// (`marginal_set`) or by default a fifth of the internal rate. What the planner minimises
+    /// for teams whose policy says `objective: company` (the default).
+    #[serde(default)]
+    pub cash_per_gpu_hour: f64,
+    /// Whether finance set this owned pool's marginal cost (config `marginal_usd_per_gpu_hour`,
+    /// `PATCH /pools/{id}`); false: the default share, or a cloud pool.
+    #[serde(default)]
+    pub marginal_set: bool,
     pub latency_ms: u32,
     pub boot_time_s: u32,
     pub price_updated_at: DateTime<Utc>,
@@ -960,6 +970,11 @@ pub struct PoolPatch {
     pub price_per_gpu_hour: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launchable: Option<bool>,
+    /// An owned (not launchable) pool's marginal cost in USD per GPU-hour: power and wear, what
+    /// one more hour of use costs the company in cash (0 or more). Finance's figure; a cloud
+    /// pool's cash cost is its price and is refused here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marginal_usd_per_gpu_hour: Option<f64>,
 }
 
 /// One row of a spend report. The group's key is named after the grouping (`team`, `project`,
@@ -973,7 +988,31 @@ pub struct SpendRow {
     /// With `bucket`: the start of the hour or day (UTC) the row covers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket_start: Option<DateTime<Utc>>,
+    /// What the ledger bills teams (chargeback): cloud time at its price, owned GPUs at the
+    /// internal rate (or the team's on-prem rate).
     pub amount_usd: f64,
+    /// What the same entries cost the company in cash: cloud time as billed, owned GPUs at
+    /// their pool's marginal cost (`PoolView::cash_per_gpu_hour`).
+    #[serde(default)]
+    pub cash_usd: f64,
+}
+
+/// Owned GPUs' idle time in a spend report's window: GPU-hours of the nodes of owned (not
+/// launchable) pools that no job held, and their worth at the internal rate. A cost of
+/// ownership paid whether they run or not, in neither `total_usd` nor `total_cash_usd`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OwnedIdle {
+    pub gpu_hours: f64,
+    pub usd: f64,
+    /// Per pool, by pool id.
+    pub pools: Vec<OwnedIdlePool>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct OwnedIdlePool {
+    pub pool: String,
+    pub gpu_hours: f64,
+    pub usd: f64,
 }
 
 /// `GET /spend`: ledger entries whose period starts in `[from, to)`, grouped.
@@ -981,8 +1020,15 @@ pub struct SpendRow {
 pub struct SpendReport {
     pub group_by: String,
     pub rows: Vec<SpendRow>,
-    /// The sum of the ledger entries in the window (for the caller's scope).
+    /// The sum of the ledger entries in the window (for the caller's scope): chargeback.
     pub total_usd: f64,
+    /// The same entries in cash: what the company paid.
+    #[serde(default)]
+    pub total_cash_usd: f64,
+    /// Owned GPUs' idle time in the window (hours whose start is in it). Absent for a caller
+    /// who sees one team only: idle GPUs are no team's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_idle: Option<OwnedIdle>,
 }
 
 /// Where a team's (or project's) budget stands this period.

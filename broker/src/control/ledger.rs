@@ -23,7 +23,7 @@ use crate::clock;
 use crate::rules::budget;
 use crate::state::App;
 // The rate rules the scheduler reaches through here.
-pub use crate::rules::rates::{OnpremRates, attempt_rate};
+pub use crate::rules::rates::{OnpremRates, attempt_cash_rate, attempt_rate};
 use crate::store::{NewAuditEntry, StoreError};
 
 /// The accrual loop: one pass every `ledger_accrual_interval_ms` (and when a manual clock

@@ -685,13 +685,14 @@ impl Worker {
                 switchyard_core::JobKind::Batch => now.plus_secs(runtime),
             };
             // What the ledger charges while it runs on a node the broker did not launch.
-            let hourly_rate = state.pools.iter().find(|p| p.id == a.pool).map_or(
-                switchyard_core::Money::ZERO,
-                |pool| {
-                    let onprem = rates.onprem_rate(&pending.job.spec, pool);
-                    crate::control::ledger::attempt_rate(pool, a.market, a.gpus.len(), onprem)
-                },
-            );
+            let pool = state.pools.iter().find(|p| p.id == a.pool);
+            let hourly_rate = pool.map_or(switchyard_core::Money::ZERO, |pool| {
+                let onprem = rates.onprem_rate(&pending.job.spec, pool);
+                crate::control::ledger::attempt_rate(pool, a.market, a.gpus.len(), onprem)
+            });
+            let hourly_cash = pool.map_or(switchyard_core::Money::ZERO, |pool| {
+                crate::control::ledger::attempt_cash_rate(pool, a.market, a.gpus.len())
+            });
             commits.push(NewAttempt {
                 id: AttemptId(Uuid::now_v7()),
                 job: a.job,
@@ -702,6 +703,7 @@ impl Worker {
                 market: a.market,
                 estimated_cost: a.estimated_cost,
                 hourly_rate,
+                hourly_cash,
                 expected_end,
                 rank: a.rank,
             });

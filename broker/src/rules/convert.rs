@@ -658,6 +658,8 @@ pub fn pool_view(
         gpus_free,
         price_per_gpu_hour: pool.on_demand_per_gpu_hour().as_dollars(),
         spot_price_per_gpu_hour: pool.spot_per_gpu_hour().map(Money::as_dollars),
+        cash_per_gpu_hour: pool.cash_per_gpu_hour(core::Market::OnDemand).as_dollars(),
+        marginal_set: !pool.launchable && pool.marginal_per_hour.is_some(),
         latency_ms: region.map_or(0, |r| r.latency_ms),
         boot_time_s: pool.boot_time_s,
         price_updated_at: to_datetime(pool.price_updated_at),

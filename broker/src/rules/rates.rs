@@ -16,6 +16,14 @@ pub fn attempt_rate(pool: &Pool, market: Market, gpus: u32, onprem_rate: Option<
     per_gpu.saturating_mul(i64::from(gpus))
 }
 
+/// What one hour of an attempt costs the company in cash: its GPUs × its pool's cash rate per
+/// GPU-hour (a cloud pool's price, an owned pool's marginal cost; [`Pool::cash_per_gpu_hour`]).
+/// Team rates are chargeback and play no part.
+pub fn attempt_cash_rate(pool: &Pool, market: Market, gpus: u32) -> Money {
+    pool.cash_per_gpu_hour(market)
+        .saturating_mul(i64::from(gpus))
+}
+
 /// The on-prem rates per GPU model the policies set (`onprem_rates`), team-wide and per
 /// project; a project's rate wins over its team's.
 #[derive(Clone, Debug, Default)]

@@ -234,6 +234,9 @@ pub struct NewAttempt {
     /// What the attempt costs an hour while it runs on a node the broker did not launch
     /// (GPUs × the pool's per-GPU rate, or the team's on-prem rate): what the ledger accrues.
     pub hourly_rate: Money,
+    /// What it costs the company in cash an hour there (GPUs × the pool's cash rate: an owned
+    /// pool's marginal cost): what the ledger's `cash_micros` accrues.
+    pub hourly_cash: Money,
     pub expected_end: Timestamp,
     /// Its rank in a multi-node job's gang (0 for a single-node job); a gang's attempts are
     /// committed adjacent, rank 0 first.
@@ -454,6 +457,8 @@ pub struct PoolChange {
     /// Per node and hour.
     pub on_demand_per_hour: Option<Money>,
     pub launchable: Option<bool>,
+    /// An owned pool's marginal cost, per node and hour.
+    pub marginal_per_hour: Option<Money>,
 }
 
 /// How spend is grouped (`GET /spend?group_by=`).
@@ -534,6 +539,16 @@ pub struct SpendGroupRow {
     pub key: Option<String>,
     pub bucket_start: Option<Timestamp>,
     pub amount: Money,
+    /// The same entries in cash (`cash_micros`).
+    pub cash: Money,
+}
+
+/// Owned GPUs' idle time of one pool in a window (`owned_idle`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedIdleRow {
+    pub pool: String,
+    pub idle_gpu_ms: i64,
+    pub worth: Money,
 }
 
 /// A budget's use: what the ledger holds in its period, and what live work is still expected
@@ -563,7 +578,11 @@ pub struct LedgerEntry {
     pub pool: String,
     pub period_start: Timestamp,
     pub period_end: Timestamp,
+    /// What the ledger bills the team (chargeback).
     pub amount: Money,
+    /// What the same time cost the company in cash: `amount` for a cloud instance, the pool's
+    /// marginal cost for an attempt on an owned node.
+    pub cash: Money,
 }
 
 /// A service to create (`POST /services`): its first spec version and what it starts with.

@@ -35,7 +35,8 @@ pub async fn pools(State(app): State<App>, _caller: Caller) -> Result<Json<PoolL
 }
 
 /// Infra's edit of a pool: its node limit, its on-demand (on-prem: internal) price per GPU-hour,
-/// whether the broker may launch nodes in it. Audited as `pool.patch`; the scheduler plans with
+/// whether the broker may launch nodes in it; finance's marginal cost of an owned pool (what a
+/// GPU-hour of use costs the company in cash). Audited as `pool.patch`; the scheduler plans with
 /// it from its next round. Pool ids contain `/`: send it as `%2F`.
 #[utoipa::path(patch, path = "/pools/{id}", tag = "catalogue", request_body = PoolPatch,
     params(("id" = String, Path, description = "Pool id, e.g. `onprem:sh-dc1%2Fdgx-h100`")),
@@ -52,11 +53,28 @@ pub async fn patch_pool(
     Path(id): Path<String>,
     ApiJson(patch): ApiJson<PoolPatch>,
 ) -> Result<Json<PoolView>, ApiError> {
-    caller.require(&[Role::Admin, Role::Infra])?;
+    if patch.marginal_usd_per_gpu_hour.is_some() {
+        caller.require(&[Role::Admin, Role::Infra, Role::Finance])?;
+    } else {
+        caller.require(&[Role::Admin, Role::Infra])?;
+    }
     if patch == PoolPatch::default() {
         return Err(ApiError::invalid(
             "node_limit",
-            "nothing to change: give node_limit, price_per_gpu_hour or launchable",
+            "nothing to change: give node_limit, price_per_gpu_hour, launchable or \
+             marginal_usd_per_gpu_hour",
+        ));
+    }
+    // Finance's own field: a finance token changes nothing else in the same request.
+    if caller.role == Role::Finance
+        && (patch.node_limit.is_some()
+            || patch.price_per_gpu_hour.is_some()
+            || patch.launchable.is_some())
+    {
+        return Err(ApiError::Forbidden(
+            "finance may set marginal_usd_per_gpu_hour only; node_limit, price_per_gpu_hour \
+             and launchable are infra's"
+                .into(),
         ));
     }
     if let Some(n) = patch.node_limit
@@ -79,10 +97,34 @@ pub async fn patch_pool(
                 })?,
         ),
     };
+    let marginal_per_hour = match patch.marginal_usd_per_gpu_hour {
+        None => None,
+        Some(m) => {
+            if patch.launchable.unwrap_or(pool.launchable) {
+                return Err(ApiError::invalid(
+                    "marginal_usd_per_gpu_hour",
+                    "applies to owned pools only: a pool the broker launches in costs its \
+                     price in cash",
+                ));
+            }
+            Some(
+                Money::from_dollars(m)
+                    .filter(|money| m >= 0.0 && money.micros() >= 0)
+                    .map(|money| money.saturating_mul(i64::from(pool.gpus_per_node.max(1))))
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "marginal_usd_per_gpu_hour",
+                            "must be 0 or a positive amount of USD",
+                        )
+                    })?,
+            )
+        }
+    };
     let change = PoolChange {
         node_limit: patch.node_limit,
         on_demand_per_hour,
         launchable: patch.launchable,
+        marginal_per_hour,
     };
     let (_, after) = app
         .store

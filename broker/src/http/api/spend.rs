@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use switchyard_core::Money;
-use switchyard_protocol::api::{ErrorBody, SpendReport, SpendRow};
+use switchyard_protocol::api::{ErrorBody, OwnedIdle, OwnedIdlePool, SpendReport, SpendRow};
 use utoipa::IntoParams;
 
 use crate::clock::{from_datetime, to_datetime};
@@ -55,7 +55,9 @@ pub(crate) fn time_param(
 
 /// Spend by team, project, region, provider or pool: the ledger's entries whose period starts
 /// in `[from, to)`. `Accept: text/csv` returns CSV with the header
-/// `<group_by>[,bucket_start],amount_usd`.
+/// `<group_by>[,bucket_start],amount_usd,cash_usd`: `amount_usd` is what the ledger bills teams
+/// (chargeback), `cash_usd` what the same entries cost the company. For a caller who sees
+/// every team, the JSON adds `owned_idle`: owned GPUs' idle hours and their worth.
 #[utoipa::path(get, path = "/spend", tag = "spend", params(SpendParams),
     responses(
         (status = 200, description = "The report (JSON, or CSV with `Accept: text/csv`)",
@@ -122,6 +124,28 @@ pub async fn report(
     let total = rows
         .iter()
         .fold(0i64, |sum, r| sum.saturating_add(r.amount.micros()));
+    let total_cash = rows
+        .iter()
+        .fold(0i64, |sum, r| sum.saturating_add(r.cash.micros()));
+    // Idle owned GPUs are no team's: shown to those who see every team.
+    let owned_idle = if caller.team_scope().is_none() {
+        let pools = app.store.owned_idle(from, to).await?;
+        let hours = |ms: i64| ms as f64 / 3_600_000.0;
+        Some(OwnedIdle {
+            gpu_hours: hours(pools.iter().map(|p| p.idle_gpu_ms).sum()),
+            usd: Money(pools.iter().map(|p| p.worth.micros()).sum()).as_dollars(),
+            pools: pools
+                .iter()
+                .map(|p| OwnedIdlePool {
+                    pool: p.pool.clone(),
+                    gpu_hours: hours(p.idle_gpu_ms),
+                    usd: p.worth.as_dollars(),
+                })
+                .collect(),
+        })
+    } else {
+        None
+    };
     Ok(Json(SpendReport {
         group_by: group.as_str().to_string(),
         rows: rows
@@ -130,9 +154,12 @@ pub async fn report(
                 key: BTreeMap::from([(group.as_str().to_string(), r.key.clone())]),
                 bucket_start: r.bucket_start.map(to_datetime),
                 amount_usd: r.amount.as_dollars(),
+                cash_usd: r.cash.as_dollars(),
             })
             .collect(),
         total_usd: Money(total).as_dollars(),
+        total_cash_usd: Money(total_cash).as_dollars(),
+        owned_idle,
     })
     .into_response())
 }
@@ -169,6 +196,7 @@ fn csv_response(
         head.push("bucket_start");
     }
     head.push("amount_usd");
+    head.push("cash_usd");
     w.write_record(&head).map_err(|e| broken(&e))?;
     for r in rows {
         let key = r.key.as_deref().unwrap_or_default();
@@ -181,6 +209,7 @@ fn csv_response(
             );
         }
         record.push(dollars_text(r.amount));
+        record.push(dollars_text(r.cash));
         w.write_record(&record).map_err(|e| broken(&e))?;
     }
     let body = w.into_inner().map_err(|e| broken(&e))?;
@@ -232,11 +261,13 @@ mod tests {
                 key: Some("=cmd|' /C calc'!A0".into()),
                 bucket_start: None,
                 amount: Money(-1_500_000),
+                cash: Money(-300_000),
             },
             SpendGroupRow {
                 key: Some("ml".into()),
                 bucket_start: None,
                 amount: Money(2_000_000),
+                cash: Money(400_000),
             },
         ];
         let res = csv_response(SpendGroup::Team, false, &rows).unwrap();
@@ -249,7 +280,10 @@ mod tests {
             .collect();
         assert_eq!(
             cells,
-            [["'=cmd|' /C calc'!A0", "-1.500000"], ["ml", "2.000000"]]
+            [
+                ["'=cmd|' /C calc'!A0", "-1.500000", "-0.300000"],
+                ["ml", "2.000000", "0.400000"]
+            ]
         );
     }
 }

@@ -90,8 +90,10 @@ impl Store {
         query(
             "INSERT INTO pools (id, region_id, provider, instance_type, gpu_model, gpus_per_node, \
              gpu_memory_gb, vcpus, memory_gb, on_demand_micros, spot_micros, node_limit, \
-             launchable, boot_time_s, price_updated_at, recent_capacity_failures) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+             launchable, boot_time_s, price_updated_at, recent_capacity_failures, \
+             marginal_micros) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+             $17) \
              ON CONFLICT (id) DO UPDATE SET region_id = excluded.region_id, \
              provider = excluded.provider, instance_type = excluded.instance_type, \
              gpu_model = excluded.gpu_model, gpus_per_node = excluded.gpus_per_node, \
@@ -99,7 +101,8 @@ impl Store {
              memory_gb = excluded.memory_gb, on_demand_micros = excluded.on_demand_micros, \
              spot_micros = excluded.spot_micros, node_limit = excluded.node_limit, \
              launchable = excluded.launchable, boot_time_s = excluded.boot_time_s, \
-             price_updated_at = excluded.price_updated_at",
+             price_updated_at = excluded.price_updated_at, \
+             marginal_micros = excluded.marginal_micros",
         )
         .bind(pool.id.as_str())
         .bind(pool.region.as_str())
@@ -117,6 +120,7 @@ impl Store {
         .bind(i64::from(pool.boot_time_s))
         .bind(pool.price_updated_at)
         .bind(i64::from(pool.recent_capacity_failures))
+        .bind(pool.marginal_per_hour.map(Money::micros))
         .execute(&self.db)
         .await?;
         Ok(())
@@ -154,11 +158,12 @@ impl Store {
         let before = pool_from_row(&row)?;
         query(
             "INSERT INTO pool_overrides (pool_id, node_limit, on_demand_micros, launchable, \
-             updated_at) VALUES ($1, $2, $3, $4, $5) \
+             updated_at, marginal_micros) VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (pool_id) DO UPDATE SET \
              node_limit = COALESCE(excluded.node_limit, pool_overrides.node_limit), \
              on_demand_micros = COALESCE(excluded.on_demand_micros, pool_overrides.on_demand_micros), \
              launchable = COALESCE(excluded.launchable, pool_overrides.launchable), \
+             marginal_micros = COALESCE(excluded.marginal_micros, pool_overrides.marginal_micros), \
              updated_at = excluded.updated_at",
         )
         .bind(id.as_str())
@@ -166,6 +171,7 @@ impl Store {
         .bind(change.on_demand_per_hour.map(Money::micros))
         .bind(change.launchable)
         .bind(now)
+        .bind(change.marginal_per_hour.map(Money::micros))
         .execute(&mut tx)
         .await?;
         let row = query(SQL_POOL_BY_ID)
@@ -179,6 +185,8 @@ impl Store {
                 "on_demand_per_hour_usd": p.on_demand_per_hour.as_dollars(),
                 "price_per_gpu_hour": p.on_demand_per_gpu_hour().as_dollars(),
                 "launchable": p.launchable,
+                "marginal_usd_per_gpu_hour": p.marginal_per_hour
+                    .map(|m| m.div_ceil(i64::from(p.gpus_per_node.max(1))).as_dollars()),
             })
             .to_string()
         };

@@ -14,10 +14,12 @@ use crate::store::stretches::{INSTANCE_JOB, Occupant, cost_to, labelled, stretch
 
 /// The attempts accrued by the ledger themselves: started, on a node no instance is bound to.
 pub(super) const ATTEMPT_SELECT: &str = "SELECT a.id, a.job_id, a.pool_id, a.market, a.gpus_json, \
-     a.started_at, a.finished_at, a.accrued_until, a.hourly_rate_micros, a.state, \
-     j.team, j.project, p.region_id, p.provider, p.on_demand_micros, p.spot_micros, \
-     p.gpus_per_node FROM attempts a JOIN jobs j ON j.id = a.job_id \
-     JOIN pools p ON p.id = a.pool_id \
+     a.started_at, a.finished_at, a.accrued_until, a.hourly_rate_micros, a.hourly_cash_micros, \
+     a.state, j.team, j.project, p.region_id, p.provider, p.on_demand_micros, p.spot_micros, \
+     p.gpus_per_node, COALESCE(o.launchable, p.launchable) AS launchable, \
+     COALESCE(o.marginal_micros, p.marginal_micros) AS marginal_micros \
+     FROM attempts a JOIN jobs j ON j.id = a.job_id \
+     JOIN pools p ON p.id = a.pool_id LEFT JOIN pool_overrides o ON o.pool_id = p.id \
      WHERE a.started_at IS NOT NULL \
      AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.node_id = a.node_id) ";
 
@@ -37,18 +39,20 @@ struct Entry<'a> {
     start: Timestamp,
     end: Timestamp,
     amount: i64,
+    /// What the same time cost the company in cash (`amount` for a cloud instance).
+    cash: i64,
     /// The final entry of a source that ended: written even when it adds nothing.
     last: bool,
 }
 
 async fn insert(tx: &mut Tx, e: &Entry<'_>, now: Timestamp) -> StoreResult<usize> {
-    if e.amount == 0 && !e.last {
+    if e.amount == 0 && e.cash == 0 && !e.last {
         return Ok(0);
     }
     let done = query(
         "INSERT INTO ledger (at, kind, source, team, project, job_id, attempt_id, instance_id, \
-         provider, region_id, pool_id, period_start, period_end, amount_micros) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+         provider, region_id, pool_id, period_start, period_end, amount_micros, cash_micros) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
          ON CONFLICT (source, period_start) DO NOTHING",
     )
     .bind(now)
@@ -65,6 +69,7 @@ async fn insert(tx: &mut Tx, e: &Entry<'_>, now: Timestamp) -> StoreResult<usize
     .bind(e.start)
     .bind(e.end)
     .bind(e.amount)
+    .bind(e.cash)
     .execute(&mut *tx)
     .await?;
     Ok(done.rows_affected() as usize)
@@ -93,6 +98,32 @@ pub(super) fn attempt_row_rate(r: &Row) -> StoreResult<Money> {
     })
 }
 
+/// What an attempt row (from [`ATTEMPT_SELECT`]) costs the company in cash an hour: the rate
+/// recorded when it was placed, else (placed before cash was recorded) its pool's: the charge
+/// on a launchable pool, the marginal cost (finance's, or the default share of the internal
+/// rate) on an owned one.
+pub(super) fn attempt_row_cash_rate(r: &Row) -> StoreResult<Money> {
+    if let Some(cash) = r.get::<Option<i64>>("hourly_cash_micros")? {
+        return Ok(Money(cash));
+    }
+    if r.get::<bool>("launchable")? {
+        return attempt_row_rate(r);
+    }
+    let node = match r.get::<Option<i64>>("marginal_micros")? {
+        Some(m) => Money(m),
+        None => {
+            let (num, den) = switchyard_core::DEFAULT_MARGINAL_SHARE;
+            Money(r.get("on_demand_micros")?)
+                .saturating_mul(num)
+                .div_ceil(den)
+        }
+    };
+    let gpus = parse_gpus(&r.get::<String>("gpus_json")?)?.len() as i64;
+    Ok(node
+        .div_ceil(r.get::<i64>("gpus_per_node")?.max(1))
+        .saturating_mul(gpus))
+}
+
 /// Accrues one attempt row (from [`ATTEMPT_SELECT`]) up to now, or to its end once it ended.
 async fn accrue_attempt_row(tx: &mut Tx, r: &Row, now: Timestamp) -> StoreResult<usize> {
     let id = r.uuid("id")?;
@@ -110,7 +141,9 @@ async fn accrue_attempt_row(tx: &mut Tx, r: &Row, now: Timestamp) -> StoreResult
     }
     let rate = attempt_row_rate(r)?;
     let amount = cost_to(rate, origin, until) - cost_to(rate, origin, from);
-    if amount == 0 && live {
+    let cash_rate = attempt_row_cash_rate(r)?;
+    let cash = cost_to(cash_rate, origin, until) - cost_to(cash_rate, origin, from);
+    if amount == 0 && cash == 0 && live {
         // Less than a billed second so far: the next pass takes this stretch too.
         return Ok(0);
     }
@@ -135,6 +168,7 @@ async fn accrue_attempt_row(tx: &mut Tx, r: &Row, now: Timestamp) -> StoreResult
             start: from,
             end: until,
             amount,
+            cash,
             last: !live,
         },
         now,
@@ -267,6 +301,7 @@ async fn accrue_instance(
                 start,
                 end: *end,
                 amount,
+                cash: amount,
                 last: i == last && min_billed_s.is_some(),
             },
             now,
@@ -374,7 +409,124 @@ pub(super) async fn accrue_all(
         let ended = r.time("ended_at")?;
         written += accrue_instance(tx, &id, ended, Some(min_billed_s), now).await?;
     }
+    accrue_owned_idle(tx, now).await?;
     Ok(written)
+}
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// Owned GPUs' idle time up to `now`: for each node of an owned (not launchable) pool, the GPU
+/// time since it was last accrued that no started attempt held, added to its row for each UTC
+/// hour with its worth at the pool's internal rate. Only a healthy node heard from since then
+/// counts: a node that is down or silent (the broker itself down, say) is unavailable, not
+/// idle, and its gap is skipped. Returns the rows touched.
+async fn accrue_owned_idle(tx: &mut Tx, now: Timestamp) -> StoreResult<usize> {
+    let nodes = query(
+        "SELECT n.id, n.pool_id, n.gpus_total, n.healthy, n.registered_at, n.last_heartbeat, \
+         n.idle_accrued_until, p.region_id, p.provider, p.gpus_per_node, \
+         COALESCE(o.on_demand_micros, p.on_demand_micros) AS on_demand_micros \
+         FROM nodes n JOIN pools p ON p.id = n.pool_id \
+         LEFT JOIN pool_overrides o ON o.pool_id = p.id \
+         WHERE NOT n.revoked AND NOT COALESCE(o.launchable, p.launchable) \
+         AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.node_id = n.id) \
+         ORDER BY n.id COLLATE \"C\"",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut touched = 0;
+    for n in &nodes {
+        let id: String = n.get("id")?;
+        let from = n
+            .time_opt("idle_accrued_until")?
+            .unwrap_or(n.time("registered_at")?);
+        if now <= from {
+            continue;
+        }
+        let heard = n.get::<bool>("healthy")? && n.time("last_heartbeat")? >= from;
+        if heard {
+            let gpus = i64::from(n.u32("gpus_total")?);
+            let attempts = query(
+                "SELECT gpus_json, started_at, finished_at FROM attempts WHERE node_id = $1 \
+                 AND started_at IS NOT NULL AND started_at < $3 \
+                 AND (finished_at IS NULL OR finished_at > $2)",
+            )
+            .bind(&id)
+            .bind(from)
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await?;
+            let mut held = Vec::with_capacity(attempts.len());
+            for a in &attempts {
+                let end = a.time_opt("finished_at")?.unwrap_or(now);
+                let n_gpus = parse_gpus(&a.get::<String>("gpus_json")?)?.len() as i64;
+                held.push((a.time("started_at")?, end, n_gpus));
+            }
+            let per_gpu_hour = Money(n.get("on_demand_micros")?)
+                .div_ceil(n.get::<i64>("gpus_per_node")?.max(1))
+                .micros();
+            let (pool, region, provider): (String, String, String) =
+                (n.get("pool_id")?, n.get("region_id")?, n.get("provider")?);
+            for (start, end) in hours(from, now) {
+                let busy: i64 = held
+                    .iter()
+                    .map(|&(s, e, g)| {
+                        let overlap = e.millis().min(end.millis()) - s.millis().max(start.millis());
+                        overlap.max(0).saturating_mul(g)
+                    })
+                    .sum();
+                let idle_ms = gpus
+                    .saturating_mul(end.millis() - start.millis())
+                    .saturating_sub(busy)
+                    .max(0);
+                if idle_ms == 0 {
+                    continue;
+                }
+                // Nearest micro-dollar; at most one off per pass.
+                let worth = (i128::from(idle_ms) * i128::from(per_gpu_hour)
+                    + i128::from(HOUR_MS / 2))
+                    / i128::from(HOUR_MS);
+                let hour = Timestamp(start.millis() - start.millis().rem_euclid(HOUR_MS));
+                query(
+                    "INSERT INTO owned_idle (node_id, pool_id, region_id, provider, \
+                     period_start, period_end, idle_gpu_ms, worth_micros) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                     ON CONFLICT (node_id, period_start) DO UPDATE SET \
+                     period_end = excluded.period_end, \
+                     idle_gpu_ms = owned_idle.idle_gpu_ms + excluded.idle_gpu_ms, \
+                     worth_micros = owned_idle.worth_micros + excluded.worth_micros",
+                )
+                .bind(&id)
+                .bind(&pool)
+                .bind(&region)
+                .bind(&provider)
+                .bind(hour)
+                .bind(end)
+                .bind(idle_ms)
+                .bind(i64::try_from(worth).unwrap_or(i64::MAX))
+                .execute(&mut *tx)
+                .await?;
+                touched += 1;
+            }
+        }
+        query("UPDATE nodes SET idle_accrued_until = $1 WHERE id = $2")
+            .bind(now)
+            .bind(&id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(touched)
+}
+
+/// `[from, to)` cut at UTC hour boundaries.
+fn hours(from: Timestamp, to: Timestamp) -> Vec<(Timestamp, Timestamp)> {
+    let mut out = Vec::new();
+    let mut start = from.millis();
+    while start < to.millis() {
+        let next = (start - start.rem_euclid(HOUR_MS) + HOUR_MS).min(to.millis());
+        out.push((Timestamp(start), Timestamp(next)));
+        start = next;
+    }
+    out
 }
 
 impl Store {

@@ -214,9 +214,9 @@ impl Store {
                 query(
                     "INSERT INTO attempts (id, job_id, attempt_no, node_id, pool_id, epoch, \
                      gpus_json, market, state, estimated_cost_micros, expected_end, created_at, \
-                     hourly_rate_micros, node_rank, gang_lead, master_port) \
+                     hourly_rate_micros, node_rank, gang_lead, master_port, hourly_cash_micros) \
                      VALUES ($1, $2, $3, $4, $5, $3, $6, $7, 'assigned', $8, $9, $10, $11, \
-                     $12, $13, $14)",
+                     $12, $13, $14, $15)",
                 )
                 .bind(a.id.0)
                 .bind(a.job.0)
@@ -232,6 +232,7 @@ impl Store {
                 .bind(i64::from(a.rank))
                 .bind(gang_lead)
                 .bind(master_port)
+                .bind(a.hourly_cash.micros())
                 .execute(&mut tx)
                 .await?;
             }

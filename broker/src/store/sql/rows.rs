@@ -50,7 +50,7 @@ pub(crate) fn pool_from_row(r: &Row) -> StoreResult<Pool> {
         boot_time_s: r.u32("boot_time_s")?,
         price_updated_at: r.time("price_updated_at")?,
         recent_capacity_failures: r.u32("recent_capacity_failures")?,
-        marginal_per_hour: None,
+        marginal_per_hour: r.get::<Option<i64>>("marginal_micros")?.map(Money),
     })
 }
 
@@ -191,7 +191,8 @@ macro_rules! pools_select {
              COALESCE(o.launchable, p.launchable) AS launchable, p.boot_time_s, \
              CASE WHEN o.on_demand_micros IS NOT NULL AND o.updated_at > p.price_updated_at \
                   THEN o.updated_at ELSE p.price_updated_at END AS price_updated_at, \
-             p.recent_capacity_failures \
+             p.recent_capacity_failures, \
+             COALESCE(o.marginal_micros, p.marginal_micros) AS marginal_micros \
              FROM pools p LEFT JOIN pool_overrides o ON o.pool_id = p.id",
             $tail
         )

@@ -34,7 +34,8 @@ impl Store {
         };
         // NULLS FIRST and byte order: the order SQLite gives.
         let sql = format!(
-            "SELECT {key} COLLATE \"C\" AS k, {bucket} AS b, CAST(SUM(amount_micros) AS BIGINT) AS amount FROM ledger \
+            "SELECT {key} COLLATE \"C\" AS k, {bucket} AS b, CAST(SUM(amount_micros) AS BIGINT) AS amount, \
+             CAST(SUM(COALESCE(cash_micros, amount_micros)) AS BIGINT) AS cash FROM ledger \
              WHERE (CAST($1 AS TIMESTAMPTZ) IS NULL OR period_start >= $1) \
              AND (CAST($2 AS TIMESTAMPTZ) IS NULL OR period_start < $2) \
              AND (CAST($3 AS TEXT) IS NULL OR team = $3) GROUP BY k, b \
@@ -52,6 +53,35 @@ impl Store {
                     key: r.get("k")?,
                     bucket_start: r.time_opt("b")?,
                     amount: Money(r.get::<Option<i64>>("amount")?.unwrap_or(0)),
+                    cash: Money(r.get::<Option<i64>>("cash")?.unwrap_or(0)),
+                })
+            })
+            .collect()
+    }
+
+    /// Owned GPUs' idle time per pool in the hours that start in `[from, to)`.
+    pub async fn owned_idle(
+        &self,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+    ) -> StoreResult<Vec<OwnedIdleRow>> {
+        let rows = query(
+            "SELECT pool_id COLLATE \"C\" AS pool, CAST(SUM(idle_gpu_ms) AS BIGINT) AS idle, \
+             CAST(SUM(worth_micros) AS BIGINT) AS worth FROM owned_idle \
+             WHERE (CAST($1 AS TIMESTAMPTZ) IS NULL OR period_start >= $1) \
+             AND (CAST($2 AS TIMESTAMPTZ) IS NULL OR period_start < $2) \
+             GROUP BY pool ORDER BY pool",
+        )
+        .bind(from)
+        .bind(to)
+        .fetch_all(&self.db)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(OwnedIdleRow {
+                    pool: r.get("pool")?,
+                    idle_gpu_ms: r.get::<Option<i64>>("idle")?.unwrap_or(0),
+                    worth: Money(r.get::<Option<i64>>("worth")?.unwrap_or(0)),
                 })
             })
             .collect()
@@ -180,6 +210,10 @@ impl Store {
                     period_start: r.time("period_start")?,
                     period_end: r.time("period_end")?,
                     amount: Money(r.get("amount_micros")?),
+                    cash: Money(
+                        r.get::<Option<i64>>("cash_micros")?
+                            .unwrap_or(r.get("amount_micros")?),
+                    ),
                 })
             })
             .collect()
