@@ -547,19 +547,27 @@ fn csv_micros(text: &str) -> i64 {
     if negative { -m } else { m }
 }
 
-/// The spend CSV grouped by `group` (`group,bucket_start?,amount_usd`): (key, micro-dollars)
-/// per row, after checking the header.
-fn parse_spend_csv(text: &str, group: &str) -> Vec<(String, i64)> {
+/// The spend CSV grouped by `group` (`group,bucket_start?,amount_usd,cash_usd`): (key,
+/// chargeback, cash) in micro-dollars per row, after checking the header.
+fn parse_spend_csv(text: &str, group: &str) -> Vec<(String, i64, i64)> {
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().expect("a CSV header").split(',').collect();
     assert_eq!(header.first(), Some(&group), "{text}");
-    assert_eq!(header.last(), Some(&"amount_usd"), "{text}");
-    let rows: Vec<(String, i64)> = lines
+    assert_eq!(
+        header[header.len() - 2..],
+        ["amount_usd", "cash_usd"],
+        "{text}"
+    );
+    let rows: Vec<(String, i64, i64)> = lines
         .filter(|l| !l.is_empty())
         .map(|l| {
             let cells: Vec<&str> = l.split(',').collect();
             assert_eq!(cells.len(), header.len(), "{l:?} in {text}");
-            (cells[0].to_string(), csv_micros(cells[cells.len() - 1]))
+            (
+                cells[0].to_string(),
+                csv_micros(cells[cells.len() - 2]),
+                csv_micros(cells[cells.len() - 1]),
+            )
         })
         .collect();
     assert!(!rows.is_empty(), "no rows: {text}");
@@ -579,7 +587,10 @@ async fn assert_page_data(b: &Browser, name: &str, context: &str) {
             at_least("[data-test=util-row]", 1).await;
             at_least("[data-test=queue-row]", 4).await;
         }
-        "catalogue" => at_least("[data-test=pool-row]", 4).await,
+        "catalogue" => {
+            at_least("[data-test=pool-row]", 4).await;
+            at_least("[data-test=pool-cash]", 4).await;
+        }
         "jobs" => {
             at_least("[data-test=job-row]", 3).await;
             let states = b
@@ -623,6 +634,14 @@ async fn assert_page_data(b: &Browser, name: &str, context: &str) {
                 .await
                 .unwrap_or_default();
             assert!(version.starts_with("version 1"), "{context}: {version:?}");
+            let objective = b
+                .js(
+                    "const e = document.querySelector('[data-test=policy-form][data-team=ml] [data-test=\"field-objective\"]');
+                     return e ? e.value : null;",
+                    vec![],
+                )
+                .await;
+            assert_eq!(objective, json!(""), "{context}: the default objective");
         }
         "spend" => {
             at_least("[data-test=spend-table-team] [data-test=spend-row]", 2).await;
@@ -635,6 +654,21 @@ async fn assert_page_data(b: &Browser, name: &str, context: &str) {
                 total.starts_with('$')
                     && !total.trim_start_matches(['$', '0', '.', ',']).is_empty(),
                 "{context}: total {total:?}"
+            );
+            // Two costs: cash beside the bill, and owned GPUs standing idle (an admin sees
+            // every team, so the idle card is there).
+            let cash = b
+                .text_of("[data-test=spend-cash] .value")
+                .await
+                .unwrap_or_default();
+            assert!(cash.starts_with('$'), "{context}: cash {cash:?}");
+            let idle = b
+                .text_of("[data-test=spend-owned-idle] .value")
+                .await
+                .unwrap_or_default();
+            assert!(
+                idle.starts_with('$') && idle.ends_with("GPU-h"),
+                "{context}: owned idle {idle:?}"
             );
         }
         "instances" => {
@@ -1274,15 +1308,21 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
     assert!(got["href"].as_str().unwrap().starts_with("blob:"), "{got}");
     assert_eq!(got["download"], "switchyard-spend-by-team.csv");
     let downloaded = parse_spend_csv(got["text"].as_str().unwrap(), "team");
-    let total: i64 = downloaded.iter().map(|(_, m)| m).sum();
+    let total: i64 = downloaded.iter().map(|(_, m, _)| m).sum();
     assert_eq!(
         total,
         usd_micros(&spend["total_usd"]),
         "the CSV's rows add up to the spend API's total: {downloaded:?} {spend}"
     );
+    let cash: i64 = downloaded.iter().map(|(_, _, c)| c).sum();
+    assert_eq!(
+        cash,
+        usd_micros(&spend["total_cash_usd"]),
+        "and their cash to its cash total: {downloaded:?} {spend}"
+    );
     for team in ["ml", "vision"] {
         assert!(
-            downloaded.iter().any(|(k, m)| k == team && *m > 0),
+            downloaded.iter().any(|(k, m, _)| k == team && *m > 0),
             "{team} in the CSV: {downloaded:?}"
         );
     }
@@ -1311,7 +1351,7 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
     );
     let by_cookie = parse_spend_csv(&res.text().await.unwrap(), "team");
     assert_eq!(
-        by_cookie.iter().map(|(_, m)| m).sum::<i64>(),
+        by_cookie.iter().map(|(_, m, _)| m).sum::<i64>(),
         usd_micros(&spend["total_usd"]),
         "{by_cookie:?}"
     );
@@ -1369,6 +1409,30 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
             .any(|e| e["action"] == "pool.patch"),
         "{audit}"
     );
+    // Finance's figure beside it (issue 29): the pool's marginal cost, shown as its cash rate.
+    let row = b
+        .el(&format!("[data-test=pool-row][data-pool=\"{pool}\"]"))
+        .await;
+    row.find(Locator::Css("[data-test=pool-edit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let marginal = b
+        .el("[data-test=pool-editor] [data-test=pool-marginal-input]")
+        .await;
+    marginal.clear().await.unwrap();
+    marginal.send_keys("0.2").await.unwrap();
+    b.el("[data-test=pool-save]").await.click().await.unwrap();
+    b.until(
+        "the new cash rate on the catalogue page",
+        WAIT,
+        "const r = document.querySelector('[data-test=pool-row][data-pool=\"' + arguments[0] + '\"] [data-test=pool-cash]');
+         return r && r.textContent === '$0.20';",
+        vec![json!(pool)],
+    )
+    .await;
     b.assert_no_errors("after editing a pool").await;
 
     // A developer sees only their team and no editing controls.
@@ -1735,6 +1799,28 @@ async fn a_bad_policy_edit_is_refused_whole_and_leaving_unsaved_edits_asks_first
         .await;
     assert_eq!(now["version"], json!(3), "{now}");
     b.assert_no_errors("after leaving the policy page").await;
+
+    // What placement minimises (issue 29): the team's own bill instead of the company's cash.
+    b.open("#/policies/ml", "policies").await;
+    b.el("[data-test=policy-form] [data-test=\"field-objective\"]")
+        .await
+        .select_by_value("team")
+        .await
+        .unwrap();
+    b.el("[data-test=policy-save]").await.click().await.unwrap();
+    b.until(
+        "the objective to be saved",
+        WAIT,
+        "const s = document.querySelector('[data-test=policy-status]');
+         return s && s.getAttribute('data-version') === '4';",
+        vec![],
+    )
+    .await;
+    let (_, now) = broker
+        .call(reqwest::Method::GET, "/api/v1/policies/ml", None)
+        .await;
+    assert_eq!(now["policy"]["objective"], "team", "{now}");
+    b.assert_no_errors("after choosing the objective").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,6 +53,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
   const can = {
     editPolicies: () => S.me && ['admin', 'finance'].includes(S.me.role),
     editPools: () => S.me && ['admin', 'infra'].includes(S.me.role),
+    // An owned pool's marginal cost is finance's figure (infra and admins may set it too).
+    editMarginal: () => S.me && ['admin', 'infra', 'finance'].includes(S.me.role),
     cancelJobs: () => S.me && ['admin', 'developer'].includes(S.me.role),
     allTeams: () => S.me && S.me.role !== 'developer',
   };
@@ -812,20 +814,24 @@ document.addEventListener('securitypolicyviolation', (e) => {
           h('td', { class: 'hide-narrow' }, p.region),
           h('td', null, p.gpu_model + ' ×' + p.gpus_per_node, h('div', { class: 'small muted' }, p.gpu_memory_gb + ' GB')),
           h('td', { class: 'num', 'data-test': 'pool-price' }, usd(p.price_per_gpu_hour)),
+          h('td', {
+            class: 'num hide-narrow', 'data-test': 'pool-cash',
+            title: p.launchable ? 'a cloud pool costs its price' : (p.marginal_set ? 'marginal cost set by finance' : 'default: a fifth of the internal rate'),
+          }, p.cash_per_gpu_hour === undefined ? '—' : usd(p.cash_per_gpu_hour), !p.launchable && !p.marginal_set ? h('div', { class: 'small muted' }, 'default') : null),
           h('td', { class: 'num hide-narrow' }, p.spot_price_per_gpu_hour === null || p.spot_price_per_gpu_hour === undefined ? '—' : usd(p.spot_price_per_gpu_hour)),
           h('td', { class: 'num' }, p.latency_ms + ' ms'),
           h('td', { class: 'hide-narrow', 'data-test': 'pool-nodes' }, nodesCell(p)),
           h('td', { class: 'num', 'data-test': 'pool-free' }, freeCell(p)),
           h('td', null, bar(util), h('div', { class: 'small muted' }, pct(util))),
           h('td', { class: 'num', title: dt(p.price_updated_at), 'data-test': 'pool-price-age' }, ago(p.price_updated_at)),
-          can.editPools() ? h('td', null, h('button', {
+          can.editPools() || (can.editMarginal() && !p.launchable) ? h('td', null, h('button', {
             type: 'button', class: 'secondary', 'data-test': 'pool-edit',
             onclick: () => togglePoolEditor(tr, p),
-          }, 'Edit')) : null);
+          }, 'Edit')) : (can.editMarginal() ? h('td') : null));
         trs.push(tr);
       }
-      holder.appendChild(table(['Pool', ['Provider', 'hide-narrow'], ['Region', 'hide-narrow'], 'GPU', ['$/GPU-h', 'num'], ['Spot', 'num hide-narrow'], ['Latency', 'num'],
-        ['Nodes', 'hide-narrow'], ['GPUs free', 'num'], 'Utilisation', ['Price age', 'num'], can.editPools() ? '' : null].filter((x) => x !== null),
+      holder.appendChild(table(['Pool', ['Provider', 'hide-narrow'], ['Region', 'hide-narrow'], 'GPU', ['$/GPU-h', 'num'], ['Cash $/GPU-h', 'num hide-narrow'], ['Spot', 'num hide-narrow'], ['Latency', 'num'],
+        ['Nodes', 'hide-narrow'], ['GPUs free', 'num'], 'Utilisation', ['Price age', 'num'], can.editMarginal() ? '' : null].filter((x) => x !== null),
       trs, { test: 'pools-table', empty: 'No pool matches.', stack: true }));
     };
     [provSel, modelSel, sortSel].forEach((el) => el.addEventListener('change', draw));
@@ -864,6 +870,9 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const limit = h('input', { type: 'number', min: '0', step: '1', value: pool.node_limit, 'data-test': 'pool-node-limit' });
     const price = h('input', { type: 'number', min: '0', step: '0.01', value: pool.price_per_gpu_hour, 'data-test': 'pool-price-input' });
     const launch = h('input', { type: 'checkbox', checked: pool.launchable, 'data-test': 'pool-launchable' });
+    const marginalNow = pool.marginal_set ? String(pool.cash_per_gpu_hour) : '';
+    const marginal = h('input', { type: 'number', min: '0', step: '0.01', value: marginalNow, placeholder: 'default ' + usd(pool.cash_per_gpu_hour), 'data-test': 'pool-marginal-input' });
+    const infra = can.editPools();
     const errors = {};
     const f = (label, input, key) => {
       const fe = field(label, input, null, key);
@@ -872,17 +881,20 @@ document.addEventListener('securitypolicyviolation', (e) => {
     };
     const status = h('span', { class: 'small', 'data-test': 'pool-edit-status' });
     const form = h('form', { class: 'form-grid', 'data-test': 'pool-editor' },
-      f('Node limit', limit, 'node_limit'),
-      f('Price per GPU-hour (USD)', price, 'price_per_gpu_hour'),
-      h('div', { class: 'field', 'data-field': 'launchable' }, h('label', { class: 'check' }, launch, 'Launchable (burst allowed)')),
+      infra ? f('Node limit', limit, 'node_limit') : null,
+      infra ? f('Price per GPU-hour (USD)', price, 'price_per_gpu_hour') : null,
+      infra ? h('div', { class: 'field', 'data-field': 'launchable' }, h('label', { class: 'check' }, launch, 'Launchable (burst allowed)')) : null,
+      pool.launchable ? null : field('Marginal cost per GPU-hour (USD)', marginal, null, 'marginal_usd_per_gpu_hour',
+        'Power and wear: what an hour of use costs in cash, 0 or more. Empty: a fifth of the internal rate'),
       h('div', { class: 'actions' }, h('button', { type: 'submit', 'data-test': 'pool-save' }, 'Save'), status));
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
       clearFieldErrors(form);
       const body = {};
-      if (String(limit.value) !== String(pool.node_limit)) body.node_limit = numOrRaw(limit.value);
-      if (String(price.value) !== String(pool.price_per_gpu_hour)) body.price_per_gpu_hour = numOrRaw(price.value);
-      if (launch.checked !== pool.launchable) body.launchable = launch.checked;
+      if (infra && String(limit.value) !== String(pool.node_limit)) body.node_limit = numOrRaw(limit.value);
+      if (infra && String(price.value) !== String(pool.price_per_gpu_hour)) body.price_per_gpu_hour = numOrRaw(price.value);
+      if (infra && launch.checked !== pool.launchable) body.launchable = launch.checked;
+      if (!pool.launchable && marginal.value.trim() !== '' && String(marginal.value).trim() !== marginalNow) body.marginal_usd_per_gpu_hour = numOrRaw(marginal.value);
       if (!Object.keys(body).length) { status.textContent = 'Nothing changed.'; return; }
       try {
         await api('PATCH', '/api/v1/pools/' + encodeURIComponent(pool.id), body);
@@ -1792,6 +1804,9 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const spot = selectOf(['', 'never', 'allowed', 'preferred'], policy.spot || '', dis, { '': 'no rule' });
     const burst = selectOf(['', 'true', 'false'], policy.burst === undefined || policy.burst === null ? '' : String(policy.burst), dis, { '': 'no rule', true: 'allowed', false: 'not allowed' });
     const ceiling = selectOf(['', ...PRIORITIES], policy.priority_ceiling || '', dis, { '': 'no ceiling' });
+    // What placement minimises for the team (issue 29): the company's cash or the team's bill.
+    const objective = selectOf(['', 'company', 'team'], policy.objective || '', dis,
+      { '': 'company (the default)', company: 'company: what we pay in cash', team: 'team: the team’s bill' });
 
     // Windows and on-prem rates: editable rows.
     const windows = (policy.windows || []).map((w) => Object.assign({}, w));
@@ -1896,7 +1911,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
           field('Allowed regions', regions, null, 'allowed_regions', 'Comma-separated provider:code; empty: any'),
           field('Spot', spot, null, 'spot'),
           field('Burst to the cloud', burst, null, 'burst'),
-          field('Priority ceiling', ceiling, null, 'priority_ceiling'))),
+          field('Priority ceiling', ceiling, null, 'priority_ceiling'),
+          field('Minimise', objective, null, 'objective', 'Company: cloud spend plus owned GPUs at their marginal cost, so idle owned GPUs win over cheap spot. Team: the team’s bill, owned GPUs at the internal rate. Budgets bind on the bill either way.'))),
       h('fieldset', { 'data-field': 'windows' }, h('legend', null, 'Time windows'), windowsBox,
         h('div', { class: 'field-error', hidden: true }),
         editable ? h('button', {
@@ -1985,6 +2001,7 @@ document.addEventListener('securitypolicyviolation', (e) => {
       if (spot.value) body.spot = spot.value;
       if (burst.value) body.burst = burst.value === 'true';
       if (ceiling.value) body.priority_ceiling = ceiling.value;
+      if (objective.value) body.objective = objective.value;
       if (windows.length) {
         if (windows.length > 64) bad('windows', 'at most 64 windows');
         body.windows = windows.map((w, i) => {
@@ -2294,9 +2311,17 @@ document.addEventListener('securitypolicyviolation', (e) => {
     const dayList = [];
     for (let d = new Date(start); d <= now; d = new Date(d.getTime() + 86400000)) dayList.push(d.toISOString().slice(0, 10));
     const first = results.find((r) => !(r instanceof ApiError));
+    // Two costs (issue 29): what teams are billed, what the company paid in cash, and what
+    // owned GPUs cost standing idle (shown to those who see every team).
+    const idle = first && first.owned_idle ? first.owned_idle : null;
     root.appendChild(h('div', { class: 'cards' },
-      card('Total, last ' + days + ' days', first ? usd(first.total_usd) : '—', 'spend-total'),
-      card('Per day (average)', first ? usd(Number(first.total_usd) / days) : '—', 'spend-daily')));
+      card('Billed to teams, last ' + days + ' days', first ? usd(first.total_usd) : '—', 'spend-total'),
+      card('Paid in cash', first && first.total_cash_usd !== undefined ? usd(first.total_cash_usd) : '—', 'spend-cash'),
+      card('Per day billed (average)', first ? usd(Number(first.total_usd) / days) : '—', 'spend-daily'),
+      idle ? card('Owned GPUs idle', usd(idle.usd) + ' · ' + Number(idle.gpu_hours).toFixed(1) + ' GPU-h', 'spend-owned-idle') : null));
+    root.appendChild(h('p', { class: 'muted small', 'data-test': 'spend-costs-words' },
+      'Billed: the ledger’s chargeback, owned GPUs at the internal rate. Cash: cloud spend plus owned GPUs at their marginal cost (power and wear).'
+      + (idle ? ' Idle owned GPUs are a cost of ownership, worth the internal rate, in neither total.' : '')));
     if (first) {
       const perDay = new Map();
       for (const r of first.rows) {
