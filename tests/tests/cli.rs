@@ -1081,7 +1081,22 @@ async fn nodes_pools_and_agent_tokens_from_the_cli() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(
         out.trim(),
-        format!("pool {pool}: up to 3 nodes, $2.50 per GPU-hour, not launchable")
+        format!(
+            "pool {pool}: up to 3 nodes, $2.50 per GPU-hour ($0.50 in cash: the default fifth), \
+             not launchable"
+        )
+    );
+    // Finance's figure for an owned pool: its marginal cost, what the planner minimises.
+    let (code, out, err) = cli_output(
+        &broker,
+        &admin,
+        &["pool", "set", pool, "--marginal-per-gpu-hour", "0.3"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("pool {pool}: up to 3 nodes, $2.50 per GPU-hour ($0.30 in cash), not launchable")
     );
     let (code, out, err) = cli_output(
         &broker,
