@@ -311,6 +311,13 @@ pub fn simulate(
         "lp lower bound ${:.2} ({lp_time_ms:.0} ms)",
         bound.as_dollars()
     );
+    for result in &results {
+        let gap = report::gap_anatomy(result, &world, &jobs, bound);
+        eprintln!("{}", gap_line(&result.scheduler, &gap));
+        if let Some(r) = reports.get_mut(&result.scheduler) {
+            r.gap = Some(gap);
+        }
+    }
     let ratios = ratios(&reports, bound);
     let waste = match (&scenario.waste, args.waste) {
         (Some(w), _) => Some(w.clone()),
@@ -409,6 +416,23 @@ fn services_total(
         usd_over_replay: usd * days,
         onprem_nodes_reserved: reserve.values().sum(),
     })
+}
+
+/// One line of a run's gap to the bound, by cause (see [`report::GapAnatomy`]).
+fn gap_line(name: &str, g: &report::GapAnatomy) -> String {
+    format!(
+        "gap {name:<18} ${:.0} = idle ${:.0} + fragmentation ${:.0} + reruns ${:.0} + burst over \
+         owned ${:.0} + dearer ${:.0} + unfinished ${:.0} - capacity ${:.0} (rounding ${:.2})",
+        g.gap_usd,
+        g.cloud_idle_usd,
+        g.fragmentation_usd,
+        g.reruns_usd,
+        g.burst_over_owned_usd,
+        g.dearer_usd,
+        g.unfinished_usd,
+        g.capacity_usd,
+        g.rounding_usd
+    )
 }
 
 fn ratios(

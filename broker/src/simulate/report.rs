@@ -87,6 +87,90 @@ pub struct SchedulerReport {
     pub rejected_actions: u64,
     pub scheduler_calls: u64,
     pub simulation_wall_ms: f64,
+    /// What its cost is made of against the LP bound ([`GapAnatomy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap: Option<GapAnatomy>,
+}
+
+/// A run's cash cost against the LP bound, in dollars per cause (issue 29).
+///
+/// The bound is every job at its floor (its cheapest fitting pool for its true runtime, owned
+/// capacity unlimited: [`switchyard_core::sim::job_floor`]) plus `capacity_usd`, what sharing
+/// the owned GPUs forces dearer. The run is its cloud nodes' idle time, their GPUs no job held
+/// while busy, the work interruptions threw away, and what each job's kept work paid. So
+///
+/// `gap = cloud_idle + fragmentation + reruns + burst_over_owned + dearer + unfinished
+///        − capacity + rounding`
+///
+/// `burst_over_owned` (jobs whose floor is owned GPUs that ran in the cloud: sent there by a
+/// deadline or a full on-prem, where the bound's fractional, preemptive split is the looser
+/// part) and `dearer` (the rest: a dearer pool or market than the floor, waiting on nothing)
+/// are what placement chose; the others are what running real nodes costs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GapAnatomy {
+    /// The run's cash cost less the bound.
+    pub gap_usd: f64,
+    /// Cloud nodes booting, idle before their TTL, and the billing minimum.
+    pub cloud_idle_usd: f64,
+    /// GPUs of a busy cloud node that no job held.
+    pub fragmentation_usd: f64,
+    /// Work that an interruption or preemption threw away (what no checkpoint kept).
+    pub reruns_usd: f64,
+    /// Finished jobs whose floor is owned GPUs, over that floor, when they ran in the cloud.
+    pub burst_over_owned_usd: f64,
+    /// Other finished jobs over their floor.
+    pub dearer_usd: f64,
+    /// Jobs that did not finish: what they paid less their floor (negative: the bound counts
+    /// their whole runtime).
+    pub unfinished_usd: f64,
+    /// The bound's own price of sharing the owned GPUs (the bound less the sum of floors).
+    pub capacity_usd: f64,
+    /// What the identity leaves (rounding to micro-dollars per charge).
+    pub rounding_usd: f64,
+}
+
+/// The anatomy of `r`'s cost against `bound` for the `jobs` it replayed.
+pub fn gap_anatomy(
+    r: &SimResult,
+    world: &switchyard_core::sim::World,
+    jobs: &[switchyard_core::sim::SimJob],
+    bound: Money,
+) -> GapAnatomy {
+    let mut floors = 0i64;
+    let (mut burst, mut dearer, mut unfinished, mut reruns, mut cloud_share) = (0i64, 0, 0, 0, 0);
+    for (job, out) in jobs.iter().zip(&r.jobs) {
+        let (floor, owned) =
+            switchyard_core::sim::job_floor(world, job).unwrap_or((Money::ZERO, false));
+        floors += floor.micros();
+        reruns += out.lost_cash.micros();
+        cloud_share += out.cloud_cash.micros();
+        let over = out.cash.micros() - out.lost_cash.micros() - floor.micros();
+        if out.finish.is_none() {
+            unfinished += over;
+        } else if owned && out.cloud_cash > Money::ZERO {
+            burst += over;
+        } else {
+            dearer += over;
+        }
+    }
+    let d = |m: i64| Money(m).as_dollars();
+    let total = r.total_cost().micros();
+    let gap = total - bound.micros();
+    let idle = r.cloud_idle_cost.micros();
+    let fragmentation = r.cloud_busy_cost.micros() - cloud_share;
+    let capacity = bound.micros() - floors;
+    let parts = idle + fragmentation + reruns + burst + dearer + unfinished - capacity;
+    GapAnatomy {
+        gap_usd: d(gap),
+        cloud_idle_usd: d(idle),
+        fragmentation_usd: d(fragmentation),
+        reruns_usd: d(reruns),
+        burst_over_owned_usd: d(burst),
+        dearer_usd: d(dearer),
+        unfinished_usd: d(unfinished),
+        capacity_usd: d(capacity),
+        rounding_usd: d(gap - parts),
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -152,6 +236,7 @@ pub fn scheduler_report(r: &SimResult, plan_time_ms: f64, wall_ms: f64) -> Sched
         rejected_actions: r.rejected_actions,
         scheduler_calls: r.scheduler_calls,
         simulation_wall_ms: wall_ms,
+        gap: None,
     }
 }
 

@@ -92,6 +92,44 @@ fn report_has_the_issue_shape_and_plots() {
     }
 }
 
+/// The gap to the bound splits into its causes exactly (issue 29): the parts add up to the gap
+/// but for rounding, the bound's capacity share is not negative, and a run with cloud nodes
+/// pays for some idle time.
+#[test]
+fn the_gap_to_the_bound_adds_up_by_cause() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v = report_json(&small_scenario(), &small_trace(), dir.path());
+    let bound = v["lp_lower_bound_usd"].as_f64().expect("a bound");
+    for name in ["switchyard", "cheapest", "fifo-burst"] {
+        let s = &v["schedulers"][name];
+        let g = &s["gap"];
+        let f = |k: &str| {
+            g[k].as_f64()
+                .unwrap_or_else(|| panic!("{name}.gap.{k} in {g}"))
+        };
+        let total = s["total_cost_usd"].as_f64().expect("a total");
+        assert!((f("gap_usd") - (total - bound)).abs() < 1e-6, "{name}: {g}");
+        let parts = f("cloud_idle_usd")
+            + f("fragmentation_usd")
+            + f("reruns_usd")
+            + f("burst_over_owned_usd")
+            + f("dearer_usd")
+            + f("unfinished_usd")
+            - f("capacity_usd");
+        assert!(
+            (f("gap_usd") - parts - f("rounding_usd")).abs() < 1e-6,
+            "{name}: {g}"
+        );
+        // A micro-dollar per charge at most, over 60 jobs and their nodes.
+        assert!(f("rounding_usd").abs() < 0.01, "{name}: {g}");
+        assert!(f("capacity_usd") >= -1e-6, "{name}: {g}");
+        assert!(f("fragmentation_usd") >= -0.01, "{name}: {g}");
+        if s["burst_instances"].as_u64() > Some(0) {
+            assert!(f("cloud_idle_usd") > 0.0, "{name}: {g}");
+        }
+    }
+}
+
 #[test]
 fn same_seed_same_report() {
     let dir = tempfile::tempdir().expect("tempdir");

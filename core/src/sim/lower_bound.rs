@@ -90,6 +90,23 @@ pub fn lp_lower_bound(world: &World, jobs: &[SimJob], buckets: usize) -> Money {
     Money::from_micros(total.max(0.0).floor() as i64)
 }
 
+/// The least job `job` can cost in cash anywhere (its cheapest fitting pool, owned or cloud, for
+/// its true runtime, egress included), as if owned capacity were unlimited: the bound's price
+/// for it before capacity is shared, and whether that is on owned GPUs. The bound is the sum
+/// of these floors plus what sharing the owned GPUs forces into the cloud. `None` when no pool
+/// fits it.
+pub fn job_floor(world: &World, job: &SimJob) -> Option<(Money, bool)> {
+    let onprem = best_cost(world, &job.spec, job.runtime_s, false);
+    let cloud = best_cost(world, &job.spec, job.runtime_s, true);
+    let (floor, owned) = match (onprem, cloud) {
+        (Some(p), Some(c)) => (p.min(c), p < c),
+        (Some(p), None) => (p, true),
+        (None, Some(c)) => (c, false),
+        (None, None) => return None,
+    };
+    Some((Money::from_micros(floor.max(0.0).floor() as i64), owned))
+}
+
 /// The most saving on-prem capacity can buy: the polymatroid greedy of the module docs.
 fn greedy_saving(jobs: &mut [(f64, usize, i64, i64, f64, f64)], gpus: f64, buckets: usize) -> f64 {
     let edges = bucket_edges(jobs, buckets);

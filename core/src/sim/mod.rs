@@ -37,7 +37,7 @@ mod switchyard;
 
 pub use baselines::{Cheapest, FifoBurst};
 pub use engine::{job_id, run, run_with};
-pub use lower_bound::lp_lower_bound;
+pub use lower_bound::{job_floor, lp_lower_bound};
 pub use switchyard::{Commitment, Switchyard};
 
 use crate::domain::*;
@@ -218,6 +218,13 @@ pub struct JobOutcome {
     /// Its GPUs' share of the price of the nodes it ran on while it ran, and its data's
     /// egress; a cloud node's boot and idle time is not a job's.
     pub cost: Money,
+    /// The same in cash (owned GPUs at their marginal cost): every attempt's, egress included.
+    pub cash: Money,
+    /// The part of `cash` on cloud nodes (their GPU share while it ran).
+    pub cloud_cash: Money,
+    /// The part of `cash` that bought work an interruption or preemption threw away (what no
+    /// checkpoint kept).
+    pub lost_cash: Money,
     pub finish: Option<Timestamp>,
     pub deadline: Option<Timestamp>,
     pub measured: bool,

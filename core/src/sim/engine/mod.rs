@@ -54,6 +54,10 @@ struct JobRec {
     ranks: Vec<(usize, GpuSet)>,
     /// Its GPUs' share of what the nodes it ran on cost while it ran (egress included).
     cost: Money,
+    /// The same in cash, and its parts: see [`JobOutcome`].
+    cash: Money,
+    cloud_cash: Money,
+    lost_cash: Money,
     finish: Option<Timestamp>,
 }
 
@@ -220,6 +224,9 @@ impl<'w> Engine<'w> {
                     first_pool: None,
                     ranks: Vec::new(),
                     cost: Money::ZERO,
+                    cash: Money::ZERO,
+                    cloud_cash: Money::ZERO,
+                    lost_cash: Money::ZERO,
                     finish: None,
                 })
                 .collect(),
@@ -446,6 +453,7 @@ impl<'w> Engine<'w> {
             self.charge(now, &src, cost);
             self.out.egress_cost += cost;
             self.jobs[j].cost += cost;
+            self.jobs[j].cash += cost;
             let gbps = match self.region_by_id.get(&pool.region) {
                 Some(&r) if self.world.regions[r].ingress_gbps > 0 => {
                     self.world.regions[r].ingress_gbps
@@ -521,6 +529,8 @@ impl<'w> Engine<'w> {
         let mut parts = vec![(node, held)];
         parts.append(&mut self.jobs[j].ranks);
         let gpus = self.jobs_in[j].spec.resources.gpus;
+        // What this attempt cost in cash on all its nodes, for the gap's anatomy.
+        let mut attempt_cash = Money::ZERO;
         for &(node, held) in &parts {
             let nr = &mut self.nodes[node];
             nr.free = nr.free.union(held);
@@ -538,6 +548,14 @@ impl<'w> Engine<'w> {
                 .price_per_gpu_hour(self.nodes[node].market)
                 .saturating_mul(i64::from(gpus))
                 .per_hour_for_secs(ran_s);
+            let cash = pool
+                .cash_per_gpu_hour(self.nodes[node].market)
+                .saturating_mul(i64::from(gpus))
+                .per_hour_for_secs(ran_s);
+            attempt_cash += cash;
+            if pool.launchable {
+                self.jobs[j].cloud_cash += cash;
+            }
             if !pool.launchable {
                 let secs = (now - start_ms + 999) / 1000;
                 let rate = pool.on_demand_per_gpu_hour();
@@ -569,6 +587,7 @@ impl<'w> Engine<'w> {
         }
         let rec = &mut self.jobs[j];
         rec.epoch += 1;
+        rec.cash += attempt_cash;
         if completed {
             rec.state = JobState::Done;
             rec.finish = Some(Timestamp(now));
@@ -578,6 +597,15 @@ impl<'w> Engine<'w> {
             let ckpt = self.cfg.checkpoint_interval_s;
             let kept = if ckpt > 0 { done_s / ckpt * ckpt } else { 0 };
             rec.remaining_s = (rec.remaining_s - kept).max(0);
+            // The part of the attempt's time no checkpoint kept (the data transfer included).
+            let ran_ms = (now - start_ms).max(1);
+            let lost_ms = (ran_ms - kept * 1000).clamp(0, ran_ms);
+            rec.lost_cash += Money(
+                i64::try_from(
+                    i128::from(attempt_cash.micros()) * i128::from(lost_ms) / i128::from(ran_ms),
+                )
+                .unwrap_or(i64::MAX),
+            );
             self.enqueue(j);
         }
         for &(node, _) in &parts {
@@ -668,6 +696,9 @@ impl<'w> Engine<'w> {
                 first_start: r.first_start,
                 first_pool: r.first_pool.map(|p| self.world.pools[p].pool.id.clone()),
                 cost: r.cost,
+                cash: r.cash,
+                cloud_cash: r.cloud_cash,
+                lost_cash: r.lost_cash,
                 finish: r.finish,
                 deadline: j.spec.deadline,
                 measured: j.measured,
