@@ -102,4 +102,27 @@ print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
 for row in rows:
     print("| " + " | ".join(row) + " |")
+
+# The gap to the bound by cause, in dollars (report.json's `gap`, see GapAnatomy), for
+# Switchyard told its predictions and told the truth.
+print()
+parts = [("cloud_idle_usd", "cloud idle"), ("fragmentation_usd", "fragmentation"),
+         ("reruns_usd", "reruns"), ("burst_owned_full_usd", "burst, owned full"),
+         ("burst_owned_free_usd", "burst, owned free"),
+         ("dearer_usd", "dearer pool/market"), ("unfinished_usd", "unfinished"),
+         ("capacity_usd", "− bound's capacity share")]
+head = ["trace", "scenario", "run", "LP bound", "gap"] + [p[1] for p in parts]
+print("| " + " | ".join(head) + " |")
+print("|" + "---|" * len(head))
+for report in sorted(out.glob("*/*/report.json")):
+    r = json.loads(report.read_text())
+    for run in ("switchyard", "switchyard-oracle"):
+        g = r["schedulers"].get(run, {}).get("gap")
+        if not g:
+            continue
+        cells = [report.parent.parent.name, report.parent.name,
+                 "predicted" if run == "switchyard" else "oracle",
+                 f"${r['lp_lower_bound_usd']:,.0f}", f"${g['gap_usd']:,.0f}"]
+        cells += [f"${g[k]:,.0f}" for k, _ in parts]
+        print("| " + " | ".join(cells) + " |")
 EOF

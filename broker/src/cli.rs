@@ -2032,10 +2032,11 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
         serde_json::from_value(value).with_context(|| format!("unexpected response from {url}"))?;
     let bucketed = report.rows.iter().any(|r| r.bucket_start.is_some());
     let key_name = printable(&report.group_by).to_uppercase();
+    // What teams are billed (chargeback) and what the company paid in cash.
     let mut table = if bucketed {
-        Table::new(&["BUCKET (UTC)", &key_name, ">USD"])
+        Table::new(&["BUCKET (UTC)", &key_name, ">BILLED", ">CASH"])
     } else {
-        Table::new(&[&key_name, ">USD"])
+        Table::new(&[&key_name, ">BILLED", ">CASH"])
     };
     for row in &report.rows {
         let key = row
@@ -2051,23 +2052,41 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
             key
         };
         let key = truncate(&printable(&key), 60);
+        let amounts = [money(row.amount_usd), money(row.cash_usd)];
         match row.bucket_start {
-            Some(b) => table.row(vec![
-                b.format("%Y-%m-%d %H:%M").to_string(),
-                key,
-                money(row.amount_usd),
-            ]),
-            None if bucketed => table.row(vec![String::new(), key, money(row.amount_usd)]),
-            None => table.row(vec![key, money(row.amount_usd)]),
+            Some(b) => table.row(
+                [b.format("%Y-%m-%d %H:%M").to_string(), key]
+                    .into_iter()
+                    .chain(amounts)
+                    .collect(),
+            ),
+            None if bucketed => {
+                table.row([String::new(), key].into_iter().chain(amounts).collect())
+            }
+            None => table.row([key].into_iter().chain(amounts).collect()),
         }
     }
-    let total = money(report.total_usd);
+    let totals = [money(report.total_usd), money(report.total_cash_usd)];
     if bucketed {
-        table.row(vec![String::new(), "TOTAL".into(), total]);
+        table.row(
+            [String::new(), "TOTAL".into()]
+                .into_iter()
+                .chain(totals)
+                .collect(),
+        );
     } else {
-        table.row(vec!["TOTAL".into(), total]);
+        table.row(["TOTAL".to_string()].into_iter().chain(totals).collect());
     }
-    table.print()
+    table.print()?;
+    if let Some(idle) = &report.owned_idle {
+        out!(
+            "owned GPUs idle: {:.1} GPU-hours, {} at the internal rate (a cost of ownership, in \
+             neither total)",
+            idle.gpu_hours,
+            money(idle.usd)
+        );
+    }
+    Ok(())
 }
 
 // ---- Services (issue 26) ----

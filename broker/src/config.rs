@@ -44,6 +44,12 @@ pub struct Config {
     /// Whether the planner may ask for new cloud nodes (pools also need a provider that can
     /// launch them).
     pub burst_enabled: bool,
+    /// The on-prem reserve: an owned pool with less than one in this many of its GPUs free
+    /// charges jobs that allow spot, in their score, what the jobs that cannot use spot would
+    /// pay in the cloud for its last GPUs; 0 turns it off. Unset: 8
+    /// (`switchyard_core::DEFAULT_RESERVE_FREE_BELOW_ONE_IN`; BENCHMARKS.md has the sweep).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve_free_below_one_in: Option<u32>,
     /// An instance idle this long is drained and terminated.
     pub idle_ttl_s: u64,
     /// An instance whose agent has not enrolled this long after launch is terminated.
@@ -227,6 +233,7 @@ impl Default for Config {
             scheduler_tick_ms: 1000,
             max_body_bytes: 1024 * 1024,
             burst_enabled: false,
+            reserve_free_below_one_in: None,
             idle_ttl_s: 300,
             boot_timeout_s: 600,
             min_billed_s: 60,

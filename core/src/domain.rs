@@ -487,7 +487,19 @@ pub struct Snapshot {
     /// avoided; gangs ignore it.
     #[serde(default)]
     pub avoid: BTreeMap<JobId, Vec<NodeId>>,
+    /// An owned (fixed) pool is *protected* while less than one in this many of its usable GPUs
+    /// are free at the round's start: a job that allows spot then pays, in its score only, a
+    /// reserve for a place there (what the jobs that cannot use spot would pay to be displaced
+    /// to the cloud, less the pool's own price). `None`: [`DEFAULT_RESERVE_FREE_BELOW_ONE_IN`];
+    /// `Some(0)`: no reserve. Broker config `reserve_free_below_one_in`; scenario key of the
+    /// same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve_free_below_one_in: Option<u32>,
 }
+
+/// See [`Snapshot::reserve_free_below_one_in`]: protected below one GPU free in eight. The
+/// cross-trace sweep in BENCHMARKS.md ("The on-prem reserve's threshold") is its justification.
+pub const DEFAULT_RESERVE_FREE_BELOW_ONE_IN: u32 = 8;
 
 /// Spot interruption rate assumed for a pool with no observed figure: 2 % an hour.
 pub const DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR_PPM: u32 = 20_000;

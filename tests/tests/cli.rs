@@ -442,6 +442,13 @@ async fn every_client_command_prints_json_with_json() {
     assert_eq!(v["group_by"], "team", "{v}");
     let v = run(&["spend", "--group-by", "usage", "--json"]).await;
     assert_eq!(v["group_by"], "usage", "{v}");
+    // As a table: billed and cash side by side, and the owned GPUs' idle time (issue 29).
+    let (code, out, err) = cli_output(&broker, &admin, &["spend"]).await;
+    assert_eq!(code, 0, "{err}");
+    let head = out.lines().next().unwrap_or_default();
+    assert!(head.contains("BILLED") && head.contains("CASH"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("TOTAL")), "{out}");
+    assert!(out.contains("owned GPUs idle: "), "{out}");
     let v = run(&["policy", "what-if", &draft, "--team", "ml", "--json"]).await;
     assert!(v["jobs"].as_u64().unwrap() >= 1, "{v}");
     assert!(v["current"]["total_cost_usd"].is_number(), "{v}");

@@ -617,6 +617,7 @@ impl Worker {
         // the on-prem rates new attempts are charged at.
         let round = crate::rules::budget::round_policies(app.store.as_ref(), now).await?;
         snapshot.policies = round.policies;
+        snapshot.reserve_free_below_one_in = app.config.reserve_free_below_one_in;
         // Service replicas kept off a node (spreading), and jobs whose victims are stopping
         // kept off every node but theirs, for the jobs of this round.
         {

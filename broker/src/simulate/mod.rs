@@ -208,6 +208,7 @@ pub fn simulate(
         tick_s: scenario.tick_s,
         seed: scenario.seed,
         measure_from: scenario.measure_from(&trace.jobs),
+        reserve_free_below_one_in: scenario.reserve_free_below_one_in,
     };
     // What the users asked for: the schedulers are told this, or Switchyard's prediction
     // from it; only `switchyard-oracle` sees the truth.
@@ -421,13 +422,15 @@ fn services_total(
 /// One line of a run's gap to the bound, by cause (see [`report::GapAnatomy`]).
 fn gap_line(name: &str, g: &report::GapAnatomy) -> String {
     format!(
-        "gap {name:<18} ${:.0} = idle ${:.0} + fragmentation ${:.0} + reruns ${:.0} + burst over \
-         owned ${:.0} + dearer ${:.0} + unfinished ${:.0} - capacity ${:.0} (rounding ${:.2})",
+        "gap {name:<18} ${:.0} = idle ${:.0} + fragmentation ${:.0} + reruns ${:.0} + bursts with \
+         owned full ${:.0} + bursts with owned free ${:.0} + dearer ${:.0} + unfinished ${:.0} \
+         - capacity ${:.0} (rounding ${:.2})",
         g.gap_usd,
         g.cloud_idle_usd,
         g.fragmentation_usd,
         g.reruns_usd,
-        g.burst_over_owned_usd,
+        g.burst_owned_full_usd,
+        g.burst_owned_free_usd,
         g.dearer_usd,
         g.unfinished_usd,
         g.capacity_usd,

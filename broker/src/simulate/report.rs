@@ -99,13 +99,16 @@ pub struct SchedulerReport {
 /// the owned GPUs forces dearer. The run is its cloud nodes' idle time, their GPUs no job held
 /// while busy, the work interruptions threw away, and what each job's kept work paid. So
 ///
-/// `gap = cloud_idle + fragmentation + reruns + burst_over_owned + dearer + unfinished
-///        − capacity + rounding`
+/// `gap = cloud_idle + fragmentation + reruns + burst_owned_full + burst_owned_free + dearer
+///        + unfinished − capacity + rounding`
 ///
-/// `burst_over_owned` (jobs whose floor is owned GPUs that ran in the cloud: sent there by a
-/// deadline or a full on-prem, where the bound's fractional, preemptive split is the looser
-/// part) and `dearer` (the rest: a dearer pool or market than the floor, waiting on nothing)
-/// are what placement chose; the others are what running real nodes costs.
+/// Jobs whose floor is owned GPUs that ran in the cloud split by what the owned nodes that
+/// fit them held when they started there: `burst_owned_full` (none had the job's GPUs free: a
+/// deadline that could not wait for them; the bound, fractional, preemptive and knowing every
+/// arrival, fits such peaks into the quiet hours, so this is where its looseness shows) and
+/// `burst_owned_free` (some had: a choice, the on-prem reserve kept them for jobs that cannot
+/// use spot, or a finish there judged too late). `dearer` is the rest: a dearer pool or market
+/// than the floor. The others are what running real nodes costs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GapAnatomy {
     /// The run's cash cost less the bound.
@@ -116,8 +119,11 @@ pub struct GapAnatomy {
     pub fragmentation_usd: f64,
     /// Work that an interruption or preemption threw away (what no checkpoint kept).
     pub reruns_usd: f64,
-    /// Finished jobs whose floor is owned GPUs, over that floor, when they ran in the cloud.
-    pub burst_over_owned_usd: f64,
+    /// Finished jobs whose floor is owned GPUs that ran in the cloud, over that floor, when
+    /// the owned nodes that fit them were full.
+    pub burst_owned_full_usd: f64,
+    /// The same when some owned nodes that fit them had their GPUs free.
+    pub burst_owned_free_usd: f64,
     /// Other finished jobs over their floor.
     pub dearer_usd: f64,
     /// Jobs that did not finish: what they paid less their floor (negative: the bound counts
@@ -137,7 +143,8 @@ pub fn gap_anatomy(
     bound: Money,
 ) -> GapAnatomy {
     let mut floors = 0i64;
-    let (mut burst, mut dearer, mut unfinished, mut reruns, mut cloud_share) = (0i64, 0, 0, 0, 0);
+    let (mut full, mut free, mut dearer, mut unfinished) = (0i64, 0, 0, 0);
+    let (mut reruns, mut cloud_share) = (0i64, 0);
     for (job, out) in jobs.iter().zip(&r.jobs) {
         let (floor, owned) =
             switchyard_core::sim::job_floor(world, job).unwrap_or((Money::ZERO, false));
@@ -148,7 +155,11 @@ pub fn gap_anatomy(
         if out.finish.is_none() {
             unfinished += over;
         } else if owned && out.cloud_cash > Money::ZERO {
-            burst += over;
+            if out.cloud_while_owned_free {
+                free += over;
+            } else {
+                full += over;
+            }
         } else {
             dearer += over;
         }
@@ -159,13 +170,14 @@ pub fn gap_anatomy(
     let idle = r.cloud_idle_cost.micros();
     let fragmentation = r.cloud_busy_cost.micros() - cloud_share;
     let capacity = bound.micros() - floors;
-    let parts = idle + fragmentation + reruns + burst + dearer + unfinished - capacity;
+    let parts = idle + fragmentation + reruns + full + free + dearer + unfinished - capacity;
     GapAnatomy {
         gap_usd: d(gap),
         cloud_idle_usd: d(idle),
         fragmentation_usd: d(fragmentation),
         reruns_usd: d(reruns),
-        burst_over_owned_usd: d(burst),
+        burst_owned_full_usd: d(full),
+        burst_owned_free_usd: d(free),
         dearer_usd: d(dearer),
         unfinished_usd: d(unfinished),
         capacity_usd: d(capacity),

@@ -39,6 +39,11 @@ pub struct Scenario {
     pub checkpoint_interval_s: i64,
     pub fifo_burst_after_s: i64,
     pub lp_buckets: usize,
+    /// Switchyard's on-prem reserve: an owned pool with less than one in this many GPUs free
+    /// charges jobs that allow spot a reserve for its last GPUs; 0 turns it off. Unset: the
+    /// broker's default, 8 (`switchyard_core::DEFAULT_RESERVE_FREE_BELOW_ONE_IN`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve_free_below_one_in: Option<u32>,
     /// What becomes of a trace job on more than one node: `pack` (the default) asks for its
     /// GPUs on as few nodes as hold them: `n = ceil(gpus / largest on-prem node)` nodes of
     /// `ceil(gpus / n)` GPUs each, one node when they fit on one — what a user moving the job
@@ -169,6 +174,7 @@ impl Default for Scenario {
             checkpoint_interval_s: 3600,
             fifo_burst_after_s: 600,
             lp_buckets: 256,
+            reserve_free_below_one_in: None,
             multi_node: MultiNode::Pack,
             onprem: vec![OnPrem {
                 region: "onprem:philly".into(),

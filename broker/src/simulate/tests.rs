@@ -112,7 +112,8 @@ fn the_gap_to_the_bound_adds_up_by_cause() {
         let parts = f("cloud_idle_usd")
             + f("fragmentation_usd")
             + f("reruns_usd")
-            + f("burst_over_owned_usd")
+            + f("burst_owned_full_usd")
+            + f("burst_owned_free_usd")
             + f("dearer_usd")
             + f("unfinished_usd")
             - f("capacity_usd");

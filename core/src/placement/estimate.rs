@@ -27,9 +27,6 @@ pub(crate) const DEFAULT_INGRESS_GBPS: u32 = 10;
 pub(crate) const SPOT_LOST_WORK_CAP_S: i64 = 1800;
 /// Seconds a preempted attempt gets to checkpoint and stop before its GPUs are taken.
 pub(crate) const PREEMPTION_GRACE_S: i64 = 120;
-/// A fixed pool (one that cannot launch: on-prem) is *protected* while less than one in this
-/// many of its usable GPUs are free at the start of the round ([`super::index::PoolInfo`]).
-pub(crate) const PROTECTED_BELOW_ONE_IN: u32 = 8;
 
 /// Expected extra seconds of a spot run from interruptions: expected interruptions (rate ×
 /// runtime) times what each costs — a replacement node's boot plus the work lost since the last

@@ -45,10 +45,9 @@ pub(crate) struct PoolInfo<'a> {
     pub on_demand_nodes: bool,
     pub spot_nodes: bool,
     /// A fixed pool (it cannot launch) whose usable nodes have less than one in
-    /// [`PROTECTED_BELOW_ONE_IN`] of their GPUs free at the round's start: jobs that allow
-    /// spot are charged a reserve for a place there ([`super::estimate::JobCtx::on_node`]).
-    ///
-    /// [`PROTECTED_BELOW_ONE_IN`]: super::estimate::PROTECTED_BELOW_ONE_IN
+    /// [`Snapshot::reserve_free_below_one_in`] of their GPUs free at the round's start: jobs
+    /// that allow spot are charged a reserve for a place there
+    /// ([`super::estimate::JobCtx::on_node`]).
     pub protected: bool,
     /// For a fixed pool, what a job displaced from its last GPUs pays per GPU-hour: the
     /// cheapest on-demand GPU-hour of a launchable pool whose GPUs have at least this pool's
@@ -484,6 +483,11 @@ impl<'a> Index<'a> {
             })
             .collect();
         spot_pools_with_on_demand_nodes.sort_unstable();
+        let one_in = u64::from(
+            snapshot
+                .reserve_free_below_one_in
+                .unwrap_or(crate::domain::DEFAULT_RESERVE_FREE_BELOW_ONE_IN),
+        );
         for info in pools.iter_mut().filter(|p| !p.pool.launchable) {
             let (free, total) = info
                 .nodes
@@ -494,8 +498,7 @@ impl<'a> Index<'a> {
                     let total = n.gpus_total.max(n.gpus_free());
                     (f + u64::from(n.gpus_free()), t + u64::from(total))
                 });
-            info.protected =
-                total > 0 && free * u64::from(super::estimate::PROTECTED_BELOW_ONE_IN) < total;
+            info.protected = one_in > 0 && total > 0 && free * one_in < total;
         }
         let node_pos = &order.node_pos;
         // In the snapshot's order: what reads it goes through the per-node lists below (and

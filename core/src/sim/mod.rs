@@ -129,6 +129,9 @@ pub struct SimConfig {
     pub seed: u64,
     /// Utilisation is measured over `[measure_from, last measured arrival]`.
     pub measure_from: Timestamp,
+    /// The on-prem reserve's threshold the schedulers are given
+    /// ([`crate::domain::Snapshot::reserve_free_below_one_in`]).
+    pub reserve_free_below_one_in: Option<u32>,
 }
 
 impl Default for SimConfig {
@@ -140,6 +143,7 @@ impl Default for SimConfig {
             tick_s: 300,
             seed: 1,
             measure_from: Timestamp(0),
+            reserve_free_below_one_in: None,
         }
     }
 }
@@ -225,6 +229,10 @@ pub struct JobOutcome {
     /// The part of `cash` that bought work an interruption or preemption threw away (what no
     /// checkpoint kept).
     pub lost_cash: Money,
+    /// It started in the cloud at least once while owned nodes that fit it had its GPUs free
+    /// (a choice: the on-prem reserve, a cheaper cloud, a predicted finish past the deadline),
+    /// not only when they were full.
+    pub cloud_while_owned_free: bool,
     pub finish: Option<Timestamp>,
     pub deadline: Option<Timestamp>,
     pub measured: bool,

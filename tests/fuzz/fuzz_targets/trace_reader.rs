@@ -131,6 +131,7 @@ fn replay(scenario: &Scenario, world: &World, jobs: &[SimJob]) {
         tick_s: scenario.tick_s,
         seed: scenario.seed,
         measure_from: scenario.measure_from(&[]),
+        reserve_free_below_one_in: scenario.reserve_free_below_one_in,
     };
     let result = sim::run(world, jobs, &cfg, &mut Cheapest);
     assert!(result.jobs.len() <= jobs.len());

@@ -475,6 +475,14 @@ fn a_nearly_full_on_prem_pool_is_kept_for_jobs_that_cannot_use_spot() {
     // A wait on a protected pool carries the reserve too.
     check(nearly_full(0, 16.8).job(8).spot(SpotRule::Allowed).deadline_in(86_400), "launch aws:use1/p5 spot");
     check(nearly_full(0, 16.8).job(8).deadline_in(86_400), "wait onprem:dc1/dgx +36000s");
+    // The threshold is the snapshot's (config and scenario `reserve_free_below_one_in`): 0
+    // turns the reserve off; below one in four, one in six free is protected again.
+    let mut off = nearly_full(8, 16.8).job(8).spot(SpotRule::Allowed);
+    off.snap.reserve_free_below_one_in = Some(0);
+    check(off, "assign d1 on_demand");
+    let mut wide = nearly_full(8, 16.8).node(DGX, "d17", 8).node(DGX, "d18", 8).job(8).spot(SpotRule::Allowed);
+    wide.snap.reserve_free_below_one_in = Some(4);
+    check(wide, "launch aws:use1/p5 spot");
 }
 
 #[test]

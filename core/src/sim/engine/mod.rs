@@ -58,6 +58,8 @@ struct JobRec {
     cash: Money,
     cloud_cash: Money,
     lost_cash: Money,
+    /// It started in the cloud while owned nodes that fit it had its GPUs free.
+    cloud_while_owned_free: bool,
     finish: Option<Timestamp>,
 }
 
@@ -210,6 +212,7 @@ impl<'w> Engine<'w> {
                         (p.pool.id.clone(), ppm.min(f64::from(u32::MAX)) as u32)
                     })
                     .collect(),
+                reserve_free_below_one_in: cfg.reserve_free_below_one_in,
                 ..Snapshot::default()
             },
             jobs: jobs_in
@@ -227,6 +230,7 @@ impl<'w> Engine<'w> {
                     cash: Money::ZERO,
                     cloud_cash: Money::ZERO,
                     lost_cash: Money::ZERO,
+                    cloud_while_owned_free: false,
                     finish: None,
                 })
                 .collect(),
@@ -434,6 +438,24 @@ impl<'w> Engine<'w> {
         }
     }
 
+    /// Whether owned (fixed) nodes that fit job `j` have its GPUs free now: enough of one
+    /// pool's nodes (a gang's every node) with as many free GPUs as it asks for on each.
+    fn owned_room(&self, j: usize) -> bool {
+        let spec = &self.jobs_in[j].spec;
+        let (gpus, nodes) = (spec.resources.gpus, spec.resources.nodes.max(1));
+        self.world.pools.iter().enumerate().any(|(pi, p)| {
+            !p.pool.launchable
+                && crate::placement::hard_constraint(&p.pool, spec).is_none()
+                && self
+                    .nodes
+                    .iter()
+                    .filter(|n| n.pool == pi && !n.released && n.free.len() >= gpus)
+                    .take(nodes as usize)
+                    .count()
+                    >= nodes as usize
+        })
+    }
+
     /// Starts job `j` on `parts`: the GPUs of each of its nodes, rank 0 first (free, as many
     /// as it asks for on each, one pool: see `act`). A gang's data moves once, to its pool.
     fn start(&mut self, j: usize, parts: &[(usize, GpuSet)], now: i64) {
@@ -464,6 +486,9 @@ impl<'w> Engine<'w> {
                 .unwrap_or(i64::MAX / 4_000);
         }
         let priority = job.spec.priority;
+        if pool.launchable && self.owned_room(j) {
+            self.jobs[j].cloud_while_owned_free = true;
+        }
         let rec = &mut self.jobs[j];
         let work_start_ms = now + transfer_s * 1000;
         let end_ms = work_start_ms + rec.remaining_s * 1000;
@@ -699,6 +724,7 @@ impl<'w> Engine<'w> {
                 cash: r.cash,
                 cloud_cash: r.cloud_cash,
                 lost_cash: r.lost_cash,
+                cloud_while_owned_free: r.cloud_while_owned_free,
                 finish: r.finish,
                 deadline: j.spec.deadline,
                 measured: j.measured,
