@@ -313,6 +313,7 @@ fuzz_target!(|data: &[u8]| {
         policies,
         spot_interruptions_per_hour_ppm: Default::default(),
         avoid: Default::default(),
+        reserve_free_below_one_in: None,
     };
     let plan = core::plan(&snapshot, NOW);
     assert!(plan.assignments.len() <= 1);
