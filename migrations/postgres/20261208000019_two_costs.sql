@@ -19,7 +19,6 @@ UPDATE ledger SET cash_micros = COALESCE((
 WHERE kind = 'attempt';
 
 CREATE TABLE owned_idle (
-    node_id      TEXT NOT NULL,
     pool_id      TEXT NOT NULL,
     region_id    TEXT NOT NULL,
     provider     TEXT NOT NULL,
@@ -27,8 +26,8 @@ CREATE TABLE owned_idle (
     period_end   TIMESTAMPTZ NOT NULL,
     idle_gpu_ms  BIGINT NOT NULL,
     worth_micros BIGINT NOT NULL,
-    PRIMARY KEY (node_id, period_start)
+    PRIMARY KEY (pool_id, period_start)
 );
 CREATE INDEX owned_idle_period ON owned_idle(period_start);
-ALTER TABLE nodes ADD COLUMN idle_accrued_until TIMESTAMPTZ;
-UPDATE nodes SET idle_accrued_until = now();
+ALTER TABLE pools ADD COLUMN idle_accrued_until TIMESTAMPTZ;
+UPDATE pools SET idle_accrued_until = now();

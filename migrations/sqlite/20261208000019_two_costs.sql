@@ -28,11 +28,11 @@ UPDATE ledger SET cash_micros = COALESCE((
     WHERE a.id = ledger.attempt_id), amount_micros)
 WHERE kind = 'attempt';
 
--- Owned GPUs' idle time: per node of a fixed pool and UTC hour, the GPU time no attempt held
--- and its worth at the internal rate (a cost of ownership, in neither total). Accrued by the
--- ledger's pass; each node remembers how far (from this migration on: nothing before it).
+-- Owned GPUs' idle time: per owned (not launchable) pool and UTC hour, the GPU time of its
+-- nodes that no attempt held and its worth at the internal rate (a cost of ownership, in
+-- neither total). Accrued by the ledger's pass; each pool remembers how far (from this
+-- migration on: nothing before it).
 CREATE TABLE owned_idle (
-    node_id      TEXT NOT NULL,
     pool_id      TEXT NOT NULL,
     region_id    TEXT NOT NULL,
     provider     TEXT NOT NULL,
@@ -40,8 +40,8 @@ CREATE TABLE owned_idle (
     period_end   INTEGER NOT NULL,
     idle_gpu_ms  INTEGER NOT NULL,
     worth_micros INTEGER NOT NULL,
-    PRIMARY KEY (node_id, period_start)
+    PRIMARY KEY (pool_id, period_start)
 );
 CREATE INDEX owned_idle_period ON owned_idle(period_start);
-ALTER TABLE nodes ADD COLUMN idle_accrued_until INTEGER;
-UPDATE nodes SET idle_accrued_until = CAST(strftime('%s', 'now') AS INTEGER) * 1000;
+ALTER TABLE pools ADD COLUMN idle_accrued_until INTEGER;
+UPDATE pools SET idle_accrued_until = CAST(strftime('%s', 'now') AS INTEGER) * 1000;

@@ -11,6 +11,7 @@
 
 use super::*;
 use crate::store::stretches::{INSTANCE_JOB, Occupant, cost_to, labelled, stretches};
+use std::collections::BTreeMap;
 
 /// The attempts accrued by the ledger themselves: started, on a node no instance is bound to.
 pub(super) const ATTEMPT_SELECT: &str = "SELECT a.id, a.job_id, a.pool_id, a.market, a.gpus_json, \
@@ -415,100 +416,154 @@ pub(super) async fn accrue_all(
 
 const HOUR_MS: i64 = 3_600_000;
 
-/// Owned GPUs' idle time up to `now`: for each node of an owned (not launchable) pool, the GPU
-/// time since it was last accrued that no started attempt held, added to its row for each UTC
-/// hour with its worth at the pool's internal rate. Only a healthy node heard from since then
-/// counts: a node that is down or silent (the broker itself down, say) is unavailable, not
-/// idle, and its gap is skipped. Returns the rows touched.
+/// Owned GPUs' idle time up to `now`: for each owned (not launchable) pool, the GPU time of
+/// its nodes since the pool was last accrued that no started attempt held, added to the pool's
+/// row for each UTC hour with its worth at the pool's internal rate. Only a healthy node heard
+/// from since then counts: a node that is down or silent (the broker itself down, say) is
+/// unavailable, not idle, and its gap is skipped. Three reads and a write per owned pool and
+/// hour, whatever the number of nodes. Returns the rows touched.
 async fn accrue_owned_idle(tx: &mut Tx, now: Timestamp) -> StoreResult<usize> {
-    let nodes = query(
-        "SELECT n.id, n.pool_id, n.gpus_total, n.healthy, n.registered_at, n.last_heartbeat, \
-         n.idle_accrued_until, p.region_id, p.provider, p.gpus_per_node, \
-         COALESCE(o.on_demand_micros, p.on_demand_micros) AS on_demand_micros \
-         FROM nodes n JOIN pools p ON p.id = n.pool_id \
+    // Constant text: the owned pools, their nodes, and the started attempts on those nodes.
+    const OWNED: &str = "FROM pools p LEFT JOIN pool_overrides o ON o.pool_id = p.id \
+         WHERE NOT COALESCE(o.launchable, p.launchable)";
+    const NODES: &str = "FROM nodes n JOIN pools p ON p.id = n.pool_id \
          LEFT JOIN pool_overrides o ON o.pool_id = p.id \
          WHERE NOT n.revoked AND NOT COALESCE(o.launchable, p.launchable) \
-         AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.node_id = n.id) \
-         ORDER BY n.id COLLATE \"C\"",
-    )
+         AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.node_id = n.id)";
+    let pools = query(AssertSqlSafe(format!(
+        "SELECT p.id, p.region_id, p.provider, p.gpus_per_node, p.idle_accrued_until, \
+         COALESCE(o.on_demand_micros, p.on_demand_micros) AS on_demand_micros {OWNED} \
+         ORDER BY p.id COLLATE \"C\""
+    )))
     .fetch_all(&mut *tx)
     .await?;
+    if pools.is_empty() {
+        return Ok(0);
+    }
+    struct OwnedNode {
+        pool: String,
+        gpus: i64,
+        registered: Timestamp,
+        heartbeat: Timestamp,
+        healthy: bool,
+        /// (start, end, GPUs) of the started attempts on it.
+        held: Vec<(Timestamp, Timestamp, i64)>,
+    }
+    let mut nodes: BTreeMap<String, OwnedNode> = BTreeMap::new();
+    for n in query(AssertSqlSafe(format!(
+        "SELECT n.id, n.pool_id, n.gpus_total, n.healthy, n.registered_at, n.last_heartbeat \
+         {NODES}"
+    )))
+    .fetch_all(&mut *tx)
+    .await?
+    {
+        nodes.insert(
+            n.get("id")?,
+            OwnedNode {
+                pool: n.get("pool_id")?,
+                gpus: i64::from(n.u32("gpus_total")?),
+                registered: n.time("registered_at")?,
+                heartbeat: n.time("last_heartbeat")?,
+                healthy: n.get("healthy")?,
+                held: Vec::new(),
+            },
+        );
+    }
+    // Where each pool's stretch starts: where it was accrued to, else its first node's
+    // registration (a pool seeded after migration 19).
+    let mut from_of: BTreeMap<String, Timestamp> = BTreeMap::new();
+    for p in &pools {
+        let id: String = p.get("id")?;
+        let first = nodes
+            .values()
+            .filter(|n| n.pool == id)
+            .map(|n| n.registered)
+            .min()
+            .unwrap_or(now);
+        from_of.insert(id, p.time_opt("idle_accrued_until")?.unwrap_or(first));
+    }
+    let earliest = from_of.values().copied().min().unwrap_or(now);
+    for a in query(AssertSqlSafe(format!(
+        "SELECT a.node_id, a.gpus_json, a.started_at, a.finished_at FROM attempts a \
+         JOIN nodes n ON n.id = a.node_id JOIN pools p ON p.id = n.pool_id \
+         LEFT JOIN pool_overrides o ON o.pool_id = p.id \
+         WHERE NOT COALESCE(o.launchable, p.launchable) AND a.started_at IS NOT NULL \
+         AND a.started_at < $2 AND (a.finished_at IS NULL OR a.finished_at > $1)"
+    )))
+    .bind(earliest)
+    .bind(now)
+    .fetch_all(&mut *tx)
+    .await?
+    {
+        let node: String = a.get("node_id")?;
+        if let Some(n) = nodes.get_mut(&node) {
+            let gpus = parse_gpus(&a.get::<String>("gpus_json")?)?.len() as i64;
+            let end = a.time_opt("finished_at")?.unwrap_or(now);
+            n.held.push((a.time("started_at")?, end, gpus));
+        }
+    }
+    let overlap = |s: Timestamp, e: Timestamp, lo: Timestamp, hi: Timestamp| {
+        (e.millis().min(hi.millis()) - s.millis().max(lo.millis())).max(0)
+    };
     let mut touched = 0;
-    for n in &nodes {
-        let id: String = n.get("id")?;
-        let from = n
-            .time_opt("idle_accrued_until")?
-            .unwrap_or(n.time("registered_at")?);
+    for p in &pools {
+        let id: String = p.get("id")?;
+        let from = from_of.get(&id).copied().unwrap_or(now);
         if now <= from {
             continue;
         }
-        let heard = n.get::<bool>("healthy")? && n.time("last_heartbeat")? >= from;
-        if heard {
-            let gpus = i64::from(n.u32("gpus_total")?);
-            let attempts = query(
-                "SELECT gpus_json, started_at, finished_at FROM attempts WHERE node_id = $1 \
-                 AND started_at IS NOT NULL AND started_at < $3 \
-                 AND (finished_at IS NULL OR finished_at > $2)",
+        // The nodes heard from since the stretch began, each from its registration.
+        let counted: Vec<&OwnedNode> = nodes
+            .values()
+            .filter(|n| n.pool == id && n.healthy && n.heartbeat >= from)
+            .collect();
+        let per_gpu_hour = Money(p.get("on_demand_micros")?)
+            .div_ceil(p.get::<i64>("gpus_per_node")?.max(1))
+            .micros();
+        let (region, provider): (String, String) = (p.get("region_id")?, p.get("provider")?);
+        for (start, end) in hours(from, now) {
+            let mut idle_ms = 0i64;
+            for n in &counted {
+                let live_from = if n.registered > start {
+                    n.registered
+                } else {
+                    start
+                };
+                let capacity = n.gpus.saturating_mul(overlap(live_from, end, start, end));
+                let busy: i64 = n
+                    .held
+                    .iter()
+                    .map(|&(s, e, g)| overlap(s, e, live_from, end).saturating_mul(g))
+                    .sum();
+                idle_ms += capacity.saturating_sub(busy).max(0);
+            }
+            if idle_ms == 0 {
+                continue;
+            }
+            // Nearest micro-dollar; at most one off per pass.
+            let worth = (i128::from(idle_ms) * i128::from(per_gpu_hour) + i128::from(HOUR_MS / 2))
+                / i128::from(HOUR_MS);
+            let hour = Timestamp(start.millis() - start.millis().rem_euclid(HOUR_MS));
+            query(
+                "INSERT INTO owned_idle (pool_id, region_id, provider, period_start, period_end, \
+                 idle_gpu_ms, worth_micros) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (pool_id, period_start) DO UPDATE SET \
+                 period_end = excluded.period_end, \
+                 idle_gpu_ms = owned_idle.idle_gpu_ms + excluded.idle_gpu_ms, \
+                 worth_micros = owned_idle.worth_micros + excluded.worth_micros",
             )
             .bind(&id)
-            .bind(from)
-            .bind(now)
-            .fetch_all(&mut *tx)
+            .bind(&region)
+            .bind(&provider)
+            .bind(hour)
+            .bind(end)
+            .bind(idle_ms)
+            .bind(i64::try_from(worth).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
             .await?;
-            let mut held = Vec::with_capacity(attempts.len());
-            for a in &attempts {
-                let end = a.time_opt("finished_at")?.unwrap_or(now);
-                let n_gpus = parse_gpus(&a.get::<String>("gpus_json")?)?.len() as i64;
-                held.push((a.time("started_at")?, end, n_gpus));
-            }
-            let per_gpu_hour = Money(n.get("on_demand_micros")?)
-                .div_ceil(n.get::<i64>("gpus_per_node")?.max(1))
-                .micros();
-            let (pool, region, provider): (String, String, String) =
-                (n.get("pool_id")?, n.get("region_id")?, n.get("provider")?);
-            for (start, end) in hours(from, now) {
-                let busy: i64 = held
-                    .iter()
-                    .map(|&(s, e, g)| {
-                        let overlap = e.millis().min(end.millis()) - s.millis().max(start.millis());
-                        overlap.max(0).saturating_mul(g)
-                    })
-                    .sum();
-                let idle_ms = gpus
-                    .saturating_mul(end.millis() - start.millis())
-                    .saturating_sub(busy)
-                    .max(0);
-                if idle_ms == 0 {
-                    continue;
-                }
-                // Nearest micro-dollar; at most one off per pass.
-                let worth = (i128::from(idle_ms) * i128::from(per_gpu_hour)
-                    + i128::from(HOUR_MS / 2))
-                    / i128::from(HOUR_MS);
-                let hour = Timestamp(start.millis() - start.millis().rem_euclid(HOUR_MS));
-                query(
-                    "INSERT INTO owned_idle (node_id, pool_id, region_id, provider, \
-                     period_start, period_end, idle_gpu_ms, worth_micros) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                     ON CONFLICT (node_id, period_start) DO UPDATE SET \
-                     period_end = excluded.period_end, \
-                     idle_gpu_ms = owned_idle.idle_gpu_ms + excluded.idle_gpu_ms, \
-                     worth_micros = owned_idle.worth_micros + excluded.worth_micros",
-                )
-                .bind(&id)
-                .bind(&pool)
-                .bind(&region)
-                .bind(&provider)
-                .bind(hour)
-                .bind(end)
-                .bind(idle_ms)
-                .bind(i64::try_from(worth).unwrap_or(i64::MAX))
-                .execute(&mut *tx)
-                .await?;
-                touched += 1;
-            }
+            touched += 1;
         }
-        query("UPDATE nodes SET idle_accrued_until = $1 WHERE id = $2")
+        query("UPDATE pools SET idle_accrued_until = $1 WHERE id = $2")
             .bind(now)
             .bind(&id)
             .execute(&mut *tx)
