@@ -483,13 +483,13 @@ async fn accrue_owned_idle(tx: &mut Tx, now: Timestamp) -> StoreResult<usize> {
         from_of.insert(id, p.time_opt("idle_accrued_until")?.unwrap_or(first));
     }
     let earliest = from_of.values().copied().min().unwrap_or(now);
-    for a in query(AssertSqlSafe(format!(
+    for a in query(
         "SELECT a.node_id, a.gpus_json, a.started_at, a.finished_at FROM attempts a \
          JOIN nodes n ON n.id = a.node_id JOIN pools p ON p.id = n.pool_id \
          LEFT JOIN pool_overrides o ON o.pool_id = p.id \
          WHERE NOT COALESCE(o.launchable, p.launchable) AND a.started_at IS NOT NULL \
-         AND a.started_at < $2 AND (a.finished_at IS NULL OR a.finished_at > $1)"
-    )))
+         AND a.started_at < $2 AND (a.finished_at IS NULL OR a.finished_at > $1)",
+    )
     .bind(earliest)
     .bind(now)
     .fetch_all(&mut *tx)
