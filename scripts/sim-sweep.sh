@@ -29,17 +29,10 @@ while [[ $# -gt 0 ]]; do
     *) values+=("$1"); shift ;;
   esac
 done
-if [[ -z "$bin" ]]; then
-  cargo build --release --workspace --bin switchyard >&2
-  bin=target/release/switchyard
-fi
-
-data=../shared/data/traces
-traces=(
-  "philly:philly:$data/philly_dirlab15k_jobs.csv.gz"
-  "bluewaters:bluewaters:$data/bluewaters_dirlab15k_jobs.csv.gz"
-)
-scenarios=(default scenarios/*.toml)
+source scripts/lib/sim.sh
+bin=$(sim_bin "$bin")
+traces=("${SIM_TRACES[@]}")
+scenarios=("${SIM_SCENARIOS[@]}")
 
 mkdir -p "$out"
 for t in "${traces[@]}"; do

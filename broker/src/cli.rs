@@ -2080,7 +2080,7 @@ pub async fn spend(c: &Client, args: &SpendArgs, csv: bool) -> anyhow::Result<()
     table.print()?;
     if let Some(idle) = &report.owned_idle {
         out!(
-            "owned GPUs idle: {:.1} GPU-hours, {} at the internal rate (a cost of ownership, in \
+            "owned GPUs idle: {:.2} GPU-hours, {} at the internal rate (a cost of ownership, in \
              neither total)",
             idle.gpu_hours,
             money(idle.usd)

@@ -1186,59 +1186,15 @@ async fn an_instance_is_charged_to_the_work_on_it_and_settled_to_its_minimum() {
 #[tokio::test]
 async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() {
     use switchyard_broker::store::*;
-    use switchyard_core::{AttemptId, JobId, JobState, Market, Pool, PoolId, Region};
+    use switchyard_core::{AttemptId, JobState, Market};
     use switchyard_protocol::agent::{AgentEvent, AttemptRef};
 
     let dir = tempfile::tempdir().unwrap();
     // SQLite, or PostgreSQL with SWITCHYARD_TEST_PG_URL.
     let store = test_store(dir.path()).await;
-    let region = Region {
-        id: switchyard_core::RegionId("onprem:dc".into()),
-        provider: "onprem".into(),
-        code: "dc".into(),
-        latitude: None,
-        longitude: None,
-        egress_per_gb: Money::ZERO,
-        latency_ms: 1,
-        ingress_gbps: 10,
-    };
-    let pool = Pool {
-        id: PoolId("onprem:dc/a100".into()),
-        region: region.id.clone(),
-        provider: "onprem".into(),
-        instance_type: "a100".into(),
-        gpu_model: "A100".into(),
-        gpus_per_node: 4,
-        gpu_memory_gb: 80,
-        vcpus: 0,
-        memory_gb: 0,
-        on_demand_per_hour: Money(14_400_000),
-        spot_per_hour: None,
-        node_limit: 1,
-        launchable: false,
-        boot_time_s: 0,
-        price_updated_at: Timestamp(0),
-        recent_capacity_failures: 0,
-        marginal_per_hour: None,
-    };
-    store.upsert_region(&region).await.unwrap();
-    store.upsert_pool(&pool).await.unwrap();
     let t0 = Timestamp(1_800_000_000_000);
     let at_ms = |ms: i64| Timestamp(t0.millis() + ms);
-    let wire: switchyard_protocol::api::JobSpec = serde_json::from_value(
-        json!({"name": "j", "team": "ml", "command": ["true"], "resources": {"gpus": 1}}),
-    )
-    .unwrap();
-    let job = NewJob {
-        id: JobId(uuid::Uuid::now_v7()),
-        spec: switchyard_broker::rules::convert::job_spec(&wire, t0).unwrap(),
-        spec_json: serde_json::to_string(&wire).unwrap(),
-        submitted_at: t0,
-        trace_parent: None,
-        replica: None,
-    };
-    store.insert_job(&job).await.unwrap();
-    let node = enrol_node(store.as_ref(), &pool.id, None, 4, t0, t0).await;
+    let (pool, job, node) = onprem_job(&store, None, t0).await;
     let attempt = AttemptId(uuid::Uuid::now_v7());
     // $3.6 an hour: a micro-dollar a millisecond, a thousand a billed second.
     let new = NewAttempt {
@@ -1319,65 +1275,20 @@ async fn an_attempt_overtaken_by_an_accrual_pass_ends_where_it_was_charged_to() 
 #[tokio::test]
 async fn an_owned_node_keeps_cash_beside_chargeback_and_its_idle_gpus_are_counted() {
     use switchyard_broker::store::*;
-    use switchyard_core::{AttemptId, JobId, Market, Pool, PoolId, Region};
+    use switchyard_core::{AttemptId, Market};
     use switchyard_protocol::agent::{AgentEvent, AttemptRef, Inventory};
 
     let dir = tempfile::tempdir().unwrap();
     // SQLite, or PostgreSQL with SWITCHYARD_TEST_PG_URL.
     let store = test_store(dir.path()).await;
-    let region = Region {
-        id: switchyard_core::RegionId("onprem:dc".into()),
-        provider: "onprem".into(),
-        code: "dc".into(),
-        latitude: None,
-        longitude: None,
-        egress_per_gb: Money::ZERO,
-        latency_ms: 1,
-        ingress_gbps: 10,
-    };
-    // $3.60 per GPU-hour billed, $0.72 in cash (finance's figure).
-    let pool = Pool {
-        id: PoolId("onprem:dc/a100".into()),
-        region: region.id.clone(),
-        provider: "onprem".into(),
-        instance_type: "a100".into(),
-        gpu_model: "A100".into(),
-        gpus_per_node: 4,
-        gpu_memory_gb: 80,
-        vcpus: 0,
-        memory_gb: 0,
-        on_demand_per_hour: Money(14_400_000),
-        spot_per_hour: None,
-        node_limit: 1,
-        launchable: false,
-        boot_time_s: 0,
-        price_updated_at: Timestamp(0),
-        recent_capacity_failures: 0,
-        marginal_per_hour: Some(Money(2_880_000)),
-    };
-    store.upsert_region(&region).await.unwrap();
-    store.upsert_pool(&pool).await.unwrap();
+    // On an hour boundary, so that the idle rows are whole hours. $3.60 per GPU-hour billed,
+    // $0.72 in cash (finance's figure).
+    let t0 = Timestamp(500_000 * 3_600_000);
+    let at_s = |s: i64| Timestamp(t0.millis() + s * 1000);
+    let (pool, job, node) = onprem_job(&store, Some(Money(2_880_000)), t0).await;
     let read = store.pools().await.unwrap();
     assert_eq!(read[0].marginal_per_hour, Some(Money(2_880_000)));
     assert_eq!(read[0].cash_per_gpu_hour(Market::OnDemand), Money(720_000));
-
-    // On an hour boundary, so that the idle rows are whole hours.
-    let t0 = Timestamp(500_000 * 3_600_000);
-    let at_s = |s: i64| Timestamp(t0.millis() + s * 1000);
-    let wire: switchyard_protocol::api::JobSpec = serde_json::from_value(
-        json!({"name": "j", "team": "ml", "command": ["true"], "resources": {"gpus": 1}}),
-    )
-    .unwrap();
-    let job = NewJob {
-        id: JobId(uuid::Uuid::now_v7()),
-        spec: switchyard_broker::rules::convert::job_spec(&wire, t0).unwrap(),
-        spec_json: serde_json::to_string(&wire).unwrap(),
-        submitted_at: t0,
-        trace_parent: None,
-        replica: None,
-    };
-    store.insert_job(&job).await.unwrap();
-    let node = enrol_node(store.as_ref(), &pool.id, None, 4, t0, t0).await;
     let attempt = AttemptId(uuid::Uuid::now_v7());
     let rate = switchyard_broker::control::ledger::attempt_rate(&pool, Market::OnDemand, 1, None);
     let cash = switchyard_broker::control::ledger::attempt_cash_rate(&pool, Market::OnDemand, 1);
@@ -1491,6 +1402,67 @@ async fn an_owned_node_keeps_cash_beside_chargeback_and_its_idle_gpus_are_counte
     assert_eq!(third[0].worth, Money(7_200_000));
     let all = store.owned_idle(None, None).await.unwrap();
     assert_eq!(all[0].idle_gpu_ms, 3 * 3_600_000 + 4 * 1_800_000);
+}
+
+/// Straight through the store: an owned pool of 4-GPU A100 nodes ($14.40 a node-hour billed,
+/// `marginal` in cash) in `onprem:dc`, its node `n1` enrolled at `t0`, and a one-GPU job of
+/// team ml submitted at `t0`.
+async fn onprem_job(
+    store: &switchyard_broker::store::Store,
+    marginal: Option<Money>,
+    t0: Timestamp,
+) -> (
+    switchyard_core::Pool,
+    switchyard_broker::store::NewJob,
+    switchyard_core::NodeId,
+) {
+    use switchyard_core::{JobId, Pool, PoolId, Region};
+    let region = Region {
+        id: switchyard_core::RegionId("onprem:dc".into()),
+        provider: "onprem".into(),
+        code: "dc".into(),
+        latitude: None,
+        longitude: None,
+        egress_per_gb: Money::ZERO,
+        latency_ms: 1,
+        ingress_gbps: 10,
+    };
+    let pool = Pool {
+        id: PoolId("onprem:dc/a100".into()),
+        region: region.id.clone(),
+        provider: "onprem".into(),
+        instance_type: "a100".into(),
+        gpu_model: "A100".into(),
+        gpus_per_node: 4,
+        gpu_memory_gb: 80,
+        vcpus: 0,
+        memory_gb: 0,
+        on_demand_per_hour: Money(14_400_000),
+        spot_per_hour: None,
+        node_limit: 1,
+        launchable: false,
+        boot_time_s: 0,
+        price_updated_at: Timestamp(0),
+        recent_capacity_failures: 0,
+        marginal_per_hour: marginal,
+    };
+    store.upsert_region(&region).await.unwrap();
+    store.upsert_pool(&pool).await.unwrap();
+    let wire: switchyard_protocol::api::JobSpec = serde_json::from_value(
+        json!({"name": "j", "team": "ml", "command": ["true"], "resources": {"gpus": 1}}),
+    )
+    .unwrap();
+    let job = switchyard_broker::store::NewJob {
+        id: JobId(uuid::Uuid::now_v7()),
+        spec: switchyard_broker::rules::convert::job_spec(&wire, t0).unwrap(),
+        spec_json: serde_json::to_string(&wire).unwrap(),
+        submitted_at: t0,
+        trace_parent: None,
+        replica: None,
+    };
+    store.insert_job(&job).await.unwrap();
+    let node = enrol_node(store, &pool.id, None, 4, t0, t0).await;
+    (pool, job, node)
 }
 
 /// Enrols node `n1` of `pool` at `at` (for `instance`, when given) with a token made at

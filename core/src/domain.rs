@@ -139,6 +139,15 @@ pub struct Pool {
 /// $0.25 (V100) to $2 (H100) per GPU-hour. A fifth is the high end for old GPUs and generous
 /// for new ones: finance should set the figure (DESIGN.md "Two costs").
 pub const DEFAULT_MARGINAL_SHARE: (i64, i64) = (1, 5);
+/// What one node-hour of an owned pool costs the company in cash: finance's `marginal`, else
+/// [`DEFAULT_MARGINAL_SHARE`] of its internal rate `on_demand` (rounded up).
+pub fn owned_cash_per_hour(on_demand: Money, marginal: Option<Money>) -> Money {
+    marginal.unwrap_or_else(|| {
+        let (num, den) = DEFAULT_MARGINAL_SHARE;
+        on_demand.saturating_mul(num).div_ceil(den)
+    })
+}
+
 impl Pool {
     /// What one node-hour in `market` costs the company in cash: a launchable (cloud) pool's
     /// price; a fixed (on-prem) pool's marginal cost ([`Pool::marginal_per_hour`]). What the
@@ -147,10 +156,7 @@ impl Pool {
         if self.launchable {
             return self.price_per_hour(market);
         }
-        self.marginal_per_hour.unwrap_or_else(|| {
-            let (num, den) = DEFAULT_MARGINAL_SHARE;
-            self.on_demand_per_hour.saturating_mul(num).div_ceil(den)
-        })
+        owned_cash_per_hour(self.on_demand_per_hour, self.marginal_per_hour)
     }
 
     /// What one GPU-hour in `market` costs the company in cash (the node's share, rounded up).

@@ -1370,29 +1370,7 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
     // Infra's (and admin's) pool editor: the on-prem internal rate, saved and audited.
     b.open("#/catalogue", "catalogue").await;
     let pool = "onprem:local-dc1/sim-h100x4";
-    let row = b
-        .el(&format!("[data-test=pool-row][data-pool=\"{pool}\"]"))
-        .await;
-    row.find(Locator::Css("[data-test=pool-edit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let price = b
-        .el("[data-test=pool-editor] [data-test=pool-price-input]")
-        .await;
-    price.clear().await.unwrap();
-    price.send_keys("1.75").await.unwrap();
-    b.el("[data-test=pool-save]").await.click().await.unwrap();
-    b.until(
-        "the new rate on the catalogue page",
-        WAIT,
-        "const r = document.querySelector('[data-test=pool-row][data-pool=\"' + arguments[0] + '\"] [data-test=pool-price]');
-         return r && r.textContent === '$1.75';",
-        vec![json!(pool)],
-    )
-    .await;
+    edit_pool(&b, pool, "pool-price-input", "1.75", "pool-price", "$1.75").await;
     let (_, audit) = rest(
         &up.url,
         &up.token,
@@ -1410,29 +1388,7 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
         "{audit}"
     );
     // Finance's figure beside it (issue 29): the pool's marginal cost, shown as its cash rate.
-    let row = b
-        .el(&format!("[data-test=pool-row][data-pool=\"{pool}\"]"))
-        .await;
-    row.find(Locator::Css("[data-test=pool-edit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let marginal = b
-        .el("[data-test=pool-editor] [data-test=pool-marginal-input]")
-        .await;
-    marginal.clear().await.unwrap();
-    marginal.send_keys("0.2").await.unwrap();
-    b.el("[data-test=pool-save]").await.click().await.unwrap();
-    b.until(
-        "the new cash rate on the catalogue page",
-        WAIT,
-        "const r = document.querySelector('[data-test=pool-row][data-pool=\"' + arguments[0] + '\"] [data-test=pool-cash]');
-         return r && r.textContent === '$0.20';",
-        vec![json!(pool)],
-    )
-    .await;
+    edit_pool(&b, pool, "pool-marginal-input", "0.2", "pool-cash", "$0.20").await;
     b.assert_no_errors("after editing a pool").await;
 
     // A developer sees only their team and no editing controls.
@@ -1515,6 +1471,34 @@ async fn every_page_renders_at_desktop_and_phone_width_without_script_errors() {
         b.screenshot(&format!("{name}-developer"), 1440, 900).await;
     }
     b.assert_no_errors("as a developer").await;
+}
+
+/// Opens `pool`'s editor on the catalogue page, types `value` into its `input` field, saves,
+/// and waits for the pool's row to show `shown` in its `cell`.
+async fn edit_pool(b: &Browser, pool: &str, input: &str, value: &str, cell: &str, shown: &str) {
+    let row = b
+        .el(&format!("[data-test=pool-row][data-pool=\"{pool}\"]"))
+        .await;
+    row.find(Locator::Css("[data-test=pool-edit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let field = b
+        .el(&format!("[data-test=pool-editor] [data-test={input}]"))
+        .await;
+    field.clear().await.unwrap();
+    field.send_keys(value).await.unwrap();
+    b.el("[data-test=pool-save]").await.click().await.unwrap();
+    b.until(
+        &format!("{shown} in {pool}'s {cell}"),
+        WAIT,
+        "const r = document.querySelector('[data-test=pool-row][data-pool=\"' + arguments[0] + '\"] [data-test=' + arguments[1] + ']');
+         return r && r.textContent === arguments[2];",
+        vec![json!(pool), json!(cell), json!(shown)],
+    )
+    .await;
 }
 
 /// Types `text` into the field `path` of the open policy form, replacing what it held.

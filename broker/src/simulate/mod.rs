@@ -312,8 +312,9 @@ pub fn simulate(
         "lp lower bound ${:.2} ({lp_time_ms:.0} ms)",
         bound.as_dollars()
     );
+    let floors: Vec<_> = jobs.iter().map(|j| sim::job_floor(&world, j)).collect();
     for result in &results {
-        let gap = report::gap_anatomy(result, &world, &jobs, bound);
+        let gap = report::gap_anatomy(result, &floors, bound);
         eprintln!("{}", gap_line(&result.scheduler, &gap));
         if let Some(r) = reports.get_mut(&result.scheduler) {
             r.gap = Some(gap);

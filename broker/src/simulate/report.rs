@@ -135,20 +135,15 @@ pub struct GapAnatomy {
     pub rounding_usd: f64,
 }
 
-/// The anatomy of `r`'s cost against `bound` for the `jobs` it replayed.
-pub fn gap_anatomy(
-    r: &SimResult,
-    world: &switchyard_core::sim::World,
-    jobs: &[switchyard_core::sim::SimJob],
-    bound: Money,
-) -> GapAnatomy {
-    let mut floors = 0i64;
+/// The anatomy of `r`'s cost against `bound`; `floors` are the replayed jobs' floors, in
+/// order ([`switchyard_core::sim::job_floor`], the same for every scheduler of a run).
+pub fn gap_anatomy(r: &SimResult, floors: &[Option<(Money, bool)>], bound: Money) -> GapAnatomy {
+    let mut floor_sum = 0i64;
     let (mut full, mut free, mut dearer, mut unfinished) = (0i64, 0, 0, 0);
     let (mut reruns, mut cloud_share) = (0i64, 0);
-    for (job, out) in jobs.iter().zip(&r.jobs) {
-        let (floor, owned) =
-            switchyard_core::sim::job_floor(world, job).unwrap_or((Money::ZERO, false));
-        floors += floor.micros();
+    for (floor, out) in floors.iter().zip(&r.jobs) {
+        let (floor, owned) = floor.unwrap_or((Money::ZERO, false));
+        floor_sum += floor.micros();
         reruns += out.lost_cash.micros();
         cloud_share += out.cloud_cash.micros();
         let over = out.cash.micros() - out.lost_cash.micros() - floor.micros();
@@ -169,7 +164,7 @@ pub fn gap_anatomy(
     let gap = total - bound.micros();
     let idle = r.cloud_idle_cost.micros();
     let fragmentation = r.cloud_busy_cost.micros() - cloud_share;
-    let capacity = bound.micros() - floors;
+    let capacity = bound.micros() - floor_sum;
     let parts = idle + fragmentation + reruns + full + free + dearer + unfinished - capacity;
     GapAnatomy {
         gap_usd: d(gap),

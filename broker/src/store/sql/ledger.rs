@@ -110,15 +110,10 @@ pub(super) fn attempt_row_cash_rate(r: &Row) -> StoreResult<Money> {
     if r.get::<bool>("launchable")? {
         return attempt_row_rate(r);
     }
-    let node = match r.get::<Option<i64>>("marginal_micros")? {
-        Some(m) => Money(m),
-        None => {
-            let (num, den) = switchyard_core::DEFAULT_MARGINAL_SHARE;
-            Money(r.get("on_demand_micros")?)
-                .saturating_mul(num)
-                .div_ceil(den)
-        }
-    };
+    let node = switchyard_core::owned_cash_per_hour(
+        Money(r.get("on_demand_micros")?),
+        r.get::<Option<i64>>("marginal_micros")?.map(Money),
+    );
     let gpus = parse_gpus(&r.get::<String>("gpus_json")?)?.len() as i64;
     Ok(node
         .div_ceil(r.get::<i64>("gpus_per_node")?.max(1))
